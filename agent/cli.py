@@ -1,0 +1,55 @@
+"""`agent`: the command line. Each subcommand lives in its own module under agent/commands/,
+which exposes `register(subparsers)`; the module sets `func(args) -> int` on its parser."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from rich.console import Console
+
+# one module per command family; each registers its own subcommands
+COMMAND_MODULES = [
+    "agent.commands.check",      # check, doctor
+    "agent.commands.profile",    # profile
+    "agent.commands.optimize",   # optimize, resume, sweep
+    "agent.commands.review",     # runs, show, report, cherry-pick, gate
+]
+
+console = Console(stderr=True)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="agent", description="Profile-guided, self-verifying CUDA kernel optimization.")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND")
+    for name in COMMAND_MODULES:
+        try:
+            mod = importlib.import_module(name)
+        except ModuleNotFoundError as e:
+            if e.name == name:       # that family is not installed in this checkout yet
+                continue
+            raise
+        mod.register(sub)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    from tools.task import TaskError
+    try:
+        return int(args.func(args) or 0)
+    except TaskError as e:
+        console.print(f"[red]bad task[/red] {e}")
+        return 2
+    except KeyboardInterrupt:
+        console.print("[yellow]interrupted[/yellow]")
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,56 @@
+"""The proposer interface. Three implementations: llm, heuristic (offline, the default) and replay."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from agent.proposal import Proposal
+from agent.runlog import Usage
+from tools.profile.model import ProfileReport
+from tools.task import Task
+
+
+class ProposalFailed(Exception):
+    """The proposer could not produce a valid proposal this iteration (reason in the message)."""
+
+
+class ProposerExhausted(Exception):
+    """The proposer has nothing left to try (the heuristic explored every configuration; replay ran out)."""
+
+
+class BudgetExhausted(Exception):
+    """Token or cost budget spent: the run ends cleanly."""
+
+
+@dataclass
+class HistoryItem:
+    iteration: int
+    hypothesis: str
+    outcome: str          # runlog.Outcome value
+    reason: str
+    speedup: float | None = None
+    knobs: dict[str, int] | None = None
+
+
+@dataclass
+class Context:
+    """Everything a proposer sees for one iteration."""
+    task: Task
+    iteration: int
+    sources: dict[str, str]                 # editable file -> current text (of the best)
+    profile: ProfileReport | None           # latest profile of the best
+    history: list[HistoryItem] = field(default_factory=list)
+    best_ms: float | None = None
+    reference_ms: float | None = None
+    knobs: dict[str, int | None] = field(default_factory=dict)   # current knob values in the best
+    feedback: str | None = None             # repair context: why the last attempt failed (patch miss, ...)
+    iter_dir: str | None = None             # where a proposer may save prompts / raw replies
+
+
+class Proposer(Protocol):
+    name: str
+
+    def propose(self, ctx: Context) -> tuple[Proposal, Usage]:
+        """Return a proposal (and what it cost), or raise ProposalFailed / ProposerExhausted / BudgetExhausted."""
+        ...

@@ -1,0 +1,232 @@
+"""The run log: runs/RUN/run.json and runs/RUN/iterations.jsonl, schema-versioned.
+
+One record per iteration, appended (and fsynced) before the next iteration begins, so a killed
+run can be resumed and every command that reviews runs reads the same files. A log written by a
+schema this code does not know is refused with a clear message, never misread.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from enum import Enum
+from pathlib import Path
+
+from pydantic import BaseModel, Field, ValidationError
+
+from agent.proposal import Proposal
+from tools.results import BenchResult, BuildResult, LaunchResult, ParityResult
+
+SCHEMA_VERSION = 1
+
+
+class LogError(Exception):
+    pass
+
+
+class Decision(str, Enum):
+    kept = "kept"
+    reverted = "reverted"          # evaluated and rejected; commit kept under refs/agent/RUN/rejected/N
+    skipped = "skipped"            # no candidate commit (proposal failed, patch did not apply, ...)
+    interrupted = "interrupted"    # Ctrl-C / kill during the iteration
+
+
+class Outcome(str, Enum):
+    """Why an iteration ended: the first stage that failed, or kept/not_faster."""
+    kept = "kept"
+    proposal_failed = "proposal_failed"
+    patch_did_not_apply = "patch_did_not_apply"
+    edit_outside_editable = "edit_outside_editable"
+    no_change = "no_change"
+    compile_failed = "compile_failed"
+    launch_rejected = "launch_rejected"
+    parity_failed = "parity_failed"
+    bench_failed = "bench_failed"
+    not_faster = "not_faster"
+    implausible = "implausible"     # speedup failed re-verification
+    interrupted = "interrupted"
+    budget_exhausted = "budget_exhausted"
+
+
+class EnvFingerprint(BaseModel):
+    host: str = ""
+    gpu: str | None = None
+    sm_count: int | None = None
+    driver: str | None = None
+    cuda_runtime: str | None = None
+    nvcc: str | None = None
+    cxx: str | None = None
+    ncu: str | None = None
+    torch: str | None = None
+    python: str = ""
+    clocks: str | None = None          # e.g. "ncu --clock-control none; SM 1980 MHz at start"
+    git_sha: str = ""
+    git_dirty: bool = False
+
+
+class RunConfig(BaseModel):
+    schema_version: int = SCHEMA_VERSION
+    run_id: str
+    task: str                          # task name
+    task_dir: str                      # relative to the repository root
+    repo: str                          # the user's repository (absolute path)
+    branch: str                        # agent/TASK/RUN
+    base_sha: str                      # the user's HEAD when the run started
+    worktree: str
+    proposer: str                      # heuristic | llm | replay
+    model: str | None = None
+    target: float
+    iters: int
+    baseline: str                      # reference | initial
+    min_gain: float = 0.02
+    budget_tokens: int | None = None
+    budget_usd: float | None = None
+    budget_seconds: float | None = None
+    profile_tier: int = 1
+    started: str
+    env: EnvFingerprint = Field(default_factory=EnvFingerprint)
+    extra: dict = Field(default_factory=dict)
+
+
+class StageTimes(BaseModel):
+    propose: float = 0.0
+    patch: float = 0.0
+    build: float = 0.0
+    launch: float = 0.0
+    parity: float = 0.0
+    bench: float = 0.0
+    profile: float = 0.0
+    git: float = 0.0
+
+    def agent_overhead(self) -> float:
+        """Everything but proposing, building and measuring: what the harness itself costs."""
+        return self.patch + self.git
+
+
+class Usage(BaseModel):
+    calls: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cost_usd: float = 0.0
+
+
+class IterationRecord(BaseModel):
+    schema_version: int = SCHEMA_VERSION
+    run_id: str
+    iteration: int
+    started: str
+    finished: str
+    proposal: Proposal | None = None
+    proposal_error: str | None = None
+    patch: str = ""                    # unified diff of the candidate against its parent
+    patch_message: str = ""            # what the patcher said (closest lines, blocks applied)
+    parent_sha: str = ""
+    commit_sha: str | None = None
+    rejected_ref: str | None = None
+    build: BuildResult | None = None
+    launch: LaunchResult | None = None
+    parity: ParityResult | None = None
+    bench: BenchResult | None = None
+    profile_summary: dict | None = None  # compact profile of the new best (after a keep)
+    decision: Decision
+    outcome: Outcome
+    reason: str                        # one line, also shown to the proposer next time
+    speedup_vs_best: float | None = None
+    speedup_vs_initial: float | None = None
+    speedup_vs_reference: float | None = None
+    best_ms: float | None = None       # main-shape median of the best after this iteration
+    times: StageTimes = Field(default_factory=StageTimes)
+    usage: Usage = Field(default_factory=Usage)
+
+
+class RunState(BaseModel):
+    """runs/RUN/state.json: where a run stands, rewritten atomically after every iteration."""
+    schema_version: int = SCHEMA_VERSION
+    status: str = "running"            # running | done | interrupted | failed
+    stop_reason: str = ""
+    iterations_done: int = 0
+    best_sha: str = ""
+    best_iteration: int | None = None  # None: the initial kernel
+    best_ms: float | None = None
+    initial_ms: float | None = None
+    reference_ms: float | None = None
+    usage: Usage = Field(default_factory=Usage)
+    finished: str | None = None
+
+
+# --- reading and writing ------------------------------------------------------------------
+def _check_version(data: dict, where: str) -> None:
+    v = data.get("schema_version")
+    if v != SCHEMA_VERSION:
+        raise LogError(f"{where}: written by log schema version {v!r}; this agent reads version "
+                       f"{SCHEMA_VERSION}. Use the agent version that wrote it.")
+
+
+def write_json_atomic(path: Path, model: BaseModel) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(model.model_dump_json(indent=2))
+    os.replace(tmp, path)
+
+
+def append_iteration(run_dir: Path, rec: IterationRecord) -> None:
+    with open(run_dir / "iterations.jsonl", "a") as f:
+        f.write(rec.model_dump_json() + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def read_config(run_dir: Path) -> RunConfig:
+    p = run_dir / "run.json"
+    if not p.exists():
+        raise LogError(f"{run_dir}: no run.json (not a run folder?)")
+    data = json.loads(p.read_text())
+    _check_version(data, str(p))
+    try:
+        return RunConfig.model_validate(data)
+    except ValidationError as e:
+        raise LogError(f"{p}: does not match the run schema: {e.errors()[0]['msg']}") from None
+
+
+def read_state(run_dir: Path) -> RunState:
+    p = run_dir / "state.json"
+    if not p.exists():
+        return RunState(status="unknown")
+    data = json.loads(p.read_text())
+    _check_version(data, str(p))
+    return RunState.model_validate(data)
+
+
+def read_iterations(run_dir: Path) -> list[IterationRecord]:
+    p = run_dir / "iterations.jsonl"
+    if not p.exists():
+        return []
+    out = []
+    lines = p.read_text().splitlines()
+    for i, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            data = json.loads(line)
+        except json.JSONDecodeError:
+            if i == len(lines):   # a torn last line from a kill mid-write: ignore it
+                break
+            raise LogError(f"{p}:{i}: not valid JSON") from None
+        _check_version(data, f"{p}:{i}")
+        out.append(IterationRecord.model_validate(data))
+    return out
+
+
+def runs_dir(repo: Path) -> Path:
+    return repo / "runs"
+
+
+def find_run(repo: Path, run_id: str) -> Path:
+    d = runs_dir(repo) / run_id
+    if (d / "run.json").exists():
+        return d
+    matches = [p for p in runs_dir(repo).glob(f"{run_id}*") if (p / "run.json").exists()]
+    if len(matches) == 1:
+        return matches[0]
+    if not matches:
+        raise LogError(f"no run {run_id!r} under {runs_dir(repo)} (see `agent runs`)")
+    raise LogError(f"run id {run_id!r} is ambiguous: {', '.join(sorted(p.name for p in matches))}")

@@ -1,0 +1,201 @@
+"""One typed, total result per stage. Every tool returns one of these; all serialize to JSON.
+
+Never None for a failed stage, never an exception object: a status plus a message written for the
+reader who must act on it (the proposer or the user).
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+
+from pydantic import BaseModel, Field
+
+RESULT_SCHEMA = 1
+
+
+# --- build ----------------------------------------------------------------------------------
+class BuildStatus(str, Enum):
+    ok = "ok"
+    compile_error = "compile_error"
+    timeout = "timeout"
+    toolchain_missing = "toolchain_missing"   # nvcc / c++ / ninja not found
+
+
+class KernelResources(BaseModel):
+    """What ptxas said about one kernel (CUDA only)."""
+    name: str                 # demangled where possible
+    mangled: str = ""
+    registers: int = 0
+    spill_stores_bytes: int = 0
+    spill_loads_bytes: int = 0
+    stack_frame_bytes: int = 0
+    smem_static_bytes: int = 0
+    cmem_bytes: int = 0
+
+
+class BuildResult(BaseModel):
+    status: BuildStatus
+    message: str = ""                     # first error lines on failure
+    lib_path: str | None = None
+    build_dir: str
+    seconds: float = 0.0
+    steps_run: int = 0                    # ninja edges that ran (0 = nothing to do)
+    log: str = ""                         # full compiler output
+    arch: str | None = None
+    kernels: list[KernelResources] = []
+
+
+# --- launch (CTA) check -----------------------------------------------------------------------
+class LaunchStatus(str, Enum):
+    ok = "ok"
+    rejected = "rejected"
+    not_applicable = "not_applicable"     # CPU task
+    error = "error"                        # could not obtain the geometry (crash, timeout, ...)
+
+
+class Launch(BaseModel):
+    kernel: str
+    grid: tuple[int, int, int]
+    block: tuple[int, int, int]
+    smem_dynamic_bytes: int = 0
+    smem_static_bytes: int | None = None
+    registers: int | None = None
+    source: str = "plan"                   # plan (the .so's own launch_plan) | trace (torch profiler) | ncu
+
+    @property
+    def ctas(self) -> int:
+        return self.grid[0] * self.grid[1] * self.grid[2]
+
+    @property
+    def threads(self) -> int:
+        return self.block[0] * self.block[1] * self.block[2]
+
+
+class DeviceLimits(BaseModel):
+    name: str
+    arch: str                              # sm_90
+    sm_count: int
+    max_threads_per_block: int = 1024
+    max_smem_per_block_optin: int          # bytes
+    regs_per_sm: int = 65536
+    regs_per_block: int = 65536
+    max_regs_per_thread: int = 255
+    max_grid: tuple[int, int, int] = (2**31 - 1, 65535, 65535)
+    max_block: tuple[int, int, int] = (1024, 1024, 64)
+    source: str = "table"                  # table (compile-only) | device
+
+
+class LaunchViolation(BaseModel):
+    rule: str                              # block_multiple_of_32, block_too_large, smem_over_optin, ...
+    kernel: str
+    message: str
+
+
+class LaunchResult(BaseModel):
+    status: LaunchStatus
+    message: str = ""
+    mode: str = "static"                   # static | dynamic
+    limits: DeviceLimits | None = None
+    launches: list[Launch] = []
+    violations: list[LaunchViolation] = []
+    main_ctas: int | None = None
+    waves: float | None = None
+
+
+# --- parity -------------------------------------------------------------------------------
+class ParityStatus(str, Enum):
+    ok = "ok"
+    mismatch = "mismatch"                  # values outside tolerance
+    nan_inf = "nan_inf"                    # NaN or Inf where the reference has none
+    unwritten = "unwritten"                # elements still holding the poison
+    input_mutated = "input_mutated"
+    nondeterministic = "nondeterministic"  # repeated calls disagree beyond tolerance
+    crashed = "crashed"
+    timeout = "timeout"
+    error = "error"                        # the harness could not run (bad lib, missing symbol, ...)
+
+
+class ShapeCheck(BaseModel):
+    shape: dict[str, int | bool]
+    label: str
+    dist: str
+    seed: int
+    hidden: bool = False
+    ok: bool
+    status: ParityStatus
+    max_abs_err: float | None = None
+    max_rel_err: float | None = None
+    mismatches: int = 0
+    numel: int = 0
+    worst_index: list[int] | None = None
+    expected: float | None = None
+    got: float | None = None
+    message: str = ""
+
+
+class ParityResult(BaseModel):
+    status: ParityStatus
+    message: str = ""
+    checks: list[ShapeCheck] = []
+    seconds: float = 0.0
+
+    def worst(self) -> ShapeCheck | None:
+        bad = [c for c in self.checks if not c.ok]
+        return bad[0] if bad else None
+
+
+# --- bench --------------------------------------------------------------------------------
+class BenchStatus(str, Enum):
+    ok = "ok"
+    crashed = "crashed"
+    timeout = "timeout"
+    error = "error"
+    suspicious = "suspicious"   # timing cross-checks failed (side stream, repeated-call shortcut...)
+
+
+class TimingStats(BaseModel):
+    label: str                   # candidate | baseline | reference
+    median_ms: float
+    p10_ms: float
+    p90_ms: float
+    mean_ms: float
+    reps: int
+    tflops: float | None = None
+    gbps: float | None = None
+
+
+class SpeedupCI(BaseModel):
+    """Speedup of `candidate` over `baseline` (baseline_time / candidate_time)."""
+    median: float
+    low: float                   # confidence interval bounds
+    high: float
+    confidence: float = 0.95
+    rounds: int
+
+    def excludes_one(self) -> bool:
+        return self.low > 1.0 or self.high < 1.0
+
+
+class BenchResult(BaseModel):
+    status: BenchStatus
+    message: str = ""
+    shape: dict[str, int | bool] = {}
+    device: str = ""
+    timings: list[TimingStats] = []
+    speedup_vs_baseline: SpeedupCI | None = None
+    speedup_vs_reference: float | None = None
+    seconds: float = 0.0
+
+    def timing(self, label: str) -> TimingStats | None:
+        return next((t for t in self.timings if t.label == label), None)
+
+
+class CheckSummary(BaseModel):
+    """`agent check TASK`: the four instruments in order, stopping at the first failure."""
+    schema_version: int = RESULT_SCHEMA
+    task: str
+    build: BuildResult
+    launch: LaunchResult | None = None
+    parity: ParityResult | None = None
+    bench: list[BenchResult] = Field(default_factory=list)
+    ok: bool

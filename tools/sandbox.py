@@ -1,0 +1,119 @@
+"""Run generated code where it cannot take the agent down.
+
+Every stage that runs generated code (build, parity, bench, profile) goes through `run_isolated`:
+a child in its own process group (so a hung kernel's helpers die with it), a wall-clock timeout
+after which the whole group is killed, and a typed outcome. A CUDA fault poisons the context of
+the process it happens in; here that process is always a throwaway child.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from enum import Enum
+from pathlib import Path
+
+from pydantic import BaseModel
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+class ProcStatus(str, Enum):
+    ok = "ok"                # exit code 0
+    failed = "failed"        # non-zero exit code
+    crashed = "crashed"      # killed by a signal it did not ask for (SIGSEGV, SIGABRT, ...)
+    timeout = "timeout"      # ran past its limit; the process group was killed
+    not_started = "not_started"  # the executable is missing
+
+
+class ProcResult(BaseModel):
+    status: ProcStatus
+    returncode: int | None = None
+    signal: str | None = None
+    seconds: float
+    stdout: str = ""
+    stderr: str = ""
+    argv: list[str]
+
+    def tail(self, n: int = 20) -> str:
+        lines = (self.stderr or self.stdout).strip().splitlines()
+        return "\n".join(lines[-n:])
+
+    def reason(self) -> str:
+        """One line for the reader who must act on it."""
+        if self.status == ProcStatus.timeout:
+            return f"timed out after {self.seconds:.1f}s (process group killed)"
+        if self.status == ProcStatus.crashed:
+            return f"crashed with {self.signal}: {self.tail(3)}"
+        if self.status == ProcStatus.not_started:
+            return f"could not start {self.argv[0]}: {self.stderr.strip()}"
+        if self.status == ProcStatus.failed:
+            return f"exit code {self.returncode}: {self.tail(5)}"
+        return "ok"
+
+
+def run_isolated(argv: list[str], timeout_s: float, cwd: Path | str | None = None,
+                 env: dict[str, str] | None = None, stdin: str | None = None) -> ProcResult:
+    """Run argv in a new session; kill its process group on timeout. Never raises for the child."""
+    full_env = {**os.environ, **(env or {})}
+    t0 = time.monotonic()
+    try:
+        proc = subprocess.Popen(argv, cwd=cwd, env=full_env, stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                start_new_session=True)
+    except (FileNotFoundError, PermissionError) as e:
+        return ProcResult(status=ProcStatus.not_started, seconds=0.0, stderr=str(e), argv=argv)
+    try:
+        out, err = proc.communicate(input=stdin, timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        _kill_group(proc)
+        out, err = proc.communicate()
+        return ProcResult(status=ProcStatus.timeout, seconds=time.monotonic() - t0, stdout=out or "",
+                          stderr=err or "", argv=argv)
+    except KeyboardInterrupt:
+        _kill_group(proc)
+        raise
+    finally:
+        # a finished leader may leave children behind (e.g. a build's compiler): end them too
+        if proc.poll() is not None:
+            _kill_group(proc, quiet=True)
+    dt = time.monotonic() - t0
+    rc = proc.returncode
+    if rc == 0:
+        status, sig = ProcStatus.ok, None
+    elif rc < 0:
+        status, sig = ProcStatus.crashed, signal.Signals(-rc).name
+    else:
+        status, sig = ProcStatus.failed, None
+    return ProcResult(status=status, returncode=rc, signal=sig, seconds=dt, stdout=out, stderr=err, argv=argv)
+
+
+def _kill_group(proc: subprocess.Popen, quiet: bool = False) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def run_python_json(module: str, args: list[str], timeout_s: float, cwd: Path | str | None = None,
+                    env: dict[str, str] | None = None) -> tuple[ProcResult, dict | None]:
+    """Run `python -m module args...` isolated; parse the last stdout line that is a JSON object.
+
+    The child prints its result as one JSON line last; anything a kernel printed before is kept
+    in stdout but ignored. Returns (process outcome, parsed JSON or None).
+    """
+    pyenv = {"PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")])),
+             "PYTHONUNBUFFERED": "1", **(env or {})}
+    res = run_isolated([sys.executable, "-m", module, *args], timeout_s, cwd=cwd, env=pyenv)
+    for line in reversed(res.stdout.strip().splitlines()):
+        line = line.strip()
+        if line.startswith("{") and line.endswith("}"):
+            try:
+                return res, json.loads(line)
+            except json.JSONDecodeError:
+                break
+    return res, None

@@ -1,0 +1,311 @@
+"""A kernel task: kernels/NAME/task.toml, validated by pydantic, plus its Python module.
+
+The task.toml is the contract between the user and the agent: which files the agent may edit,
+what the build compiles, the shapes parity and bench run on, tolerances, the baseline that
+`--target` is measured against, the knobs the heuristic proposer may move, and the FLOP/byte
+formulas behind TFLOP/s, GB/s and the roofline.
+
+A bad task fails with one `TaskError` naming the file and the field, never a traceback.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+import itertools
+import operator
+import re
+import sys
+import tomllib
+from pathlib import Path
+from types import ModuleType
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+Shape = dict[str, int | bool]
+
+
+class TaskError(Exception):
+    """A task that cannot be used, with the file and field at fault."""
+
+    def __init__(self, path: Path | str, field: str, message: str):
+        self.path, self.field, self.message = str(path), field, message
+        super().__init__(f"{path}: {field}: {message}")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Tolerance(_Strict):
+    atol: float = Field(ge=0)
+    rtol: float = Field(ge=0)
+
+
+class Knob(_Strict):
+    """A tunable constant, written in the source as `#define NAME VALUE` in `file`."""
+
+    name: str = Field(pattern=r"^[A-Z_][A-Z0-9_]*$")
+    values: list[int] = Field(min_length=1)
+    default: int
+    file: str
+    description: str = ""
+
+    @model_validator(mode="after")
+    def _default_in_values(self) -> "Knob":
+        if self.default not in self.values:
+            raise ValueError(f"knob {self.name}: default {self.default} is not one of its values {self.values}")
+        return self
+
+
+class BuildSpec(_Strict):
+    flags: list[str] = []          # extra compiler flags (after the defaults)
+    arch: str | None = None        # e.g. "sm_90"; None: the GPU's own, else sm_90 for compile-only
+    timeout_s: float = 120.0
+
+
+class LaunchSpec(_Strict):
+    # CTAs of the main kernel on the main shape must be at least min_ctas_per_sm * SM count
+    min_ctas_per_sm: float = Field(default=1.0, ge=0)
+    # reject a candidate whose CTA count falls below this fraction of its parent's
+    collapse_ratio: float = Field(default=0.25, ge=0, le=1)
+
+
+class ParitySpec(_Strict):
+    seeds: int = Field(default=2, ge=1)
+    hidden_shapes: int = Field(default=2, ge=0)   # extra shapes from task.hidden_shapes(), never shown
+    timeout_s: float = 180.0
+
+
+class BenchSpec(_Strict):
+    warmup_ms: float = 25.0
+    rep_ms: float = 100.0
+    rounds: int = Field(default=10, ge=2)      # ABAB rounds for candidate-vs-best
+    input_sets: int = Field(default=4, ge=1)   # rotated so that repeats do not measure a warm cache
+    min_gain: float = Field(default=0.02, ge=0)
+    timeout_s: float = 300.0
+
+
+class MetricsSpec(_Strict):
+    flops: str | None = None   # arithmetic over the shape's fields, e.g. "4*B*H*S*S*D"
+    bytes: str | None = None
+
+    @field_validator("flops", "bytes")
+    @classmethod
+    def _parses(cls, v: str | None) -> str | None:
+        if v is not None:
+            _compile_expr(v, allowed=None)
+        return v
+
+
+class TaskSpec(_Strict):
+    name: str = Field(pattern=r"^[A-Za-z0-9_\-]+$")
+    description: str = ""
+    device: Literal["cuda", "cpu"]
+    module: str = "task.py"
+    sources: list[str] = Field(min_length=1)
+    editable: list[str] = Field(min_length=1)
+    kernel_regex: str | None = None     # the kernels to profile / launch-check (ncu -k regex:)
+    baseline: Literal["reference", "initial"] = "reference"
+    dtypes: list[str] = Field(default=["float32"], min_length=1)
+    distributions: list[str] = Field(default=["normal", "uniform"], min_length=1)
+    shapes: list[Shape] = Field(min_length=1)
+    main_shape: int = 0
+    tolerance: dict[str, Tolerance]
+    knobs: list[Knob] = []
+    restrictions: list[str] = []
+    metrics: MetricsSpec = MetricsSpec()
+    build: BuildSpec = BuildSpec()
+    launch: LaunchSpec = LaunchSpec()
+    parity: ParitySpec = ParitySpec()
+    bench: BenchSpec = BenchSpec()
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "TaskSpec":
+        for f in self.editable:
+            if f not in self.sources:
+                raise ValueError(f"editable file {f!r} is not among the sources {self.sources}")
+        if not 0 <= self.main_shape < len(self.shapes):
+            raise ValueError(f"main_shape {self.main_shape} is outside the {len(self.shapes)} shapes")
+        for d in self.dtypes:
+            if d not in self.tolerance:
+                raise ValueError(f"dtype {d!r} has no [tolerance.{d}]")
+        names = [k.name for k in self.knobs]
+        if len(set(names)) != len(names):
+            raise ValueError(f"knob names repeat: {names}")
+        for k in self.knobs:
+            if k.file not in self.editable:
+                raise ValueError(f"knob {k.name}: file {k.file!r} is not editable")
+        for r in self.restrictions:
+            _compile_expr(r, allowed=set(names))
+        if self.knobs and not self.restriction_ok(self.default_knobs()):
+            raise ValueError("the knobs' defaults break the restrictions")
+        return self
+
+    # --- knobs -----------------------------------------------------------------------------
+    def default_knobs(self) -> dict[str, int]:
+        return {k.name: k.default for k in self.knobs}
+
+    def restriction_ok(self, config: dict[str, int]) -> bool:
+        return all(bool(_eval_expr(r, config)) for r in self.restrictions)
+
+    def knob_space(self) -> list[dict[str, int]]:
+        """Every knob configuration the restrictions allow (Kernel Tuner's search space)."""
+        names = [k.name for k in self.knobs]
+        out = []
+        for combo in itertools.product(*(k.values for k in self.knobs)):
+            cfg = dict(zip(names, combo))
+            if self.restriction_ok(cfg):
+                out.append(cfg)
+        return out
+
+    # --- shapes and formulas ---------------------------------------------------------------
+    @property
+    def main(self) -> Shape:
+        return self.shapes[self.main_shape]
+
+    def flops(self, shape: Shape) -> float | None:
+        return float(_eval_expr(self.metrics.flops, shape)) if self.metrics.flops else None
+
+    def bytes(self, shape: Shape) -> float | None:
+        return float(_eval_expr(self.metrics.bytes, shape)) if self.metrics.bytes else None
+
+
+def shape_label(shape: Shape) -> str:
+    return ",".join(f"{k}={int(v)}" for k, v in shape.items())
+
+
+class Task:
+    """A loaded task: the validated spec plus where it lives."""
+
+    def __init__(self, spec: TaskSpec, root: Path):
+        self.spec, self.root = spec, root
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    def path(self, rel: str) -> Path:
+        return self.root / rel
+
+    def module(self) -> ModuleType:
+        return load_module(self.root / self.spec.module, f"agent_task_{self.spec.name}")
+
+    def read_knobs(self, root: Path | None = None) -> dict[str, int | None]:
+        """Current knob values as written in the sources (None where the #define is gone)."""
+        base = root or self.root
+        out: dict[str, int | None] = {}
+        for k in self.spec.knobs:
+            text = (base / k.file).read_text()
+            m = knob_pattern(k.name).search(text)
+            out[k.name] = int(m.group(2)) if m else None
+        return out
+
+
+def knob_pattern(name: str) -> re.Pattern[str]:
+    return re.compile(rf"^(\s*#define\s+{re.escape(name)}\s+)(-?\d+)\b", re.M)
+
+
+def load_task(path: str | Path) -> Task:
+    """Load kernels/NAME (or its task.toml). Raises TaskError naming file and field."""
+    p = Path(path)
+    toml_path = p / "task.toml" if p.is_dir() else p
+    if not toml_path.exists():
+        raise TaskError(toml_path, "-", "no such file (a task is a folder with a task.toml)")
+    root = toml_path.parent.resolve()
+    try:
+        raw = tomllib.loads(toml_path.read_text())
+    except tomllib.TOMLDecodeError as e:
+        raise TaskError(toml_path, "-", f"not valid TOML: {e}") from None
+    try:
+        spec = TaskSpec.model_validate(raw)
+    except ValidationError as e:
+        err = e.errors()[0]
+        field = ".".join(str(x) for x in err["loc"]) or "-"
+        msg = err["msg"]
+        if err["type"] == "extra_forbidden":
+            msg = "unknown key (a typo?)"
+        raise TaskError(toml_path, field, msg) from None
+    for i, f in enumerate(spec.sources):
+        if not (root / f).is_file():
+            raise TaskError(toml_path, f"sources.{i}", f"file {f!r} does not exist in {root}")
+    if not (root / spec.module).is_file():
+        raise TaskError(toml_path, "module", f"file {spec.module!r} does not exist in {root}")
+    for k in spec.knobs:
+        if not knob_pattern(k.name).search((root / k.file).read_text()):
+            raise TaskError(toml_path, f"knobs.{k.name}", f"no '#define {k.name} <int>' line in {k.file}")
+    return Task(spec, root)
+
+
+def load_module(path: Path, name: str) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise TaskError(path, "module", "cannot be imported")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def find_tasks(kernels_dir: Path) -> list[Path]:
+    return sorted(p.parent for p in kernels_dir.glob("*/task.toml"))
+
+
+# --- a small, safe arithmetic evaluator for formulas and restrictions ------------------------
+_BIN = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
+        ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod, ast.Pow: operator.pow}
+_CMP = {ast.Lt: operator.lt, ast.LtE: operator.le, ast.Gt: operator.gt, ast.GtE: operator.ge,
+        ast.Eq: operator.eq, ast.NotEq: operator.ne}
+_FUNCS = {"min": min, "max": max}
+
+
+def _compile_expr(src: str, allowed: set[str] | None) -> ast.Expression:
+    try:
+        tree = ast.parse(src, mode="eval")
+    except SyntaxError as e:
+        raise ValueError(f"expression {src!r} does not parse: {e.msg}") from None
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name) and allowed is not None and node.id not in allowed | set(_FUNCS):
+            raise ValueError(f"expression {src!r} names {node.id!r}, which is not a knob")
+        if isinstance(node, ast.Call) and not (isinstance(node.func, ast.Name) and node.func.id in _FUNCS):
+            raise ValueError(f"expression {src!r}: only min() and max() may be called")
+        if isinstance(node, (ast.Attribute, ast.Subscript, ast.Lambda, ast.comprehension)):
+            raise ValueError(f"expression {src!r}: only arithmetic, comparisons and names are allowed")
+    return tree
+
+
+def _eval_expr(src: str, env: dict[str, Any]) -> Any:
+    def ev(n: ast.AST) -> Any:
+        if isinstance(n, ast.Expression):
+            return ev(n.body)
+        if isinstance(n, ast.Constant) and isinstance(n.value, (int, float, bool)):
+            return n.value
+        if isinstance(n, ast.Name):
+            if n.id not in env:
+                raise ValueError(f"expression {src!r}: {n.id!r} is not defined here (have {sorted(env)})")
+            return env[n.id]
+        if isinstance(n, ast.BinOp) and type(n.op) in _BIN:
+            return _BIN[type(n.op)](ev(n.left), ev(n.right))
+        if isinstance(n, ast.UnaryOp) and isinstance(n.op, ast.USub):
+            return -ev(n.operand)
+        if isinstance(n, ast.UnaryOp) and isinstance(n.op, ast.Not):
+            return not ev(n.operand)
+        if isinstance(n, ast.BoolOp):
+            vals = [ev(v) for v in n.values]
+            return all(vals) if isinstance(n.op, ast.And) else any(vals)
+        if isinstance(n, ast.Compare):
+            left = ev(n.left)
+            for op, right_n in zip(n.ops, n.comparators):
+                right = ev(right_n)
+                if type(op) not in _CMP or not _CMP[type(op)](left, right):
+                    return False
+                left = right
+            return True
+        if isinstance(n, ast.IfExp):
+            return ev(n.body) if ev(n.test) else ev(n.orelse)
+        if isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id in _FUNCS:
+            return _FUNCS[n.func.id](*(ev(a) for a in n.args))
+        raise ValueError(f"expression {src!r}: unsupported syntax {type(n).__name__}")
+
+    return ev(_compile_expr(src, allowed=None))
