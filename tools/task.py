@@ -51,6 +51,15 @@ class Knob(_Strict):
     default: int
     file: str
     description: str = ""
+    # what moving the knob does, so the heuristic proposer can tie a metric to it:
+    #   split   - raising it raises the CTA count (KV splits, split-K)      -> small grid
+    #   tile    - raising it lowers the CTA count, raises reuse and smem/regs -> small grid (down), compute (up)
+    #   threads - threads or warps per CTA                                    -> latency, occupancy
+    #   pad     - shared-memory row padding                                   -> bank conflicts
+    #   vector  - elements per memory access                                  -> memory throughput
+    #   order   - loop order / algorithm variant                              -> explored
+    #   other   - explored when no rule fires
+    role: Literal["split", "tile", "threads", "pad", "vector", "order", "other"] = "other"
 
     @model_validator(mode="after")
     def _default_in_values(self) -> "Knob":

@@ -1,0 +1,145 @@
+"""`agent optimize`, `agent resume`, `agent sweep`."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from agent import gitops
+from agent.loop import Loop, SetupFailed
+from agent.runlog import Decision, LogError, find_run, read_iterations
+from agent.session import (UsageError, choose_task, default_proposer, parse_target, repo_root_of, resume_run,
+                           start_run)
+from agent.view import make_view
+from tools.task import load_task
+
+console = Console(stderr=True)
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("optimize", help="run the optimization loop on a task")
+    p.add_argument("task", nargs="?", help="kernels/NAME (default: [tool.agent].task, else the first task that fits)")
+    p.add_argument("--target", default="1.5x", help="speedup to reach vs the task's baseline, e.g. 1.5x (default)")
+    p.add_argument("--iters", type=int, default=20, help="iterations at most (default 20)")
+    p.add_argument("--proposer", choices=["heuristic", "llm", "replay"],
+                   help="default: llm if an endpoint is configured, else heuristic")
+    p.add_argument("--baseline", choices=["reference", "initial"], help="override the task's baseline for --target")
+    p.add_argument("--min-gain", type=float, help="minimum gain to keep a change (default: the task's, 0.02)")
+    p.add_argument("--replay", metavar="RUN", help="replay proposer: the run (or proposals file) to replay")
+    p.add_argument("--kept-only", action="store_true", help="replay only the proposals that run kept")
+    p.add_argument("--model", help="LLM model name")
+    p.add_argument("--base-url", help="OpenAI-compatible endpoint")
+    p.add_argument("--budget-tokens", type=int, help="stop cleanly when the LLM has used this many tokens")
+    p.add_argument("--budget-usd", type=float, help="stop cleanly when the LLM has cost this much")
+    p.add_argument("--budget-seconds", type=float, help="stop cleanly after this much wall time")
+    p.add_argument("--tier", type=int, choices=[1, 2], default=1, help="profile tier for the best (default 1)")
+    p.add_argument("--run-id", help="name of the run (default: timestamp)")
+    p.add_argument("--runs-dir", type=Path, help="where runs go (default: REPO/runs)")
+    p.add_argument("--quiet", action="store_true", help="no live view, summary only")
+    p.set_defaults(func=cmd_optimize)
+
+    r = sub.add_parser("resume", help="continue a run that was interrupted or killed")
+    r.add_argument("run", help="run id (or a unique prefix)")
+    r.add_argument("--runs-dir", type=Path)
+    r.add_argument("--quiet", action="store_true")
+    r.set_defaults(func=cmd_resume)
+
+    s = sub.add_parser("sweep", help="measure every knob configuration the restrictions allow")
+    s.add_argument("task", nargs="?")
+    s.add_argument("--limit", type=int, help="measure a random sample of this many configurations")
+    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--runs-dir", type=Path)
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(func=cmd_sweep)
+
+
+def _llm_overrides(args) -> dict:
+    return {k: v for k, v in {"model": args.model, "base_url": args.base_url}.items() if v}
+
+
+def cmd_optimize(args) -> int:
+    try:
+        task_dir, why = choose_task(args.task, Path.cwd())
+        target = parse_target(args.target)
+        overrides = _llm_overrides(args)
+        root = repo_root_of(task_dir)
+        kind = args.proposer or default_proposer(root, overrides)
+        console.print(f"{why}; proposer {kind}" + ("" if args.proposer else " (default)"), highlight=False)
+        extra = {"llm_overrides": overrides, "model": args.model, "replay_source": args.replay,
+                 "replay_kept_only": args.kept_only}
+        view = make_view(console, quiet=args.quiet)
+        loop = start_run(task_dir, target=target, iters=args.iters, proposer_kind=kind, view=view,
+                         baseline=args.baseline, min_gain=args.min_gain, run_id=args.run_id, runs_dir=args.runs_dir,
+                         budget_seconds=args.budget_seconds, budget_tokens=args.budget_tokens,
+                         budget_usd=args.budget_usd, profile_tier=args.tier, extra=extra)
+        return _run_and_summarize(loop)
+    except (UsageError, gitops.GitError, LogError) as e:
+        console.print(f"[red]error[/red]: {e}", highlight=False)
+        return 2
+    except SetupFailed as e:
+        console.print(f"[red]cannot start[/red]: {e}", highlight=False)
+        return 1
+
+
+def cmd_resume(args) -> int:
+    try:
+        root = repo_root_of(Path.cwd())
+        run_dir = find_run(args.runs_dir.parent if args.runs_dir else root, args.run) if not args.runs_dir \
+            else args.runs_dir / args.run
+        loop = resume_run(run_dir, make_view(console, quiet=args.quiet))
+        return _run_and_summarize(loop)
+    except (UsageError, gitops.GitError, LogError) as e:
+        console.print(f"[red]error[/red]: {e}", highlight=False)
+        return 2
+
+
+def _run_and_summarize(loop: Loop) -> int:
+    state = loop.run()
+    recs = read_iterations(loop.run_dir)
+    t = Table(title=f"run {loop.cfg.run_id}: {state.stop_reason}", show_lines=False)
+    for c in ("#", "decision", "speedup vs best", "hypothesis", "reason"):
+        t.add_column(c, overflow="fold")
+    for r in recs:
+        b = r.bench.speedup_vs_baseline if r.bench else None
+        t.add_row(str(r.iteration), r.decision.value, f"{b.median:.3f}x" if b else "-",
+                  (r.proposal.summary() if r.proposal else "-")[:60], r.reason[:80])
+    Console().print(t)
+    kept = [r for r in recs if r.decision == Decision.kept]
+    vi, vr = loop.speedup_vs("initial"), loop.speedup_vs("reference")
+    best = state.best_sha[:10]
+    Console().print(
+        f"best: {state.best_ms * 1e3:.2f} us, {vi:.3f}x vs initial"
+        + (f", {vr:.3f}x vs reference" if vr else "")
+        + f"; {len(kept)} kept of {len(recs)}; best commit {best} on branch {loop.cfg.branch}\n"
+        f"review: agent show {loop.cfg.run_id}   cherry-pick: agent cherry-pick {loop.cfg.run_id} --best",
+        highlight=False)
+    return 130 if state.status == "interrupted" else 0
+
+
+def cmd_sweep(args) -> int:
+    from agent.sweep import describe, sweep
+    try:
+        task_dir, why = choose_task(args.task, Path.cwd())
+    except UsageError as e:
+        console.print(f"[red]error[/red]: {e}")
+        return 2
+    task = load_task(task_dir)
+    root = repo_root_of(task_dir)
+    from datetime import datetime
+    out = (args.runs_dir or root / "runs") / f"sweep-{task.name}-{datetime.now():%Y%m%d-%H%M%S}"
+    gitops.ensure_runs_ignored(gitops.open_repo(root), out.parent)
+    console.print(f"{why}; {len(task.spec.knob_space())} configurations allowed; results in {out}", highlight=False)
+
+    def progress(n, total, p):
+        what = f"{p.median_ms * 1e3:.1f} us ({p.speedup_vs_initial:.2f}x)" if p.ok else f"{p.outcome}: {p.reason[:80]}"
+        console.print(f"[{n}/{total}] {p.knobs} {what}", highlight=False)
+
+    res = sweep(task, out, limit=args.limit, seed=args.seed, progress=progress)
+    if args.json:
+        print(res.model_dump_json(indent=2))
+    else:
+        Console().print(describe(res), highlight=False)
+    return 0 if res.best() else 1

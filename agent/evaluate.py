@@ -1,0 +1,129 @@
+"""Evaluate one version of a task: build, launch (CTA) check, parity, bench, cheapest first.
+
+Each way out is an exception carrying the outcome and a one-line reason, which the loop logs and
+shows to the proposer. The loop, `agent sweep` and `agent gate` share this pipeline.
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from pathlib import Path
+
+from agent.runlog import Outcome, StageTimes
+from tools.results import (BenchResult, BenchStatus, BuildResult, BuildStatus, DeviceLimits, LaunchResult,
+                           LaunchStatus, ParityResult, ParityStatus)
+from tools.task import Task
+
+
+class IterationEnded(Exception):
+    """Ends an iteration with an outcome and a reason (the proposer sees the reason next time)."""
+    outcome = Outcome.proposal_failed
+
+    def __init__(self, reason: str, result=None):
+        super().__init__(reason)
+        self.reason, self.result = reason, result
+
+
+class ProposalFailedErr(IterationEnded):
+    outcome = Outcome.proposal_failed
+
+
+class PatchDidNotApply(IterationEnded):
+    outcome = Outcome.patch_did_not_apply
+
+
+class EditOutsideEditable(IterationEnded):
+    outcome = Outcome.edit_outside_editable
+
+
+class NoChange(IterationEnded):
+    outcome = Outcome.no_change
+
+
+class CompileFailed(IterationEnded):
+    outcome = Outcome.compile_failed
+
+
+class LaunchRejected(IterationEnded):
+    outcome = Outcome.launch_rejected
+
+
+class ParityFailed(IterationEnded):
+    outcome = Outcome.parity_failed
+
+
+class BenchFailed(IterationEnded):
+    outcome = Outcome.bench_failed
+
+
+class NotFaster(IterationEnded):
+    outcome = Outcome.not_faster
+
+
+class Implausible(IterationEnded):
+    outcome = Outcome.implausible
+
+
+class Evaluator:
+    """The instruments for one task, with the run's build directory and device limits."""
+
+    def __init__(self, task: Task, build_dir: Path, limits: DeviceLimits | None):
+        self.task, self.build_dir, self.limits = task, build_dir, limits
+
+    def build(self, times: StageTimes) -> BuildResult:
+        from tools.build import build
+        t0 = time.monotonic()
+        res = build(self.task, self.build_dir)
+        times.build += time.monotonic() - t0
+        if res.status != BuildStatus.ok:
+            raise CompileFailed(f"{res.status.value}: {first_lines(res.message, 8)}", res)
+        return res
+
+    def launch(self, build: BuildResult, parent: LaunchResult | None, times: StageTimes) -> LaunchResult:
+        if self.task.spec.device == "cpu" or self.limits is None:
+            return LaunchResult(status=LaunchStatus.not_applicable, message="CPU task: no launch geometry")
+        from tools import launch as launch_tool
+        t0 = time.monotonic()
+        try:
+            res = launch_tool.static_check(self.task, build, self.limits, parent)
+            if res.status == LaunchStatus.ok and self.limits.source == "device":
+                res = launch_tool.dynamic_check(self.task, Path(build.lib_path), self.limits, res, parent)
+        finally:
+            times.launch += time.monotonic() - t0
+        if res.status != LaunchStatus.ok:
+            msgs = "; ".join(v.message for v in res.violations) or res.message
+            raise LaunchRejected(f"launch {res.status.value}: {msgs}", res)
+        return res
+
+    def parity(self, lib: Path, times: StageTimes, seed: int | None = None) -> ParityResult:
+        from tools.parity import run_parity
+        t0 = time.monotonic()
+        res = run_parity(self.task, lib, seed=seed)
+        times.parity += time.monotonic() - t0
+        if res.status != ParityStatus.ok:
+            raise ParityFailed(f"parity {res.status.value}: {res.message}", res)
+        return res
+
+    def bench(self, lib: Path, baseline: Path | None, times: StageTimes, with_reference: bool = False,
+              shapes: list[dict] | None = None) -> list[BenchResult]:
+        from tools.bench import run_bench
+        t0 = time.monotonic()
+        res = run_bench(self.task, lib, baseline_lib=baseline, shapes=shapes, with_reference=with_reference)
+        times.bench += time.monotonic() - t0
+        bad = next((r for r in res if r.status != BenchStatus.ok), None)
+        if bad is not None:
+            raise BenchFailed(f"bench {bad.status.value}: {bad.message}", res)
+        return res
+
+
+def snapshot_lib(lib_path: str | Path, dest: Path) -> Path:
+    """Copy a built library out of the build dir (the next build overwrites it)."""
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copy2(lib_path, dest)
+    return dest
+
+
+def first_lines(text: str, n: int) -> str:
+    lines = [ln for ln in (text or "").strip().splitlines() if ln.strip()]
+    return "\n".join(lines[:n])

@@ -1,0 +1,165 @@
+"""Git for a run: its own worktree and branch, commits with trailers, rejected commits under refs.
+
+The user's checkout, index, branches and uncommitted work are never touched: everything happens in
+runs/RUN/worktree on branch agent/TASK/RUN, created from the user's HEAD. The only write outside
+the worktree is `/runs/` added to .git/info/exclude (a local, untracked file) when runs/ is not
+already ignored, so that the run folder never shows up in the user's `git status`.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import git
+
+AGENT_IDENTITY = {
+    "GIT_AUTHOR_NAME": "kernel-agent", "GIT_AUTHOR_EMAIL": "kernel-agent@localhost",
+    "GIT_COMMITTER_NAME": "kernel-agent", "GIT_COMMITTER_EMAIL": "kernel-agent@localhost",
+}
+
+
+class GitError(Exception):
+    pass
+
+
+@dataclass(frozen=True)
+class UserState:
+    """A snapshot of what must never change: HEAD, the branch, the index and the working tree status."""
+    head: str
+    branch: str | None
+    status: str
+    index_tree: str
+
+    def same_as(self, other: "UserState") -> bool:
+        return self == other
+
+
+def open_repo(path: Path) -> git.Repo:
+    try:
+        return git.Repo(path, search_parent_directories=True)
+    except (git.InvalidGitRepositoryError, git.NoSuchPathError):
+        raise GitError(f"{path} is not inside a git repository: the agent works on a branch of yours. "
+                       "Run `git init && git add -A && git commit -m init` first.") from None
+
+
+def user_state(repo: git.Repo) -> UserState:
+    try:
+        branch = repo.active_branch.name
+    except TypeError:
+        branch = None   # detached HEAD
+    return UserState(head=repo.head.commit.hexsha, branch=branch,
+                     status=repo.git.status("--porcelain", "--untracked-files=all"),
+                     index_tree=repo.git.write_tree())
+
+
+def ensure_runs_ignored(repo: git.Repo, runs_dir: Path) -> bool:
+    """Make runs/ invisible to `git status` without touching tracked files. Returns True if it added a line."""
+    root = Path(repo.working_tree_dir)
+    try:
+        rel = runs_dir.resolve().relative_to(root.resolve())
+    except ValueError:
+        return False   # runs dir outside the repository
+    probe = f"{rel.as_posix()}/probe"
+    try:
+        repo.git.check_ignore("-q", probe)
+        return False
+    except git.GitCommandError:
+        pass
+    exclude = Path(repo.git_dir) / "info" / "exclude"
+    exclude.parent.mkdir(parents=True, exist_ok=True)
+    with open(exclude, "a") as f:
+        f.write(f"\n# kernel-agent run folders\n/{rel.as_posix()}/\n")
+    return True
+
+
+class RunGit:
+    """The run's branch and worktree."""
+
+    def __init__(self, repo: git.Repo, worktree: Path, branch: str, run_id: str):
+        self.repo, self.worktree, self.branch, self.run_id = repo, worktree, branch, run_id
+
+    # --- setup --------------------------------------------------------------------------------
+    @classmethod
+    def create(cls, repo: git.Repo, worktree: Path, branch: str, run_id: str, base_sha: str) -> "RunGit":
+        if branch in [h.name for h in repo.heads]:
+            raise GitError(f"branch {branch} already exists (a run with this id?); choose another --run-id")
+        repo.git.worktree("add", "-b", branch, str(worktree), base_sha)
+        return cls(repo, worktree, branch, run_id)
+
+    @classmethod
+    def attach(cls, repo: git.Repo, worktree: Path, branch: str, run_id: str) -> "RunGit":
+        """For resume: re-use the worktree, or re-create it from the branch if it was removed."""
+        if not (worktree / ".git").exists():
+            repo.git.worktree("prune")
+            if branch not in [h.name for h in repo.heads]:
+                raise GitError(f"branch {branch} is gone: this run cannot be resumed")
+            repo.git.worktree("add", str(worktree), branch)
+        return cls(repo, worktree, branch, run_id)
+
+    @property
+    def wt(self) -> git.Repo:
+        return git.Repo(self.worktree)
+
+    def head(self) -> str:
+        return self.wt.head.commit.hexsha
+
+    # --- the candidate ------------------------------------------------------------------------
+    def diff(self, paths: list[str]) -> str:
+        """Unified diff of the worktree's uncommitted changes in `paths` (relative to the worktree)."""
+        return self.wt.git.diff("HEAD", "--", *paths)
+
+    def commit(self, paths: list[str], message: str) -> str:
+        wt = self.wt
+        wt.git.add("--", *paths)
+        with _env(AGENT_IDENTITY):
+            wt.git.commit("-q", "--no-verify", "-m", message)
+        return wt.head.commit.hexsha
+
+    def amend_message(self, message: str) -> str:
+        with _env(AGENT_IDENTITY):
+            self.wt.git.commit("-q", "--amend", "--no-verify", "-m", message)
+        return self.head()
+
+    def keep_ref(self, kind: str, iteration: int, sha: str) -> str:
+        ref = f"refs/agent/{self.run_id}/{kind}/{iteration}"
+        self.repo.git.update_ref(ref, sha)
+        return ref
+
+    def reset_to(self, sha: str) -> None:
+        """Branch back to `sha` (the best); the worktree's files follow. Only the run's worktree moves."""
+        self.wt.git.reset("-q", "--hard", sha)
+        self.wt.git.clean("-q", "-fd")
+
+    def commit_diff(self, parent: str, sha: str, paths: list[str]) -> str:
+        return self.wt.git.diff(parent, sha, "--", *paths)
+
+    def remove_worktree(self) -> None:
+        self.repo.git.worktree("remove", "--force", str(self.worktree))
+
+
+class _env:
+    """Temporarily set environment variables (git identity for the agent's commits)."""
+
+    def __init__(self, values: dict[str, str]):
+        self.values, self.saved = values, {}
+
+    def __enter__(self):
+        for k, v in self.values.items():
+            self.saved[k] = os.environ.get(k)
+            os.environ[k] = v
+
+    def __exit__(self, *exc):
+        for k, v in self.saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def commit_message(title: str, body: list[str], trailers: dict[str, str]) -> str:
+    lines = [title.strip().splitlines()[0][:72], ""]
+    lines += [b for b in body if b is not None]
+    lines += [""] + [f"{k}: {v}" for k, v in trailers.items()]
+    return "\n".join(lines).strip() + "\n"

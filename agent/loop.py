@@ -1,0 +1,430 @@
+"""The optimization loop: DESIGN.md "One iteration", steps 1-10.
+
+    context -> proposal -> patch (worktree) -> commit -> build -> launch check -> parity -> bench
+            -> keep (amend message with results, trailers) | revert (ref refs/agent/RUN/rejected/N)
+            -> profile the new best -> log one record
+
+Its state lives in one place (`Loop`): the best commit, its library, its time and profile. Every
+way out of an iteration is an `IterationEnded` with an outcome and a reason. Records are appended
+before the next iteration begins; `Loop.resume` continues a run from its log and branch.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+from agent import gitops
+from agent.evaluate import (EditOutsideEditable, Evaluator, Implausible, IterationEnded, NoChange, NotFaster,
+                            PatchDidNotApply, ProposalFailedErr, snapshot_lib)
+from agent.proposal import Proposal
+from agent.proposers.base import (BudgetExhausted, Context, HistoryItem, ProposalFailed, Proposer,
+                                  ProposerExhausted)
+from agent.runlog import (Decision, IterationRecord, LogError, Outcome, RunConfig, RunState, StageTimes, Usage,
+                          append_iteration, read_config, read_iterations, read_state, write_json_atomic)
+from agent.view import View
+from tools.results import BenchResult, LaunchResult, ParityResult
+from tools.task import Task, load_task, shape_label
+
+PATCH_REPAIRS = 2            # a patch that does not apply goes back to the proposer at most this often
+IMPLAUSIBLE_RATIO = 10.0     # a speedup above this over the parent is re-verified before it is kept
+
+
+class SetupFailed(Exception):
+    """The run cannot start (the initial kernel fails to build or fails parity, ...)."""
+
+
+def now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+class Loop:
+    def __init__(self, run_dir: Path, cfg: RunConfig, rgit: gitops.RunGit, proposer: Proposer, view: View):
+        self.run_dir, self.cfg, self.git, self.proposer, self.view = run_dir, cfg, rgit, proposer, view
+        self.state = read_state(run_dir) if (run_dir / "state.json").exists() else RunState()
+        self.task = self._load_task()
+        self.best_lib = run_dir / "best" / self._lib_name()
+        self.initial_lib = run_dir / "initial" / self._lib_name()
+        self.records: list[IterationRecord] = read_iterations(run_dir)
+        self.profile = None
+        self.best_launch: LaunchResult | None = None
+        self.limits = _device_limits(self.task)
+        self.evaluator = Evaluator(self.task, run_dir / "build", self.limits)
+        self.t_start = time.monotonic()
+
+    # --- paths ------------------------------------------------------------------------------
+    def _task_dir(self) -> Path:
+        return Path(self.cfg.worktree) / self.cfg.task_dir
+
+    def _load_task(self) -> Task:
+        return load_task(self._task_dir())
+
+    def _lib_name(self) -> str:
+        return f"lib{self.cfg.task}.so"
+
+    def _iter_dir(self, i: int) -> Path:
+        d = self.run_dir / f"iter-{i}"
+        d.mkdir(parents=True, exist_ok=True)
+        return d
+
+    def _rel(self, files: list[str]) -> list[str]:
+        return [str(Path(self.cfg.task_dir) / f) for f in files]
+
+    # --- setup: measure the initial kernel --------------------------------------------------
+    def measure_initial(self) -> None:
+        """Build, check and time the initial kernel (the branch's first commit); its profile seeds iteration 1."""
+        times = StageTimes()
+        self.view.message(f"[bold]initial kernel[/bold]: build, launch check, parity, bench vs reference "
+                          f"({shape_label(self.task.spec.main)})")
+        try:
+            b = self.evaluator.build(times)
+            self.best_launch = self.evaluator.launch(b, None, times)
+            snapshot_lib(b.lib_path, self.best_lib)
+            snapshot_lib(b.lib_path, self.initial_lib)
+            self.evaluator.parity(self.best_lib, times)
+            bench = self.evaluator.bench(self.best_lib, None, times, with_reference=True)[0]
+        except IterationEnded as e:
+            raise SetupFailed(f"the initial kernel cannot be the starting point: {e.reason}") from None
+        cand = bench.timing("candidate")
+        ref = bench.timing("reference")
+        self.state.initial_ms = self.state.best_ms = cand.median_ms if cand else None
+        self.state.reference_ms = ref.median_ms if ref else None
+        self.state.best_sha = self.git.head()
+        _dump(self.run_dir / "initial" / "bench.json", bench)
+        self._profile_best(self.run_dir / "initial")
+        write_json_atomic(self.run_dir / "state.json", self.state)
+        vs_ref = f", reference {self.state.reference_ms * 1e3:.1f} us" if self.state.reference_ms else ""
+        self.view.message(f"initial: {self.state.initial_ms * 1e3:.1f} us{vs_ref}")
+
+    def _profile_best(self, out_dir: Path) -> None:
+        if self.task.spec.device != "cuda":
+            self.profile = None   # no counters for CPU code; the heuristic explores its knobs
+            return
+        try:
+            from tools.profile import profile_task
+        except ImportError:
+            self.profile = None
+            return
+        rep = profile_task(self.task, self.best_lib, tier=self.cfg.profile_tier, out_dir=out_dir)
+        _dump(out_dir / "profile.json", rep)
+        self.profile = rep if rep.kernels else self.profile
+
+    # --- the loop ---------------------------------------------------------------------------
+    def run(self) -> RunState:
+        self.view.start(self.cfg, self.state)
+        try:
+            while True:
+                stop = self._stop_reason()
+                if stop:
+                    self._finish("done", stop)
+                    break
+                i = self.state.iterations_done + 1
+                try:
+                    rec = self.iteration(i)
+                except KeyboardInterrupt:
+                    self._finish("interrupted", f"interrupted by the user during iteration {i}")
+                    break
+                except _StopRun as e:
+                    self._finish("done", e.reason)
+                    break
+                self.records.append(rec)
+                self.state.iterations_done = i
+                self.state.usage = _add_usage(self.state.usage, rec.usage)
+                write_json_atomic(self.run_dir / "state.json", self.state)
+                self.view.done(rec, self.state)
+        finally:
+            self.view.close()
+        return self.state
+
+    def _stop_reason(self) -> str | None:
+        if self.target_reached():
+            return f"target {self.cfg.target:g}x vs {self.cfg.baseline} reached"
+        if self.state.iterations_done >= self.cfg.iters:
+            return f"{self.cfg.iters} iterations done"
+        if self.cfg.budget_seconds and time.monotonic() - self.t_start > self.cfg.budget_seconds:
+            return f"time budget of {self.cfg.budget_seconds:g}s spent"
+        return None
+
+    def speedup_vs(self, which: str) -> float | None:
+        base = self.state.reference_ms if which == "reference" else self.state.initial_ms
+        if not base or not self.state.best_ms:
+            return None
+        return base / self.state.best_ms
+
+    def target_reached(self) -> bool:
+        s = self.speedup_vs(self.cfg.baseline)
+        return s is not None and s >= self.cfg.target
+
+    def _finish(self, status: str, reason: str) -> None:
+        self.state.status, self.state.stop_reason, self.state.finished = status, reason, now()
+        write_json_atomic(self.run_dir / "state.json", self.state)
+
+    # --- one iteration ----------------------------------------------------------------------
+    def iteration(self, i: int) -> IterationRecord:
+        started, times, usage = now(), StageTimes(), Usage()
+        d = self._iter_dir(i)
+        parent = self.state.best_sha
+        rec = dict(run_id=self.cfg.run_id, iteration=i, started=started, parent_sha=parent)
+        proposal: Proposal | None = None
+        commit_sha: str | None = None
+        try:
+            proposal, patch_msg = self._propose_and_patch(i, d, times, usage)
+            rec.update(proposal=proposal, patch_message=patch_msg)
+            self.view.stage(i, "commit", proposal.summary())
+            t0 = time.monotonic()
+            diff = self.git.diff(self._rel(self.task.spec.editable))
+            if not diff.strip():
+                raise NoChange("the proposal changes nothing in the editable files")
+            commit_sha = self.git.commit(self._rel(self.task.spec.editable),
+                                         gitops.commit_message(f"agent: iteration {i} (under evaluation)",
+                                                               [proposal.hypothesis],
+                                                               {"Agent-Run": self.cfg.run_id, "Agent-Iteration": str(i)}))
+            times.git += time.monotonic() - t0
+            rec.update(patch=diff, commit_sha=commit_sha)
+            (d / "patch.diff").write_text(diff)
+            self.task = self._load_task()
+            self.evaluator.task = self.task
+            result = self._evaluate(i, d, times, rec)
+            return self._keep(i, d, proposal, result, rec, times, usage)
+        except IterationEnded as e:
+            return self._reject(i, d, e, commit_sha, rec, times, usage)
+        except KeyboardInterrupt:
+            rec_i = self._reject(i, d, _Interrupted("interrupted by the user; candidate reverted"), commit_sha,
+                                 rec, times, usage, decision=Decision.interrupted)
+            self.records.append(rec_i)
+            self.state.iterations_done = i
+            write_json_atomic(self.run_dir / "state.json", self.state)
+            raise
+
+    def _propose_and_patch(self, i: int, d: Path, times: StageTimes, usage: Usage) -> tuple[Proposal, str]:
+        from agent.patch import apply_edits
+        feedback = None
+        for attempt in range(PATCH_REPAIRS + 1):
+            self.view.stage(i, "propose")
+            ctx = self._context(i, d, feedback)
+            t0 = time.monotonic()
+            try:
+                proposal, u = self.proposer.propose(ctx)
+            except ProposalFailed as e:
+                raise ProposalFailedErr(f"proposer: {e}") from None
+            except (ProposerExhausted, BudgetExhausted) as e:
+                raise _StopRun(str(e)) from None
+            finally:
+                times.propose += time.monotonic() - t0
+            _add_usage_into(usage, u)
+            proposal.proposer = proposal.proposer or self.proposer.name
+            (d / f"proposal-{attempt}.json" if attempt else d / "proposal.json").write_text(proposal.model_dump_json(indent=2))
+            t0 = time.monotonic()
+            res = apply_edits(proposal.edits, self._task_dir(), self.task.spec.editable)
+            times.patch += time.monotonic() - t0
+            if res.ok:
+                return proposal, res.message
+            self.git.reset_to(self.state.best_sha)   # all-or-nothing, but never trust a half state
+            if res.refused:
+                raise EditOutsideEditable(res.message)
+            feedback = f"Your patch did not apply:\n{res.message}"
+            if attempt == PATCH_REPAIRS:
+                raise PatchDidNotApply(res.message)
+        raise AssertionError("unreachable")
+
+    def _context(self, i: int, d: Path, feedback: str | None) -> Context:
+        sources = {f: self.task.path(f).read_text() for f in self.task.spec.editable}
+        history = [HistoryItem(iteration=r.iteration, hypothesis=r.proposal.hypothesis if r.proposal else "-",
+                               outcome=r.outcome.value, reason=r.reason, speedup=r.speedup_vs_best,
+                               knobs=r.proposal.knobs if r.proposal else None)
+                   for r in self.records]
+        return Context(task=self.task, iteration=i, sources=sources, profile=self.profile, history=history,
+                       best_ms=self.state.best_ms, reference_ms=self.state.reference_ms,
+                       knobs=self.task.read_knobs(), feedback=feedback, iter_dir=str(d))
+
+    def _evaluate(self, i: int, d: Path, times: StageTimes, rec: dict) -> BenchResult:
+        self.view.stage(i, "build")
+        b = self.evaluator.build(times)
+        rec["build"] = b
+        (d / "build.log").write_text(b.log)
+        self.view.stage(i, "launch")
+        rec["launch"] = self.evaluator.launch(b, self.best_launch, times)
+        lib = snapshot_lib(b.lib_path, d / self._lib_name())
+        self.view.stage(i, "parity")
+        rec["parity"] = self.evaluator.parity(lib, times)
+        _dump(d / "parity.json", rec["parity"])
+        self.view.stage(i, "bench")
+        bench = self.evaluator.bench(lib, self.best_lib, times)[0]
+        rec["bench"] = bench
+        _dump(d / "bench.json", bench)
+        ci = bench.speedup_vs_baseline
+        if ci is None:
+            raise NotFaster("bench returned no candidate-vs-best ratio")
+        if ci.median > IMPLAUSIBLE_RATIO:
+            self._reverify(lib, bench, times)
+        if not (ci.low > 1.0 and ci.median >= 1.0 + self.cfg.min_gain):
+            raise NotFaster(f"speedup {ci.median:.3f}x [{ci.low:.3f}, {ci.high:.3f}] over the best: "
+                            + ("within noise" if not ci.excludes_one() else
+                               "slower" if ci.high < 1 else f"below the {self.cfg.min_gain:.0%} minimum gain"))
+        return bench
+
+    def _reverify(self, lib: Path, bench: BenchResult, times: StageTimes) -> None:
+        """A speedup far above the parent: fresh inputs, fresh seeds, timed again; keep only if it holds."""
+        ci = bench.speedup_vs_baseline
+        try:
+            self.evaluator.parity(lib, times, seed=int(time.time()) % 100000 + 7)
+            again = self.evaluator.bench(lib, self.best_lib, times)[0].speedup_vs_baseline
+        except IterationEnded as e:
+            raise Implausible(f"a {ci.median:.1f}x speedup did not survive re-verification: {e.reason}") from None
+        if again is None or again.low <= 1.0 or not 0.5 <= again.median / ci.median <= 2.0:
+            got = f"{again.median:.2f}x" if again else "no ratio"
+            raise Implausible(f"a {ci.median:.1f}x speedup was not reproduced on re-verification ({got})")
+
+    def _keep(self, i: int, d: Path, proposal: Proposal, bench: BenchResult, rec: dict, times: StageTimes,
+              usage: Usage) -> IterationRecord:
+        self.view.stage(i, "keep")
+        ci = bench.speedup_vs_baseline
+        cand = bench.timing("candidate")
+        self.state.best_ms = cand.median_ms
+        vs_init, vs_ref = self.speedup_vs("initial"), self.speedup_vs("reference")
+        parity: ParityResult = rec["parity"]
+        max_err = max((c.max_abs_err or 0.0) for c in parity.checks) if parity.checks else 0.0
+        body = [proposal.hypothesis, "",
+                f"Measured on {shape_label(bench.shape)}: {cand.median_ms * 1e3:.2f} us median "
+                f"(p10 {cand.p10_ms * 1e3:.2f}, p90 {cand.p90_ms * 1e3:.2f}); "
+                f"{ci.median:.3f}x over the parent (95% CI {ci.low:.3f}-{ci.high:.3f}, {ci.rounds} ABAB rounds).",
+                f"Cumulative: {_x(vs_init)} vs the initial kernel, {_x(vs_ref)} vs the reference.",
+                f"Parity: {len(parity.checks)} checks, max abs error {max_err:.3g}.",
+                f"Predicted: {proposal.predicted.metric} {proposal.predicted.direction}, "
+                f"{proposal.predicted.speedup:g}x."]
+        t0 = time.monotonic()
+        sha = self.git.amend_message(gitops.commit_message(
+            f"agent: {proposal.summary()}", body,
+            {"Agent-Run": self.cfg.run_id, "Agent-Iteration": str(i),
+             "Speedup": f"{ci.median:.3f}x (95% CI {ci.low:.3f}-{ci.high:.3f})"}))
+        times.git += time.monotonic() - t0
+        snapshot_lib(d / self._lib_name(), self.best_lib)
+        self.state.best_sha, self.state.best_iteration = sha, i
+        self.best_launch = rec.get("launch")
+        self.view.stage(i, "profile")
+        t0 = time.monotonic()
+        self._profile_best(d)
+        times.profile += time.monotonic() - t0
+        summary = _profile_summary(self.profile) if self.task.spec.device == "cuda" else None
+        rec.update(commit_sha=sha, profile_summary=summary)
+        return self._record(rec, Decision.kept, Outcome.kept, f"kept: {ci.median:.3f}x over the parent", times, usage,
+                            speedup_vs_best=ci.median)
+
+    def _reject(self, i: int, d: Path, e: IterationEnded, commit_sha: str | None, rec: dict, times: StageTimes,
+                usage: Usage, decision: Decision | None = None) -> IterationRecord:
+        t0 = time.monotonic()
+        if commit_sha is not None:
+            rejected_sha = commit_sha
+            try:
+                if self.git.head() == commit_sha:
+                    rejected_sha = self.git.amend_message(gitops.commit_message(
+                        f"agent (rejected): {rec['proposal'].summary() if rec.get('proposal') else 'candidate'}",
+                        [rec["proposal"].hypothesis if rec.get("proposal") else "", "", f"Rejected: {e.reason}"],
+                        {"Agent-Run": self.cfg.run_id, "Agent-Iteration": str(i)}))
+            finally:
+                rec["rejected_ref"] = self.git.keep_ref("rejected", i, rejected_sha)
+                rec["commit_sha"] = rejected_sha
+        self.git.reset_to(self.state.best_sha)
+        times.git += time.monotonic() - t0
+        self.task = self._load_task()
+        self.evaluator.task = self.task
+        if decision is None:
+            decision = Decision.reverted if commit_sha is not None else Decision.skipped
+        bench = rec.get("bench")
+        s = bench.speedup_vs_baseline.median if bench is not None and bench.speedup_vs_baseline else None
+        if isinstance(e, (ProposalFailedErr,)) and not rec.get("proposal"):
+            rec["proposal_error"] = e.reason
+        return self._record(rec, decision, e.outcome, e.reason, times, usage, speedup_vs_best=s)
+
+    def _record(self, rec: dict, decision: Decision, outcome: Outcome, reason: str, times: StageTimes,
+                usage: Usage, speedup_vs_best: float | None = None) -> IterationRecord:
+        r = IterationRecord(**rec, finished=now(), decision=decision, outcome=outcome, reason=reason,
+                            speedup_vs_best=speedup_vs_best, speedup_vs_initial=self.speedup_vs("initial"),
+                            speedup_vs_reference=self.speedup_vs("reference"), best_ms=self.state.best_ms,
+                            times=times, usage=usage)
+        append_iteration(self.run_dir, r)
+        return r
+
+    # --- resume -----------------------------------------------------------------------------
+    def prepare_resume(self) -> None:
+        """Bring the branch back to the best recorded commit and make sure its library exists."""
+        head = self.git.head()
+        n = len(self.records)
+        if head != self.state.best_sha:
+            self.git.keep_ref("interrupted", n + 1, head)
+            self.git.reset_to(self.state.best_sha)
+        self.state.iterations_done = n
+        self.state.status = "running"
+        self.task = self._load_task()
+        self.evaluator.task = self.task
+        times = StageTimes()
+        if not self.best_lib.exists():
+            b = self.evaluator.build(times)
+            snapshot_lib(b.lib_path, self.best_lib)
+        last = next((self.run_dir / f"iter-{r.iteration}" for r in reversed(self.records)
+                     if r.decision == Decision.kept), self.run_dir / "initial")
+        prof = last / "profile.json"
+        if prof.exists():
+            from tools.profile.model import ProfileReport
+            rep = ProfileReport.model_validate_json(prof.read_text())
+            self.profile = rep if rep.kernels else None
+        write_json_atomic(self.run_dir / "state.json", self.state)
+
+
+class _StopRun(Exception):
+    def __init__(self, reason: str):
+        super().__init__(reason)
+        self.reason = reason
+
+
+class _Interrupted(IterationEnded):
+    outcome = Outcome.interrupted
+
+
+def _device_limits(task: Task):
+    if task.spec.device != "cuda":
+        return None
+    from tools.device import device_limits
+    return device_limits(task.spec.build.arch)
+
+
+def _profile_summary(rep) -> dict | None:
+    if rep is None or not rep.kernels:
+        return None
+    k = max(rep.kernels, key=lambda k: k.duration_us or 0)
+    return {"kernel": k.name, "ctas": k.ctas, "sol_compute_pct": k.sol_compute_pct,
+            "sol_memory_pct": k.sol_memory_pct, "dram_pct": k.dram_pct,
+            "occupancy_achieved_pct": k.occupancy_achieved_pct, "registers": k.registers_per_thread,
+            "bottleneck": k.bottleneck.value, "source": rep.source}
+
+
+def _dump(path: Path, model) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(model.model_dump_json(indent=2) if hasattr(model, "model_dump_json") else json.dumps(model))
+
+
+def _x(v: float | None) -> str:
+    return f"{v:.3f}x" if v is not None and math.isfinite(v) else "n/a"
+
+
+def _add_usage(a: Usage, b: Usage) -> Usage:
+    return Usage(calls=a.calls + b.calls, prompt_tokens=a.prompt_tokens + b.prompt_tokens,
+                 completion_tokens=a.completion_tokens + b.completion_tokens, cost_usd=a.cost_usd + b.cost_usd)
+
+
+def _add_usage_into(into: Usage, u: Usage) -> None:
+    into.calls += u.calls
+    into.prompt_tokens += u.prompt_tokens
+    into.completion_tokens += u.completion_tokens
+    into.cost_usd += u.cost_usd
+
+
+def load_run(run_dir: Path) -> tuple[RunConfig, RunState]:
+    cfg = read_config(run_dir)
+    st = read_state(run_dir)
+    if st.status == "unknown":
+        raise LogError(f"{run_dir}: no state.json; the run never measured its initial kernel")
+    return cfg, st

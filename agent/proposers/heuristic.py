@@ -1,0 +1,209 @@
+"""The offline proposer: moves the task's declared knobs by rules tied to measured metrics.
+
+Rules read the latest profile of the best (ncu, or the counter-free fallback) and map what limits
+the kernel to knobs by their declared role (tools/task.py Knob.role):
+
+    small grid (CTAs < SMs, ncu's launch rule)     -> raise a `split` knob, or lower a `tile` knob
+    occupancy limited by registers / shared memory -> lower a `tile` or `threads` knob
+    shared-memory bank conflicts                   -> raise a `pad` knob
+    memory-bound, DRAM below its peak              -> raise a `vector` knob
+    latency-bound (compute and memory both low)    -> raise `threads` / `split`
+    compute-bound                                   -> raise a `tile` knob (more reuse per load)
+
+When no rule fires (or every move it suggests was measured), it explores one-knob moves from the
+best configuration, then the rest of the space nearest-first. It never proposes a configuration it
+has measured. Each move is a real patch: the knob's `#define` line rewritten.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from agent.proposal import Edit, Evidence, PredictedEffect, Proposal
+from agent.proposers.base import Context, ProposerExhausted
+from agent.runlog import Usage
+from tools.profile.model import Bottleneck, KernelProfile, ProfileReport
+from tools.task import Knob, Task, knob_pattern
+
+Config = dict[str, int]
+
+
+@dataclass
+class Move:
+    knob: str
+    value: int
+    why: str                      # the hypothesis
+    evidence: list[Evidence]
+    metric: str
+    direction: str
+    speedup: float
+
+
+class HeuristicProposer:
+    name = "heuristic"
+
+    def __init__(self, task: Task):
+        self.task = task
+        self.knobs: dict[str, Knob] = {k.name: k for k in task.spec.knobs}
+
+    # --- the interface ----------------------------------------------------------------------
+    def propose(self, ctx: Context) -> tuple[Proposal, Usage]:
+        current = {k: v for k, v in ctx.knobs.items() if v is not None and k in self.knobs}
+        if not current:
+            raise ProposerExhausted("the task declares no knobs that are present in the source; "
+                                    "the heuristic proposer has nothing to move (use --proposer llm)")
+        measured = {_key(h.knobs) for h in ctx.history if h.knobs}
+        measured.add(_key(current))
+        for move in self._rule_moves(ctx.profile, current) + self._explore_moves(current):
+            cfg = {**current, move.knob: move.value}
+            if _key(cfg) in measured or not self.task.spec.restriction_ok(cfg):
+                continue
+            return self._proposal(ctx, current, move), Usage()
+        for cfg in self._far_configs(current):
+            if _key(cfg) not in measured:
+                return self._multi_proposal(ctx, current, cfg), Usage()
+        raise ProposerExhausted(f"every one of the {len(self.task.spec.knob_space())} knob configurations "
+                                "allowed by the restrictions has been measured")
+
+    # --- rules ------------------------------------------------------------------------------
+    def _rule_moves(self, prof: ProfileReport | None, cur: Config) -> list[Move]:
+        kp = _main_kernel(prof)
+        if kp is None:
+            return []
+        sm = (prof.env.sm_count if prof else None) or 0
+        moves: list[Move] = []
+        ev_grid = [Evidence(metric="launch.ctas", value=str(kp.ctas)),
+                   Evidence(metric="device.sm_count", value=str(sm or "?"))]
+        if kp.waves_per_sm is not None:
+            ev_grid.append(Evidence(metric="launch.waves_per_sm", value=f"{kp.waves_per_sm:.2f}"))
+        grid_rule = next((r for r in kp.rules if "grid" in r.message.lower() and "small" in r.message.lower()), None)
+        if grid_rule:
+            ev_grid.append(Evidence(metric=f"ncu.rule.{grid_rule.id}", value=grid_rule.message[:160]))
+        small = kp.bottleneck == Bottleneck.small_grid or (sm and kp.ctas < sm) or grid_rule is not None
+        if small:
+            want = max(2.0, sm / max(kp.ctas, 1)) if sm else 2.0
+            for k in self._by_role("split"):
+                for v in _higher(k, cur[k.name]):
+                    ratio = v / max(cur[k.name], 1)
+                    moves.append(Move(k.name, v, f"The grid is {kp.ctas} CTAs on {sm or '?'} SMs (small grid): raise "
+                                      f"{k.name} {cur[k.name]}->{v} for about {ratio:.0f}x the CTAs",
+                                      ev_grid, "launch.ctas", "up", round(min(ratio, want), 2)))
+            for k in self._by_role("tile"):
+                for v in _lower(k, cur[k.name]):
+                    ratio = cur[k.name] / v
+                    moves.append(Move(k.name, v, f"The grid is {kp.ctas} CTAs on {sm or '?'} SMs (small grid): lower "
+                                      f"{k.name} {cur[k.name]}->{v} for about {ratio:.0f}x the CTAs",
+                                      ev_grid, "launch.ctas", "up", round(min(ratio, want) * 0.8, 2)))
+        limiter = (kp.occupancy_limiter or "").lower()
+        if limiter in ("registers", "shared_memory") and (kp.occupancy_theoretical_pct or 100) < 50:
+            ev = [Evidence(metric="occupancy.limiter", value=limiter),
+                  Evidence(metric="occupancy.theoretical_pct", value=f"{kp.occupancy_theoretical_pct}")]
+            for k in self._by_role("tile") + self._by_role("threads"):
+                for v in _lower(k, cur[k.name])[:1]:
+                    moves.append(Move(k.name, v, f"Occupancy is {kp.occupancy_theoretical_pct}% limited by {limiter}: "
+                                      f"lower {k.name} {cur[k.name]}->{v} to fit more CTAs per SM",
+                                      ev, "occupancy.achieved_pct", "up", 1.15))
+        conflicts = kp.smem_bank_conflicts or 0
+        bank_rule = next((r for r in kp.rules if "bank" in r.message.lower()), None)
+        if conflicts > 0 or bank_rule:
+            ev = [Evidence(metric="smem.bank_conflicts", value=str(conflicts))]
+            if bank_rule:
+                ev.append(Evidence(metric=f"ncu.rule.{bank_rule.id}", value=bank_rule.message[:160]))
+            for k in self._by_role("pad"):
+                for v in _higher(k, cur[k.name])[:1]:
+                    moves.append(Move(k.name, v, f"{conflicts} shared-memory bank conflicts: pad rows, {k.name} "
+                                      f"{cur[k.name]}->{v}", ev, "smem.bank_conflicts", "down", 1.1))
+        mem, comp = kp.sol_memory_pct or 0.0, kp.sol_compute_pct or 0.0
+        ev_sol = [Evidence(metric="sol.memory_pct", value=f"{mem:.1f}"),
+                  Evidence(metric="sol.compute_pct", value=f"{comp:.1f}")]
+        if kp.dram_pct is not None:
+            ev_sol.append(Evidence(metric="sol.dram_pct", value=f"{kp.dram_pct:.1f}"))
+        if kp.bottleneck == Bottleneck.memory:
+            for k in self._by_role("vector"):
+                for v in _higher(k, cur[k.name])[:1]:
+                    moves.append(Move(k.name, v, f"Memory-bound at {mem:.0f}% of peak memory throughput: wider "
+                                      f"accesses, {k.name} {cur[k.name]}->{v}", ev_sol, "sol.dram_pct", "up", 1.2))
+        if kp.bottleneck == Bottleneck.latency:
+            for k in self._by_role("threads") + self._by_role("split") + self._by_role("vector"):
+                for v in _higher(k, cur[k.name])[:1]:
+                    moves.append(Move(k.name, v, f"Latency-bound (memory {mem:.0f}%, compute {comp:.0f}% of peak): "
+                                      f"more work in flight, {k.name} {cur[k.name]}->{v}", ev_sol,
+                                      "sol.memory_pct", "up", 1.15))
+        if kp.bottleneck == Bottleneck.compute:
+            for k in self._by_role("tile"):
+                for v in _higher(k, cur[k.name])[:1]:
+                    moves.append(Move(k.name, v, f"Compute-bound at {comp:.0f}% of peak: larger tiles for more reuse "
+                                      f"per load, {k.name} {cur[k.name]}->{v}", ev_sol, "sol.compute_pct", "down", 1.1))
+        return moves
+
+    # --- exploration ------------------------------------------------------------------------
+    def _explore_moves(self, cur: Config) -> list[Move]:
+        moves = []
+        for k in self.task.spec.knobs:
+            if k.name not in cur:
+                continue
+            vals = sorted((v for v in k.values if v != cur[k.name]),
+                          key=lambda v: (abs(k.values.index(v) - _index(k, cur[k.name])), v))
+            for v in vals:
+                what = f" ({k.description})" if k.description else ""
+                moves.append(Move(k.name, v, f"No profile rule points at an untried move: explore {k.name} "
+                                  f"{cur[k.name]}->{v}{what}", [Evidence(metric=f"knob.{k.name}", value=str(cur[k.name]))],
+                                  "time.median_ms", "down", 1.05))
+        return moves
+
+    def _far_configs(self, cur: Config) -> list[Config]:
+        space = self.task.spec.knob_space()
+        def dist(cfg: Config) -> int:
+            return sum(abs(_index(self.knobs[n], cfg[n]) - _index(self.knobs[n], cur.get(n, cfg[n]))) for n in cfg)
+        return sorted(space, key=dist)
+
+    # --- patches ----------------------------------------------------------------------------
+    def _by_role(self, role: str) -> list[Knob]:
+        return [k for k in self.task.spec.knobs if k.role == role]
+
+    def _edit(self, ctx: Context, name: str, value: int) -> Edit:
+        k = self.knobs[name]
+        text = ctx.sources[k.file]
+        m = knob_pattern(name).search(text)
+        if m is None:
+            raise ProposerExhausted(f"#define {name} is gone from {k.file}")
+        line_end = text.find("\n", m.start())
+        old_line = text[m.start(): line_end if line_end >= 0 else len(text)].lstrip("\n")
+        new_line = knob_pattern(name).sub(lambda mm: f"{mm.group(1)}{value}", old_line, count=1)
+        return Edit(file=k.file, search=old_line, replace=new_line)
+
+    def _proposal(self, ctx: Context, cur: Config, mv: Move) -> Proposal:
+        return Proposal(hypothesis=mv.why, evidence=mv.evidence,
+                        predicted=PredictedEffect(metric=mv.metric, direction=mv.direction, speedup=mv.speedup),
+                        edits=[self._edit(ctx, mv.knob, mv.value)], knobs={**cur, mv.knob: mv.value})
+
+    def _multi_proposal(self, ctx: Context, cur: Config, cfg: Config) -> Proposal:
+        changed = {n: v for n, v in cfg.items() if cur.get(n) != v}
+        desc = ", ".join(f"{n} {cur.get(n)}->{v}" for n, v in changed.items())
+        return Proposal(hypothesis=f"Every single-knob move from the best has been measured: explore {desc}",
+                        evidence=[Evidence(metric=f"knob.{n}", value=str(cur.get(n))) for n in changed],
+                        predicted=PredictedEffect(metric="time.median_ms", direction="down", speedup=1.05),
+                        edits=[self._edit(ctx, n, v) for n, v in changed.items()], knobs=dict(cfg))
+
+
+def _key(cfg: dict | None) -> tuple:
+    return tuple(sorted((cfg or {}).items()))
+
+
+def _index(k: Knob, v: int) -> int:
+    return k.values.index(v) if v in k.values else min(range(len(k.values)), key=lambda i: abs(k.values[i] - v))
+
+
+def _higher(k: Knob, v: int) -> list[int]:
+    return sorted(x for x in k.values if x > v)
+
+
+def _lower(k: Knob, v: int) -> list[int]:
+    return sorted((x for x in k.values if x < v), reverse=True)
+
+
+def _main_kernel(prof: ProfileReport | None) -> KernelProfile | None:
+    if prof is None or not prof.kernels:
+        return None
+    timed = [k for k in prof.kernels if k.duration_us is not None]
+    return max(timed, key=lambda k: k.duration_us) if timed else prof.kernels[0]

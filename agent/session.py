@@ -1,0 +1,186 @@
+"""Starting and resuming runs: choose the task and the proposer, create the branch and worktree,
+write run.json, measure the initial kernel; or re-attach to a run from its log and branch."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import tomllib
+from datetime import datetime
+from pathlib import Path
+
+from agent import gitops
+from agent.envinfo import fingerprint
+from agent.loop import Loop, SetupFailed, load_run, now
+from agent.proposers.base import Proposer
+from agent.runlog import RunConfig, read_iterations, write_json_atomic
+from agent.view import View
+from tools.task import Task, find_tasks, load_task
+
+
+class UsageError(Exception):
+    """Bad command-line input: one line for the user."""
+
+
+def parse_target(text: str) -> float:
+    t = text.strip().lower().removesuffix("x")
+    try:
+        v = float(t)
+    except ValueError:
+        raise UsageError(f"--target {text!r}: give a speedup such as 1.5x or 1.5") from None
+    if not v > 0:
+        raise UsageError(f"--target {text!r}: must be positive")
+    return v
+
+
+def repo_root_of(path: Path) -> Path:
+    return Path(gitops.open_repo(path).working_tree_dir)
+
+
+def choose_task(arg: str | None, cwd: Path) -> tuple[Path, str]:
+    """The task folder and a sentence saying why it was chosen."""
+    if arg:
+        p = Path(arg)
+        if not p.exists() and (cwd / "kernels" / arg).exists():
+            p = cwd / "kernels" / arg
+        return p.resolve(), f"task {p.name} (from the command line)"
+    try:
+        root = repo_root_of(cwd)
+    except gitops.GitError:
+        root = cwd
+    pyproject = root / "pyproject.toml"
+    if pyproject.exists():
+        conf = tomllib.loads(pyproject.read_text()).get("tool", {}).get("agent", {})
+        if conf.get("task"):
+            p = (root / conf["task"]) if "/" in conf["task"] else root / "kernels" / conf["task"]
+            return p.resolve(), f"task {p.name} (from [tool.agent] in pyproject.toml)"
+    cuda = _cuda_available()
+    tasks = find_tasks(root / "kernels")
+    if not tasks:
+        raise UsageError(f"no task given and no kernels/*/task.toml under {root}")
+    for t in tasks:
+        dev = load_task(t).spec.device
+        if dev == ("cuda" if cuda else "cpu"):
+            why = "a GPU is present" if cuda else "no GPU here"
+            return t.resolve(), f"task {t.name} (first shipped {dev} task; {why})"
+    return tasks[0].resolve(), f"task {tasks[0].name} (first shipped task)"
+
+
+def _cuda_available() -> bool:
+    try:
+        import torch
+        return torch.cuda.is_available()
+    except Exception:
+        return False
+
+
+def make_proposer(kind: str, task: Task, cfg_extra: dict, repo_root: Path) -> Proposer:
+    if kind == "heuristic":
+        from agent.proposers.heuristic import HeuristicProposer
+        return HeuristicProposer(task)
+    if kind == "replay":
+        from agent.proposers.replay import ReplayProposer
+        src = cfg_extra.get("replay_source")
+        if not src:
+            raise UsageError("--proposer replay needs --replay RUN_ID (or a proposals .json/.jsonl file)")
+        p = Path(src)
+        if not p.exists():
+            p = repo_root / "runs" / src
+        if not p.exists():
+            raise UsageError(f"--replay {src}: no such run or file")
+        return ReplayProposer(p, kept_only=bool(cfg_extra.get("replay_kept_only")))
+    if kind == "llm":
+        from agent.proposers.llm import LLMProposer
+        from agent.settings import load_llm_settings
+        settings = load_llm_settings(cfg_extra.get("llm_overrides", {}), repo_root)
+        if settings is None:
+            raise UsageError("--proposer llm needs an endpoint: --base-url/--model, AGENT_BASE_URL/AGENT_MODEL, or "
+                             "[tool.agent] in pyproject.toml (see docs/LLM.md)")
+        return LLMProposer(settings, task)
+    raise UsageError(f"unknown proposer {kind!r} (heuristic, llm, replay)")
+
+
+def default_proposer(repo_root: Path, overrides: dict) -> str:
+    try:
+        from agent.settings import load_llm_settings
+    except ImportError:
+        return "heuristic"
+    return "llm" if load_llm_settings(overrides, repo_root) is not None else "heuristic"
+
+
+def start_run(task_dir: Path, *, target: float, iters: int, proposer_kind: str, view: View,
+              baseline: str | None = None, min_gain: float | None = None, run_id: str | None = None,
+              runs_dir: Path | None = None, budget_seconds: float | None = None, budget_tokens: int | None = None,
+              budget_usd: float | None = None, profile_tier: int = 1, extra: dict | None = None) -> Loop:
+    extra = extra or {}
+    task = load_task(task_dir)        # validate before touching anything
+    repo = gitops.open_repo(task.root)
+    root = Path(repo.working_tree_dir)
+    task_rel = task.root.resolve().relative_to(root.resolve()).as_posix()
+    try:
+        repo.git.cat_file("-e", f"HEAD:{task_rel}/task.toml")
+    except Exception:
+        raise UsageError(f"{task_rel} is not committed at HEAD: the run starts from your HEAD; commit the task first") from None
+    dirty = repo.git.status("--porcelain", "--", task_rel)
+    if dirty:
+        view.message(f"[yellow]note[/yellow]: {task_rel} has uncommitted changes; the run starts from HEAD "
+                     "(commit them to include them). Your working tree is not touched.")
+    run_id = run_id or datetime.now().strftime("%Y%m%d-%H%M%S-") + secrets.token_hex(2)
+    runs = (runs_dir or root / "runs").resolve()
+    run_dir = runs / run_id
+    if run_dir.exists():
+        raise UsageError(f"run folder {run_dir} already exists")
+    run_dir.mkdir(parents=True)
+    if gitops.ensure_runs_ignored(repo, runs):
+        view.message(f"note: added /{runs.relative_to(root).as_posix()}/ to .git/info/exclude so runs never show "
+                     "in your git status")
+    branch = f"agent/{task.name}/{run_id}"
+    base = repo.head.commit.hexsha
+    rgit = gitops.RunGit.create(repo, run_dir / "worktree", branch, run_id, base)
+    proposer = make_proposer(proposer_kind, task, extra, root)
+    cfg = RunConfig(run_id=run_id, task=task.name, task_dir=task_rel, repo=str(root), branch=branch, base_sha=base,
+                    worktree=str(rgit.worktree), proposer=proposer_kind, model=extra.get("model"), target=target,
+                    iters=iters, baseline=baseline or task.spec.baseline,
+                    min_gain=task.spec.bench.min_gain if min_gain is None else min_gain,
+                    budget_tokens=budget_tokens, budget_usd=budget_usd, budget_seconds=budget_seconds,
+                    profile_tier=profile_tier, started=now(), env=fingerprint(repo),
+                    extra={k: v for k, v in extra.items() if k != "llm_overrides"})
+    write_json_atomic(run_dir / "run.json", cfg)
+    loop = Loop(run_dir, cfg, rgit, proposer, view)
+    try:
+        loop.measure_initial()
+    except SetupFailed:
+        loop._finish("failed", "the initial kernel could not be measured")
+        raise
+    return loop
+
+
+def resume_run(run_dir: Path, view: View, extra: dict | None = None) -> Loop:
+    cfg, state = load_run(run_dir)
+    if state.status == "done":
+        raise UsageError(f"run {cfg.run_id} is finished ({state.stop_reason}); start a new one")
+    if state.status == "failed":
+        raise UsageError(f"run {cfg.run_id} failed at setup ({state.stop_reason}); start a new one")
+    repo = gitops.open_repo(Path(cfg.repo))
+    rgit = gitops.RunGit.attach(repo, Path(cfg.worktree), cfg.branch, cfg.run_id)
+    task = load_task(Path(cfg.worktree) / cfg.task_dir)
+    merged = {**cfg.extra, **(extra or {})}
+    proposer = make_proposer(cfg.proposer, task, merged, Path(cfg.repo))
+    loop = Loop(run_dir, cfg, rgit, proposer, view)
+    loop.prepare_resume()
+    if hasattr(proposer, "skip_to"):
+        proposer.skip_to(sum(1 for r in read_iterations(run_dir) if r.proposal is not None))
+    view.message(f"resuming {cfg.run_id} at iteration {loop.state.iterations_done + 1} of {cfg.iters} "
+                 f"(best {'initial' if loop.state.best_iteration is None else 'iteration ' + str(loop.state.best_iteration)})")
+    return loop
+
+
+def pid_file(run_dir: Path) -> Path:
+    return run_dir / "agent.pid"
+
+
+def write_pid(run_dir: Path) -> None:
+    pid_file(run_dir).write_text(str(os.getpid()))
+
+
+__all__ = ["start_run", "resume_run", "choose_task", "parse_target", "UsageError", "write_json_atomic"]
