@@ -1,0 +1,180 @@
+"""tools.build with the real compilers: ninja, c++ and (compile-only) nvcc."""
+
+import ctypes
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tools.build import build, find_nvcc, parse_ptxas
+from tools.results import BuildStatus
+from tools.task import load_task
+
+ROOT = Path(__file__).resolve().parent.parent
+FIX = Path(__file__).resolve().parent / "fixtures"
+needs_nvcc = pytest.mark.skipif(find_nvcc() is None, reason="nvcc not installed")
+
+
+def _two_source_task(tmp_path: Path) -> Path:
+    """A CPU task with two sources sharing a header, to see which objects a change rebuilds."""
+    d = tmp_path / "two"
+    d.mkdir()
+    (d / "common.h").write_text("#pragma once\n#define SCALE 2.0f\n")
+    (d / "a.cpp").write_text('#include "common.h"\nextern "C" float fa(float x) { return SCALE * x; }\n')
+    (d / "b.cpp").write_text('extern "C" float fb(float x) { return x + 1.0f; }\n')
+    (d / "task.py").write_text("def make_inputs(shape, seed, device, dist):\n    return ()\n")
+    (d / "task.toml").write_text(
+        'name = "two"\ndevice = "cpu"\nsources = ["a.cpp", "b.cpp", "common.h"]\neditable = ["a.cpp", "b.cpp", "common.h"]\n'
+        'shapes = [{ n = 1 }]\n[tolerance.float32]\natol = 0.0\nrtol = 0.0\n')
+    return d
+
+
+def test_matmul_cpu_builds_and_loads(tmp_path):
+    task = load_task(ROOT / "kernels" / "matmul_cpu")
+    res = build(task, tmp_path / "b")
+    assert res.status == BuildStatus.ok, res.message
+    assert res.steps_run == 2                       # one compile + one link
+    assert res.arch is None and res.kernels == []
+    lib = ctypes.CDLL(res.lib_path)
+    a = (ctypes.c_float * 4)(1, 2, 3, 4)
+    b = (ctypes.c_float * 4)(1, 0, 0, 1)
+    c = (ctypes.c_float * 4)()
+    lib.matmul(a, b, c, 2, 2, 2)
+    assert list(c) == [1, 2, 3, 4]
+    again = build(task, tmp_path / "b")
+    assert again.status == BuildStatus.ok and again.steps_run == 0
+
+
+def test_edit_rebuilds_only_that_object_and_headers_count(tmp_path):
+    d = _two_source_task(tmp_path)
+    task = load_task(d)
+    first = build(task, tmp_path / "b")
+    assert first.status == BuildStatus.ok and first.steps_run == 3
+    assert build(task, tmp_path / "b").steps_run == 0
+    (d / "b.cpp").write_text('extern "C" float fb(float x) { return x + 2.0f; }\n')
+    res = build(task, tmp_path / "b")
+    assert res.steps_run == 2, res.log              # b.o + link
+    assert "== a.cpp (cached) ==" in res.log and "== b.cpp (compiled) ==" in res.log
+    (d / "common.h").write_text("#pragma once\n#define SCALE 3.0f\n")
+    res = build(task, tmp_path / "b")
+    assert res.steps_run == 2, res.log              # a.o (includes the header) + link
+    assert "== a.cpp (compiled) ==" in res.log
+    assert _call_fa(res.lib_path) == 3.0
+
+
+def _call_fa(lib_path: str) -> float:
+    # a child process: the parent already dlopen-ed an older library of the same path
+    out = subprocess.run([sys.executable, "-c", f"import ctypes; f=ctypes.CDLL({lib_path!r}).fa; "
+                          "f.restype=ctypes.c_float; f.argtypes=[ctypes.c_float]; print(f(1.0))"],
+                         capture_output=True, text=True, check=True)
+    return float(out.stdout)
+
+
+def test_src_dir_builds_a_copy(tmp_path):
+    task = load_task(ROOT / "kernels" / "matmul_cpu")
+    copy = tmp_path / "wt"
+    shutil.copytree(task.root, copy)
+    assert build(task, tmp_path / "b", src_dir=copy).steps_run == 2
+    text = (copy / "matmul.cpp").read_text().replace("#define BLOCK_M 16", "#define BLOCK_M 32")
+    (copy / "matmul.cpp").write_text(text)
+    res = build(task, tmp_path / "b", src_dir=copy)
+    assert res.status == BuildStatus.ok and res.steps_run == 2
+    assert build(task, tmp_path / "b", src_dir=copy).steps_run == 0
+
+
+def test_compile_error_names_file_and_line(tmp_path):
+    task = load_task(FIX / "cpp_bad")
+    res = build(task, tmp_path / "b")
+    assert res.status == BuildStatus.compile_error
+    assert res.message.startswith("bad.cpp:6:"), res.message
+    assert "undeclared_value" in res.message
+    assert res.lib_path is None
+    # the tool survives and reports the same again (the failed object is retried)
+    assert build(task, tmp_path / "b").status == BuildStatus.compile_error
+
+
+def test_timeout_is_a_status(tmp_path):
+    task = load_task(ROOT / "kernels" / "matmul_cpu")
+    res = build(task, tmp_path / "b", timeout_s=0.001)
+    assert res.status == BuildStatus.timeout
+    assert "timed out" in res.message
+
+
+def test_missing_nvcc_is_toolchain_missing(tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")
+    monkeypatch.delenv("CUDA_HOME", raising=False)
+    monkeypatch.delenv("CUDA_PATH", raising=False)
+    if shutil.which("nvcc"):
+        pytest.skip("nvcc lives in /usr/bin here")
+    res = build(load_task(FIX / "cuda_launch"), tmp_path / "b")
+    assert res.status == BuildStatus.toolchain_missing
+    assert "nvcc" in res.message and "CUDA toolkit" in res.message
+
+
+def test_parse_ptxas_reads_spills_smem_and_cmem():
+    text = """ptxas info    : 0 bytes gmem
+ptxas info    : Compiling entry function '_Z2tkILi64EEvPf' for 'sm_80'
+ptxas info    : Function properties for _Z2tkILi64EEvPf
+    216 bytes stack frame, 228 bytes spill stores, 224 bytes spill loads
+ptxas info    : Used 32 registers, used 0 barriers, 216 bytes cumulative stack size, 368 bytes cmem[0]
+ptxas info    : Function properties for _Z6helperv
+    8 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads
+ptxas info    : Compiling entry function '_Z10add_kernelPKfPfi' for 'sm_80'
+ptxas info    : Function properties for _Z10add_kernelPKfPfi
+    0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads
+ptxas info    : Used 10 registers, used 1 barriers, 1024 bytes smem, 360 bytes cmem[0], 8 bytes cmem[2]
+"""
+    ks = {k.mangled: k for k in parse_ptxas(text)}
+    assert set(ks) == {"_Z2tkILi64EEvPf", "_Z10add_kernelPKfPfi"}
+    tk, add = ks["_Z2tkILi64EEvPf"], ks["_Z10add_kernelPKfPfi"]
+    assert (tk.registers, tk.spill_stores_bytes, tk.spill_loads_bytes, tk.stack_frame_bytes) == (32, 228, 224, 216)
+    assert tk.cmem_bytes == 368 and tk.smem_static_bytes == 0
+    assert (add.registers, add.smem_static_bytes, add.cmem_bytes, add.stack_frame_bytes) == (10, 1024, 368, 0)
+
+
+@pytest.mark.nvcc
+@needs_nvcc
+def test_cuda_fixture_compiles_and_reports_ptxas(tmp_path):
+    task = load_task(FIX / "cuda_launch")
+    res = build(task, tmp_path / "b")
+    assert res.status == BuildStatus.ok, res.message
+    assert res.arch and res.arch.startswith("sm_")
+    [k] = res.kernels
+    assert k.mangled == "_Z12scale_kernelPKfPfi"
+    assert k.name.startswith("scale_kernel(")
+    assert 0 < k.registers <= 255
+    assert k.smem_static_bytes == 64 * 4                 # __shared__ float stat[STATIC_FLOATS]
+    # a no-op rebuild still reports the kernels, from the cached object's log
+    again = build(task, tmp_path / "b")
+    assert again.steps_run == 0 and again.kernels == res.kernels
+    # the library links cudart statically: it loads without a driver and answers its plan
+    lib = ctypes.CDLL(res.lib_path)
+    buf = (ctypes.c_int * 7)()
+    assert lib.cuda_launch_plan(1000, 0, buf, 1) == 1
+    assert list(buf) == [4, 1, 1, 256, 1, 1, 0]
+
+
+@pytest.mark.nvcc
+@needs_nvcc
+def test_cuda_compile_error_uses_file_colon_line(tmp_path):
+    d = tmp_path / "t"
+    shutil.copytree(FIX / "cuda_launch", d)
+    src = (d / "scale.cu").read_text().replace("y[i] = stat", "y[i] = nope + stat")
+    (d / "scale.cu").write_text(src)
+    res = build(load_task(d), tmp_path / "b")
+    assert res.status == BuildStatus.compile_error
+    line = next(i for i, ln in enumerate(src.splitlines(), 1) if "nope" in ln)
+    assert res.message.startswith(f"scale.cu:{line}: error"), res.message
+
+
+def test_cli_json(tmp_path):
+    out = subprocess.run([sys.executable, "-m", "tools.build", str(FIX / "cpp_bad"), "--build-dir", str(tmp_path),
+                          "--json"], capture_output=True, text=True, cwd=ROOT,
+                         env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert out.returncode == 1
+    data = json.loads(out.stdout)
+    assert data["status"] == "compile_error" and "bad.cpp:6" in data["message"]

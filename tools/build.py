@@ -1,0 +1,373 @@
+"""Build a task's sources into lib<task>.so with ninja; read ptxas resources per kernel.
+
+One compile edge per source (nvcc for .cu, c++ for .cpp/.cc/.cxx) with a depfile so that headers
+count, then one link edge. Each object's compiler output is kept beside it (obj/X.o.log), so the
+ptxas report of an object that did not need rebuilding is still read. CUDA libraries link cudart
+statically: they load (and their launch plan can be asked) on a machine without a driver.
+
+    python -m tools.build kernels/TASK [--build-dir D] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+from functools import lru_cache
+from pathlib import Path
+
+from tools.results import BuildResult, BuildStatus, KernelResources
+from tools.sandbox import REPO_ROOT, ProcStatus, run_isolated
+from tools.task import Task, load_task
+
+CXX_EXT = {".cpp", ".cc", ".cxx", ".c"}
+CU_EXT = {".cu"}
+CXX_FLAGS = ["-O3", "-march=native", "-fPIC", "-std=c++17"]
+NVCC_FLAGS = ["-O3", "-lineinfo", "-std=c++17", "-Xcompiler", "-fPIC", "-Xptxas", "-v"]
+STATUS_MARK = "@@ninja "          # NINJA_STATUS prefix: one such line per edge that ran
+DEFAULT_ARCH = "sm_90"
+
+
+# --- toolchain --------------------------------------------------------------------------------
+def find_ninja() -> str | None:
+    found = shutil.which("ninja")
+    if found:
+        return found
+    try:  # the `ninja` PyPI package ships the binary
+        import ninja  # type: ignore[import-untyped]
+        cand = Path(ninja.BIN_DIR) / "ninja"
+        return str(cand) if cand.is_file() else None
+    except ImportError:
+        return None
+
+
+def find_cxx() -> str | None:
+    env = os.environ.get("CXX")
+    if env and shutil.which(env):
+        return shutil.which(env)
+    for name in ("c++", "g++", "clang++"):
+        if shutil.which(name):
+            return shutil.which(name)
+    return None
+
+
+def find_nvcc() -> str | None:
+    """nvcc on PATH, else under $CUDA_HOME / $CUDA_PATH. Resolves wrapper scripts to the real install."""
+    found = shutil.which("nvcc")
+    if not found:
+        for var in ("CUDA_HOME", "CUDA_PATH"):
+            base = os.environ.get(var)
+            if base and (Path(base) / "bin" / "nvcc").is_file():
+                found = str(Path(base) / "bin" / "nvcc")
+                break
+    return found
+
+
+def cuda_home(nvcc: str | None) -> Path | None:
+    """The CUDA install that nvcc belongs to (nvcc may be a wrapper script outside it)."""
+    cands = [os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH")]
+    if nvcc:
+        cands.append(str(Path(nvcc).resolve().parent.parent))
+    cands.append("/usr/local/cuda")
+    for c in cands:
+        if c and (Path(c) / "include" / "cuda_runtime.h").is_file():
+            return Path(c).resolve()
+    return None
+
+
+def toolchain_hint(tool: str) -> str:
+    return {
+        "ninja": "ninja not found: `pip install ninja` (or apt-get install ninja-build)",
+        "c++": "no C++ compiler (c++/g++/clang++) on PATH: apt-get install g++ (or set CXX)",
+        "nvcc": ("nvcc not found on PATH or under $CUDA_HOME: install the CUDA toolkit "
+                 "(https://developer.nvidia.com/cuda-downloads) and `export PATH=/usr/local/cuda/bin:$PATH`"),
+    }[tool]
+
+
+@lru_cache(maxsize=1)
+def gpu_arch() -> str | None:
+    """sm_XY of GPU 0, or None without a usable GPU. nvidia-smi first (no CUDA context), then torch."""
+    smi = shutil.which("nvidia-smi")
+    if smi:
+        try:
+            out = subprocess.run([smi, "--query-gpu=compute_cap", "--format=csv,noheader"], capture_output=True,
+                                 text=True, timeout=20)
+            m = re.match(r"\s*(\d+)\.(\d+)", out.stdout)
+            if out.returncode == 0 and m:
+                return f"sm_{m.group(1)}{m.group(2)}"
+        except (OSError, subprocess.TimeoutExpired):
+            pass
+    if not smi and not Path("/dev/nvidiactl").exists():
+        return None  # no driver here: skip the slow torch import
+    try:
+        import torch
+        if torch.cuda.is_available():
+            major, minor = torch.cuda.get_device_capability(0)
+            return f"sm_{major}{minor}"
+    except Exception:  # a broken torch install must not stop a compile-only build
+        pass
+    return None
+
+
+def resolve_arch(task: Task) -> str:
+    return gpu_arch() or task.spec.build.arch or DEFAULT_ARCH
+
+
+# --- ninja file -------------------------------------------------------------------------------
+def _nj(s: str) -> str:
+    """Escape a path for a ninja build line."""
+    return s.replace("$", "$$").replace(" ", "$ ").replace(":", "$:")
+
+
+def _val(s: str) -> str:
+    """Escape a variable value (shell-quoted words) for ninja."""
+    return s.replace("$", "$$")
+
+
+def _obj_name(rel: str) -> str:
+    return "obj/" + rel.replace("/", "__") + ".o"
+
+
+def _forwardable(flag: str) -> bool:
+    return flag.startswith(("-D", "-U", "-I"))
+
+
+def write_ninja(task: Task, build_dir: Path, src_dir: Path, tools: dict[str, str], arch: str | None) -> list[tuple[str, str]]:
+    """Write build.ninja; return [(source rel path, object path)] of the compile edges."""
+    cuda = task.spec.device == "cuda"
+    flags = list(task.spec.build.flags)
+    q = lambda args: " ".join(shlex.quote(a) for a in args)  # noqa: E731
+    inc = ["-I" + str(src_dir)]
+    cxx_flags = CXX_FLAGS + inc + (flags if not cuda else [f for f in flags if _forwardable(f)])
+    home = cuda_home(tools.get("nvcc"))
+    cxx_flags += ["-I" + str(home / "include")] if cuda and home else []
+    lines = [
+        "ninja_required_version = 1.5",
+        f"cxx = {_val(shlex.quote(tools['c++']))}",
+        f"cxxflags = {_val(q(cxx_flags))}",
+    ]
+    # compiler output goes to <obj>.log first, then is printed: a cached object keeps its report
+    tail = "> $obj.log 2>&1; s=$$?; cat $obj.log; exit $$s"
+    lines += ["rule cxx", f"  command = $cxx $cxxflags -MD -MF $obj.d -c $src -o $obj {tail}",
+              "  depfile = $out.d", "  deps = gcc", "  description = CXX $out"]
+    if tools.get("nvcc"):
+        nv_flags = NVCC_FLAGS + [f"-arch={arch or DEFAULT_ARCH}"] + inc + (flags if cuda else [])
+        lines += [f"nvcc = {_val(shlex.quote(tools['nvcc']))}", f"nvccflags = {_val(q(nv_flags))}",
+                  "rule nvcc", f"  command = $nvcc $nvccflags -MD -MF $obj.d -c $src -o $obj {tail}",
+                  "  depfile = $out.d", "  deps = gcc", "  description = NVCC $out"]
+    if cuda:
+        link = ["$nvcc", "-shared", "-cudart", "static", f"-arch={arch or DEFAULT_ARCH}", "-Xlinker", "--no-undefined"]
+        link_flags = [f for f in flags if not f.startswith("-Xptxas")]
+    else:
+        link = ["$cxx", "-shared", "-Wl,--no-undefined"]
+        link_flags = flags
+    lines += ["rule link", f"  command = {' '.join(link)} {_val(q(link_flags))} -o $out $in",
+              "  description = LINK $out"]
+    edges = []
+    for rel in task.spec.sources:
+        ext = Path(rel).suffix
+        if ext not in CXX_EXT | CU_EXT:
+            continue  # headers: inputs through the depfiles, not edges
+        obj = _obj_name(rel)
+        src = str((src_dir / rel).resolve())
+        rule = "nvcc" if ext in CU_EXT else "cxx"
+        lines += [f"build {_nj(obj)}: {rule} {_nj(src)}", f"  src = {_val(shlex.quote(src))}",
+                  f"  obj = {_val(shlex.quote(obj))}"]
+        edges.append((rel, obj))
+    lib = f"lib{task.name}.so"
+    lines += [f"build {_nj(lib)}: link {' '.join(_nj(o) for _, o in edges)}", f"default {_nj(lib)}", ""]
+    text = "\n".join(lines)
+    path = build_dir / "build.ninja"
+    if not path.exists() or path.read_text() != text:
+        path.write_text(text)
+    return edges
+
+
+# --- compiler output --------------------------------------------------------------------------
+_ENTRY = re.compile(r"Compiling entry function '([^']+)'")
+_PROPS = re.compile(r"Function properties for (\S+)")
+_FRAME = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
+_USED = re.compile(r"Used (\d+) registers")
+
+
+def parse_ptxas(text: str) -> list[KernelResources]:
+    """Entry functions from `-Xptxas -v` output (mangled names; see demangle())."""
+    kernels: dict[str, KernelResources] = {}
+    entry = props_for = None
+    for line in text.splitlines():
+        if m := _ENTRY.search(line):
+            entry = m.group(1)
+            kernels.setdefault(entry, KernelResources(name=entry, mangled=entry))
+        elif m := _PROPS.search(line):
+            props_for = m.group(1)
+        elif (m := _FRAME.search(line)) and props_for in kernels:
+            k = kernels[props_for]
+            k.stack_frame_bytes, k.spill_stores_bytes, k.spill_loads_bytes = (int(x) for x in m.groups())
+        elif (m := _USED.search(line)) and entry in kernels:
+            k = kernels[entry]
+            k.registers = int(m.group(1))
+            if s := re.search(r"(\d+) bytes smem", line):
+                k.smem_static_bytes = int(s.group(1))
+            k.cmem_bytes = sum(int(c) for c in re.findall(r"(\d+) bytes cmem\[\d+\]", line))
+    return list(kernels.values())
+
+
+def demangle(names: list[str], nvcc: str | None = None) -> dict[str, str]:
+    """Mangled -> readable, with cu++filt (ships with CUDA) or c++filt; the mangled name if neither works."""
+    if not names:
+        return {}
+    tools = []
+    home = cuda_home(nvcc) if nvcc else None
+    if home:
+        tools.append(str(home / "bin" / "cu++filt"))
+    tools += [t for t in (shutil.which("cu++filt"), shutil.which("c++filt")) if t]
+    for tool in tools:
+        if not Path(tool).is_file():
+            continue
+        try:
+            out = subprocess.run([tool], input="\n".join(names) + "\n", capture_output=True, text=True, timeout=20)
+        except (OSError, subprocess.TimeoutExpired):
+            continue
+        got = out.stdout.splitlines()
+        if out.returncode == 0 and len(got) == len(names):
+            return dict(zip(names, got))
+    return {n: n for n in names}
+
+
+_ERR_PATTERNS = [
+    re.compile(r"^(?P<file>[^\s:(][^:(]*):(?P<line>\d+):(?:\d+:)? (?:fatal )?error\b"),     # gcc/clang
+    re.compile(r"^(?P<file>[^\s(][^(]*)\((?P<line>\d+)\): (?:catastrophic )?error\b"),     # nvcc front end
+    re.compile(r"^(ptxas|nvlink|nvcc)\s*(fatal|error)\s*:", re.I),
+    re.compile(r"(undefined reference to|collect2: error|/ld: |ninja: error:)"),
+    re.compile(r"\berror\b:", re.I),
+]
+_NOISE = re.compile(rf"^({re.escape(STATUS_MARK)}|FAILED:|ninja: build stopped|\d+ errors? detected)")
+
+
+def first_errors(output: str, src_dir: Path, commands: list[str], max_lines: int = 12) -> str:
+    """The first error lines (file:line first), with the source dir stripped from paths."""
+    prefix = str(src_dir.resolve()) + "/"
+    lines = []
+    for raw in output.splitlines():
+        line = raw.replace(prefix, "")
+        if _NOISE.search(line) or any(c and line.lstrip().startswith(c) for c in commands) or not line.strip():
+            continue
+        line = re.sub(r"^([^\s(][^(]*)\((\d+)\): ", r"\1:\2: ", line)  # nvcc's file(12): -> file:12:
+        lines.append(line)
+    for pat in _ERR_PATTERNS:
+        idx = next((i for i, ln in enumerate(lines) if pat.search(ln)), None)
+        if idx is not None:
+            return "\n".join(lines[idx:idx + max_lines])
+    return "\n".join(lines[-max_lines:]) or "the build failed without compiler output"
+
+
+# --- the build --------------------------------------------------------------------------------
+def build(task: Task, build_dir: Path, src_dir: Path | None = None, timeout_s: float | None = None) -> BuildResult:
+    """Build task's sources (from src_dir, default task.root) in build_dir. Never raises for bad code."""
+    t0 = time.monotonic()
+    build_dir = Path(build_dir).resolve()
+    src_dir = Path(src_dir or task.root).resolve()
+    timeout_s = timeout_s if timeout_s is not None else task.spec.build.timeout_s
+    exts = {Path(s).suffix for s in task.spec.sources}
+    need_nvcc = task.spec.device == "cuda" or bool(exts & CU_EXT)
+    tools = {"ninja": find_ninja(), "c++": find_cxx(), "nvcc": find_nvcc() if need_nvcc else None}
+    missing = [t for t, p in tools.items() if p is None and (t != "nvcc" or need_nvcc)]
+    arch = resolve_arch(task) if need_nvcc else None
+
+    def result(status: BuildStatus, **kw) -> BuildResult:
+        return BuildResult(status=status, build_dir=str(build_dir), seconds=time.monotonic() - t0, arch=arch, **kw)
+
+    if missing:
+        return result(BuildStatus.toolchain_missing, message="; ".join(toolchain_hint(t) for t in missing))
+    build_dir.mkdir(parents=True, exist_ok=True)
+    edges = write_ninja(task, build_dir, src_dir, tools, arch)  # type: ignore[arg-type]
+    if not edges:
+        return result(BuildStatus.compile_error, message=f"no compilable sources (.cu/.cpp) among {task.spec.sources}")
+    proc = run_isolated([tools["ninja"], "-C", str(build_dir)], timeout_s,  # type: ignore[list-item]
+                        env={"NINJA_STATUS": STATUS_MARK + "[%f/%t] "})
+    output = proc.stdout + proc.stderr
+    steps = sum(1 for ln in output.splitlines() if ln.startswith(STATUS_MARK))
+    ran = {ln.split()[-1] for ln in output.splitlines() if ln.startswith(STATUS_MARK)}
+    log = _collect_logs(build_dir, edges, ran) + "\n== ninja ==\n" + output
+    (build_dir / "build.log").write_text(log)
+    if proc.status == ProcStatus.timeout:
+        return result(BuildStatus.timeout, steps_run=steps, log=log,
+                      message=f"build timed out after {timeout_s:.0f}s (raise [build] timeout_s in task.toml?)")
+    if proc.status == ProcStatus.not_started:
+        return result(BuildStatus.toolchain_missing, message=proc.reason(), log=log)
+    if proc.status != ProcStatus.ok:
+        msg = first_errors(output, src_dir, [t for t in tools.values() if t] + ["$nvcc", "$cxx"])
+        return result(BuildStatus.compile_error, message=msg, steps_run=steps, log=log)
+    kernels: list[KernelResources] = []
+    for _, obj in edges:
+        logf = build_dir / (obj + ".log")
+        if obj.endswith(".cu.o") and logf.exists():
+            kernels += parse_ptxas(logf.read_text())
+    names = demangle([k.mangled for k in kernels], tools.get("nvcc"))
+    for k in kernels:
+        k.name = names.get(k.mangled, k.mangled)
+    return result(BuildStatus.ok, lib_path=str(build_dir / f"lib{task.name}.so"), steps_run=steps, log=log,
+                  kernels=kernels)
+
+
+def _collect_logs(build_dir: Path, edges: list[tuple[str, str]], ran: set[str]) -> str:
+    parts = []
+    for rel, obj in edges:
+        logf = build_dir / (obj + ".log")
+        text = logf.read_text() if logf.exists() else ""
+        parts.append(f"== {rel} ({'compiled' if obj in ran else 'cached'}) ==\n{text.rstrip()}")
+    return "\n".join(parts)
+
+
+# --- CLI --------------------------------------------------------------------------------------
+def default_build_dir(task: Task) -> Path:
+    return REPO_ROOT / "runs" / "_build" / task.name
+
+
+def render(res: BuildResult) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    con = Console()
+    color = "green" if res.status == BuildStatus.ok else "red"
+    con.print(f"[{color}]{res.status.value}[/{color}] {res.seconds:.2f}s, {res.steps_run} steps"
+              + (f", arch {res.arch}" if res.arch else "") + (f"\n{res.lib_path}" if res.lib_path else ""))
+    if res.message:
+        con.print(res.message, markup=False, highlight=False)
+    if res.kernels:
+        t = Table("kernel", "regs", "spill st/ld B", "stack B", "smem B", "cmem B")
+        for k in res.kernels:
+            spill = f"{k.spill_stores_bytes}/{k.spill_loads_bytes}"
+            t.add_row(k.name, str(k.registers), f"[red]{spill}[/red]" if k.spill_stores_bytes else spill,
+                      str(k.stack_frame_bytes), str(k.smem_static_bytes), str(k.cmem_bytes))
+        con.print(t)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m tools.build", description="Build a task with ninja.")
+    ap.add_argument("task", help="kernels/TASK (a folder with task.toml)")
+    ap.add_argument("--build-dir", type=Path, default=None)
+    ap.add_argument("--src-dir", type=Path, default=None, help="read sources from here (default: the task folder)")
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args(argv)
+    from tools.task import TaskError
+    try:
+        task = load_task(args.task)
+    except TaskError as e:
+        print(f"bad task: {e}", file=sys.stderr)
+        return 2
+    res = build(task, args.build_dir or default_build_dir(task), args.src_dir)
+    if args.json:
+        print(res.model_dump_json())
+    else:
+        render(res)
+    return 0 if res.status == BuildStatus.ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
