@@ -109,6 +109,7 @@ class ParityStatus(str, Enum):
     nan_inf = "nan_inf"                    # NaN or Inf where the reference has none
     unwritten = "unwritten"                # elements still holding the poison
     input_mutated = "input_mutated"
+    out_of_bounds = "out_of_bounds"        # wrote into the guard bytes around the output tensor
     nondeterministic = "nondeterministic"  # repeated calls disagree beyond tolerance
     crashed = "crashed"
     timeout = "timeout"

@@ -1,0 +1,305 @@
+"""Bench (DESIGN step 7): how fast is the candidate, against the current best and the reference?
+
+After triton's do_bench: warm-up and repetitions are time budgets; on CUDA the L2 is flushed
+(a 256 MB buffer zeroed in the timed stream, outside the event pair) before each rep, one event
+pair per rep, one sync at the end; median, p10, p90, mean. Inputs rotate among
+`bench.input_sets` fresh sets. On the CPU each call is timed with perf_counter_ns.
+
+With a baseline library the two are timed interleaved: `bench.rounds` rounds, each timing the
+candidate and the baseline with the same rep count, alternating which goes first; the per-round
+medians give paired ratios baseline/candidate, and the speedup is their median with a bootstrap
+95% interval (fixed seed) over rounds.
+
+Cross-checks that mark a result `suspicious`:
+- after timing, the candidate runs on fresh inputs in the timed buffers, and in fresh buffers,
+  poisoned, and must match the reference (a kernel that cheats on repeated calls fails here);
+- CUDA: N back-to-back calls timed by wall clock with a device-wide sync; if the events say the
+  kernel is more than 2x faster than that (and a call takes over 50 us of wall time, above launch
+  overhead), work is running where the events do not see it (a side stream).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import random
+import statistics
+import sys
+import time
+from pathlib import Path
+
+from tools.results import BenchResult, BenchStatus, SpeedupCI, TimingStats
+from tools.sandbox import ProcStatus, run_python_json
+from tools.task import Task, load_task, shape_label
+
+FLUSH_BYTES = 256 * 1024 * 1024
+MIN_REPS, MAX_REPS = 5, 100_000
+BOOTSTRAP = 2000
+SIDE_STREAM_MIN_WALL_MS = 0.05
+
+
+# --- parent side ----------------------------------------------------------------------------
+def run_bench(task: Task, lib_path: Path, *, baseline_lib: Path | None = None, shapes: list[dict] | None = None,
+              with_reference: bool = True, timeout_s: float | None = None) -> list[BenchResult]:
+    """Time the library at lib_path (one BenchResult per shape), in a child process."""
+    from tools.parity import child_failure
+    shapes = [dict(s) for s in (shapes or [task.spec.main])]
+    args = ["bench", "--task", str(task.root), "--lib", str(Path(lib_path).resolve()), "--shapes", json.dumps(shapes)]
+    if baseline_lib is not None:
+        args += ["--baseline-lib", str(Path(baseline_lib).resolve())]
+    if not with_reference:
+        args.append("--no-reference")
+    timeout = timeout_s if timeout_s is not None else task.spec.bench.timeout_s
+    t0 = time.monotonic()
+    proc, data = run_python_json("tools.runner", args, timeout)
+    dt = time.monotonic() - t0
+    if proc.status == ProcStatus.ok and data is not None:
+        try:
+            return [BenchResult.model_validate(r) for r in data["results"]]
+        except (KeyError, TypeError, ValueError) as e:
+            msg = f"bench child answered malformed JSON: {e}"
+            return [BenchResult(status=BenchStatus.error, message=msg, shape=s, seconds=dt) for s in shapes]
+    status = {ProcStatus.timeout: BenchStatus.timeout, ProcStatus.crashed: BenchStatus.crashed}.get(
+        proc.status, BenchStatus.error)
+    msg = child_failure("bench", proc, data)
+    return [BenchResult(status=status, message=msg, shape=s, seconds=dt) for s in shapes]
+
+
+# --- statistics -------------------------------------------------------------------------------
+def quantile(xs: list[float], q: float) -> float:
+    s = sorted(xs)
+    pos = q * (len(s) - 1)
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(s) - 1)
+    return s[lo] + (s[hi] - s[lo]) * (pos - lo)
+
+
+def stats(label: str, times_ms: list[float], flops: float | None, nbytes: float | None) -> TimingStats:
+    med = statistics.median(times_ms)
+    return TimingStats(label=label, median_ms=med, p10_ms=quantile(times_ms, 0.1), p90_ms=quantile(times_ms, 0.9),
+                       mean_ms=statistics.fmean(times_ms), reps=len(times_ms),
+                       tflops=flops / (med * 1e-3) / 1e12 if flops and med > 0 else None,
+                       gbps=nbytes / (med * 1e-3) / 1e9 if nbytes and med > 0 else None)
+
+
+def speedup_ci(ratios: list[float], confidence: float = 0.95, seed: int = 20261121) -> SpeedupCI:
+    """Median of paired per-round ratios with a percentile-bootstrap interval (deterministic)."""
+    rng = random.Random(seed)
+    meds = sorted(statistics.median(rng.choices(ratios, k=len(ratios))) for _ in range(BOOTSTRAP))
+    a = (1 - confidence) / 2
+    return SpeedupCI(median=statistics.median(ratios), low=quantile(meds, a), high=quantile(meds, 1 - a),
+                     confidence=confidence, rounds=len(ratios))
+
+
+# --- clocks (child side) --------------------------------------------------------------------
+class CudaClock:
+    """One event pair per rep, the L2 flushed before each rep outside the pair, one sync at the end."""
+
+    def __init__(self, torch):
+        self.torch = torch
+        self.flush = torch.empty(FLUSH_BYTES, dtype=torch.int8, device="cuda")
+
+    def run(self, fn, n: int, offset: int = 0) -> list[float]:
+        t = self.torch
+        starts = [t.cuda.Event(enable_timing=True) for _ in range(n)]
+        ends = [t.cuda.Event(enable_timing=True) for _ in range(n)]
+        for i in range(n):
+            self.flush.zero_()
+            starts[i].record()
+            fn(offset + i)
+            ends[i].record()
+        t.cuda.synchronize()
+        return [s.elapsed_time(e) for s, e in zip(starts, ends)]
+
+    def sync(self) -> None:
+        self.torch.cuda.synchronize()
+
+
+class CpuClock:
+    def run(self, fn, n: int, offset: int = 0) -> list[float]:
+        out = []
+        for i in range(n):
+            t0 = time.perf_counter_ns()
+            fn(offset + i)
+            out.append((time.perf_counter_ns() - t0) / 1e6)
+        return out
+
+    def sync(self) -> None:
+        pass
+
+
+def _reps(est_ms: float, budget_ms: float) -> int:
+    return int(min(MAX_REPS, max(MIN_REPS, budget_ms / max(est_ms, 1e-4))))
+
+
+def _estimate_and_warm(clock, fn, warmup_ms: float) -> float:
+    est = statistics.median(clock.run(fn, 3))
+    clock.run(fn, max(1, int(warmup_ms / max(est, 1e-4))))
+    return est
+
+
+# --- child side -------------------------------------------------------------------------------
+def measure(task: Task, mod, lib, *, baseline=None, shapes: list[dict], with_reference: bool = True
+            ) -> list[BenchResult]:
+    """Bench in this process (the child). One BenchResult per shape; never raises for the candidate."""
+    import torch
+    cuda = task.spec.device == "cuda"
+    if cuda and not torch.cuda.is_available():
+        return [BenchResult(status=BenchStatus.error, message="the task needs CUDA but no GPU is visible", shape=s)
+                for s in shapes]
+    device_name = f"cuda: {torch.cuda.get_device_name()}" if cuda else "cpu"
+    clock = CudaClock(torch) if cuda else CpuClock()
+    out: list[BenchResult] = []
+    for i, shape in enumerate(shapes):
+        t0 = time.monotonic()
+        try:
+            r = _bench_shape(task, mod, lib, baseline, shape, with_reference, clock, torch, cuda)
+        except Exception as e:
+            msg = " ".join(str(e).split())[:400]
+            r = BenchResult(status=BenchStatus.error, message=f"{shape_label(shape)}: {type(e).__name__}: {msg}",
+                            shape=shape)
+            if cuda:   # the context may be poisoned: the other shapes are not run
+                r.device = device_name
+                out.append(r)
+                out += [BenchResult(status=BenchStatus.error, shape=s, message="not run: an earlier shape hit a "
+                                    "CUDA error (the context may be poisoned)") for s in shapes[i + 1:]]
+                return out
+        r.device, r.seconds = device_name, time.monotonic() - t0
+        out.append(r)
+    return out
+
+
+def _bench_shape(task, mod, lib, baseline, shape, with_reference, clock, torch, cuda) -> BenchResult:
+    from tools.parity import compare, poison_, tolerance_for, describe
+    spec = task.spec
+    b = spec.bench
+    device = "cuda" if cuda else "cpu"
+    sysrng = random.SystemRandom()
+    dist = spec.distributions[0]
+    sets = [tuple(mod.make_inputs(shape, sysrng.getrandbits(31), device, dist)) for _ in range(b.input_sets)]
+    n_sets = len(sets)
+    outs_c = [mod.empty_output(shape, *s) for s in sets]
+    outs_b = [mod.empty_output(shape, *s) for s in sets]
+
+    def cand(i):
+        mod.run(lib, shape, outs_c[i % n_sets], *sets[i % n_sets])
+
+    def base(i):
+        mod.run(baseline, shape, outs_b[i % n_sets], *sets[i % n_sets])
+
+    def ref(i):
+        mod.reference(shape, *sets[i % n_sets])
+
+    flops, nbytes = spec.flops(shape), spec.bytes(shape)
+    est_c = _estimate_and_warm(clock, cand, b.warmup_ms)
+    timings: list[TimingStats] = []
+    ci = None
+    if baseline is not None:
+        est_b = _estimate_and_warm(clock, base, b.warmup_ms)
+        n = _reps(max(est_c, est_b), b.rep_ms)
+        all_c, all_b, ratios = [], [], []
+        for r in range(b.rounds):
+            order = [("c", cand), ("b", base)] if r % 2 == 0 else [("b", base), ("c", cand)]
+            got = {k: clock.run(fn, n, offset=r * n) for k, fn in order}
+            all_c += got["c"]
+            all_b += got["b"]
+            ratios.append(statistics.median(got["b"]) / max(statistics.median(got["c"]), 1e-9))
+        timings += [stats("candidate", all_c, flops, nbytes), stats("baseline", all_b, flops, nbytes)]
+        ci = speedup_ci(ratios)
+    else:
+        timings.append(stats("candidate", clock.run(cand, _reps(est_c, b.rep_ms)), flops, nbytes))
+    cand_med = timings[0].median_ms
+    vs_ref = None
+    if with_reference:
+        est_r = _estimate_and_warm(clock, ref, b.warmup_ms)
+        t_ref = stats("reference", clock.run(ref, _reps(est_r, b.rep_ms)), flops, nbytes)
+        timings.append(t_ref)
+        vs_ref = t_ref.median_ms / cand_med if cand_med > 0 else None
+    status, msg = BenchStatus.ok, (f"{shape_label(shape)}: candidate median {cand_med:.4g} ms"
+                                   + (f", {ci.median:.3f}x vs baseline (95% CI {ci.low:.3f}-{ci.high:.3f})" if ci else "")
+                                   + (f", {vs_ref:.3f}x vs reference" if vs_ref else ""))
+
+    # spot checks: fresh inputs in the timed buffers (pointer-keyed caches go stale), then fresh buffers
+    fresh = tuple(mod.make_inputs(shape, sysrng.getrandbits(31), device, spec.distributions[-1]))
+    for x, y in zip(sets[0], fresh):
+        x.copy_(y)
+    probes = [(sets[0], outs_c[0], "the timed buffers")]
+    fresh2 = tuple(mod.make_inputs(shape, sysrng.getrandbits(31), device, dist))
+    probes.append((fresh2, mod.empty_output(shape, *fresh2), "fresh buffers"))
+    for inputs, o, where in probes:
+        poison_(o)
+        clock.sync()
+        mod.run(lib, shape, o, *inputs)
+        clock.sync()
+        exp = mod.reference(shape, *inputs)
+        atol, rtol = tolerance_for(task, o)
+        c = compare(o, exp, atol, rtol)
+        if c["status"] != "ok":
+            line = c.get("message") or describe(shape_label(shape), spec.distributions[-1], c, atol, rtol)
+            return BenchResult(status=BenchStatus.suspicious, shape=shape, timings=timings, speedup_vs_baseline=ci,
+                               speedup_vs_reference=vs_ref,
+                               message=f"after timing, the candidate was wrong on fresh inputs in {where} "
+                                       f"({c['status']}): {line}")
+
+    if cuda:
+        n_wall = max(10, min(1000, int(50 / max(cand_med, 1e-3))))
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for i in range(n_wall):
+            cand(i)
+        t_host = time.perf_counter()
+        torch.cuda.synchronize()
+        t1 = time.perf_counter()
+        wall_ms, host_ms = (t1 - t0) * 1e3 / n_wall, (t_host - t0) * 1e3 / n_wall
+        if wall_ms > SIDE_STREAM_MIN_WALL_MS and wall_ms > 2 * max(cand_med, host_ms):
+            status = BenchStatus.suspicious
+            msg = (f"{shape_label(shape)}: events say {cand_med * 1e3:.1f} us per call but back-to-back calls with a "
+                   f"device-wide sync take {wall_ms * 1e3:.1f} us each: work runs outside the timed stream")
+    return BenchResult(status=status, message=msg, shape=shape, timings=timings, speedup_vs_baseline=ci,
+                       speedup_vs_reference=vs_ref)
+
+
+# --- CLI ----------------------------------------------------------------------------------
+def main(argv: list[str] | None = None) -> int:
+    from tools.parity import build_if_needed
+    ap = argparse.ArgumentParser(prog="python -m tools.bench", description="Time a kernel library: against a "
+                                 "baseline library (interleaved, with a 95% CI) and the task's reference.")
+    ap.add_argument("task", help="task folder, e.g. kernels/matmul_cpu")
+    ap.add_argument("--lib", help="the compiled library (default: build the task's sources)")
+    ap.add_argument("--baseline-lib", help="time against this library too (interleaved ABAB)")
+    ap.add_argument("--shapes", help='JSON list of shapes (default: the main shape), e.g. \'[{"M":64,"N":64,"K":64}]\'')
+    ap.add_argument("--all-shapes", action="store_true", help="bench every shape of task.toml")
+    ap.add_argument("--no-reference", action="store_true", help="do not time the reference")
+    ap.add_argument("--timeout", type=float, help="seconds (default: task.toml bench.timeout_s)")
+    ap.add_argument("--json", action="store_true", help="print the BenchResults as JSON")
+    a = ap.parse_args(argv)
+    task = load_task(a.task)
+    shapes = json.loads(a.shapes) if a.shapes else ([dict(s) for s in task.spec.shapes] if a.all_shapes else None)
+    res = run_bench(task, build_if_needed(task, a.lib), baseline_lib=Path(a.baseline_lib) if a.baseline_lib else None,
+                    shapes=shapes, with_reference=not a.no_reference, timeout_s=a.timeout)
+    if a.json:
+        print(json.dumps([r.model_dump(mode="json") for r in res], indent=2))
+    else:
+        _print(res)
+    return 0 if all(r.status == BenchStatus.ok for r in res) else 1
+
+
+def _print(results: list[BenchResult]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+    con = Console()
+    for r in results:
+        t = Table("timing", "median ms", "p10", "p90", "mean", "reps", "TFLOP/s", "GB/s",
+                  title=f"{shape_label(r.shape)}  {r.device}")
+        for s in r.timings:
+            t.add_row(s.label, f"{s.median_ms:.4g}", f"{s.p10_ms:.4g}", f"{s.p90_ms:.4g}", f"{s.mean_ms:.4g}",
+                      str(s.reps), f"{s.tflops:.3g}" if s.tflops else "-", f"{s.gbps:.3g}" if s.gbps else "-")
+        if r.timings:
+            con.print(t)
+        color = "green" if r.status == BenchStatus.ok else "red"
+        con.print(f"[{color}]{r.status.value}[/{color}] {r.message}", highlight=False)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

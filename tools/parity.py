@@ -1,0 +1,401 @@
+"""Parity (DESIGN step 6): is the candidate's output the reference's, for every element, every time?
+
+Adversarial by construction; a fast wrong kernel must not pass:
+- every listed shape, plus hidden shapes drawn fresh per call (never shown to the proposer);
+- every input distribution, several fresh seeds per call;
+- outputs poisoned with a NaN carrying a payload (integers: a sentinel) before each call, so an
+  element left unwritten is told apart from one the kernel computed as NaN; 64 KiB of poisoned
+  guard on each side of the output catches writes past its ends;
+- the candidate runs before AND after the reference (which allocates and frees memory), into a
+  freshly poisoned second buffer; both results are compared with the reference;
+- the output and input buffers of a shape are reused across seeds with new values, so a kernel
+  that caches results keyed on a pointer returns stale data and fails;
+- inputs compared bitwise with clones after each call.
+
+The parent (`run_parity`) imports no torch and no candidate code: the work runs in
+`python -m tools.runner parity` (see tools/runner.py), which calls `check()` below.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import secrets
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from tools.results import ParityResult, ParityStatus, ShapeCheck
+from tools.sandbox import ProcStatus, run_python_json
+from tools.task import Task, load_task, shape_label
+
+GUARD_BYTES = 64 * 1024
+# quiet NaNs with a payload no arithmetic produces (arithmetic NaNs carry an empty payload)
+_POISON_BITS = {"float32": ("int32", 0x7FC0DEAD), "float64": ("int64", 0x7FF8DEADBEEFDEAD),
+                "float16": ("int16", 0x7E6D), "bfloat16": ("int16", 0x7FCD)}
+
+
+# --- parent side ----------------------------------------------------------------------------
+def run_parity(task: Task, lib_path: Path, *, timeout_s: float | None = None, hidden: bool = True,
+               seed: int | None = None) -> ParityResult:
+    """Check the library at lib_path against the task's reference, in a child process."""
+    seed = secrets.randbits(31) if seed is None else seed
+    timeout = timeout_s if timeout_s is not None else task.spec.parity.timeout_s
+    args = ["parity", "--task", str(task.root), "--lib", str(Path(lib_path).resolve()), "--seed", str(seed)]
+    if not hidden:
+        args.append("--no-hidden")
+    t0 = time.monotonic()
+    proc, data = run_python_json("tools.runner", args, timeout)
+    dt = time.monotonic() - t0
+    if proc.status == ProcStatus.ok and data is not None:
+        try:
+            res = ParityResult.model_validate(data)
+        except ValueError as e:
+            return ParityResult(status=ParityStatus.error, message=f"parity child answered malformed JSON: {e}",
+                                seconds=dt)
+        return res
+    return ParityResult(status=_child_status(proc.status), message=child_failure("parity", proc, data), seconds=dt)
+
+
+def _child_status(st: ProcStatus) -> ParityStatus:
+    return {ProcStatus.timeout: ParityStatus.timeout, ProcStatus.crashed: ParityStatus.crashed}.get(
+        st, ParityStatus.error)
+
+
+def child_failure(stage: str, proc, data: dict | None) -> str:
+    """One line (plus the stderr tail) for a child that did not answer normally."""
+    tail = proc.tail(4).replace("\n", " | ")
+    if proc.status == ProcStatus.timeout:
+        return f"{stage} timed out after {proc.seconds:.1f}s (the kernel hangs or is far too slow); stderr: {tail}"
+    if proc.status == ProcStatus.crashed:
+        return f"{stage} child crashed with {proc.signal} (the kernel faulted); stderr: {tail}"
+    if proc.status == ProcStatus.not_started:
+        return f"{stage} child could not start: {proc.stderr.strip()}"
+    if data is not None:
+        return f"{stage} child printed a result but exited with code {proc.returncode}; stderr: {tail}"
+    return f"{stage} child printed no JSON result (exit code {proc.returncode}); stderr: {tail}"
+
+
+# --- child side: comparison (shared with the bench spot check) -------------------------------
+def dtype_name(t) -> str:
+    return str(t.dtype).removeprefix("torch.")
+
+
+def poison_(t) -> None:
+    """Fill t with the poison of its dtype (NaN with payload; integers a sentinel)."""
+    import torch
+    name = dtype_name(t)
+    if name in _POISON_BITS and t.is_contiguous():
+        idt, bits = _POISON_BITS[name]
+        t.view(getattr(torch, idt)).fill_(bits)
+    elif t.is_floating_point() or t.is_complex():
+        t.fill_(float("nan"))
+    elif t.dtype == torch.bool:
+        t.fill_(True)
+    else:
+        t.fill_(_int_sentinel(t.dtype))
+
+
+def _int_sentinel(dtype) -> int:
+    import torch
+    info = torch.iinfo(dtype)
+    return info.min + 0x5A if info.min < 0 else info.max - 0x5A
+
+
+def poisoned_mask(t):
+    """Elements that still hold the poison."""
+    import torch
+    name = dtype_name(t)
+    if name in _POISON_BITS and t.is_contiguous():
+        idt, bits = _POISON_BITS[name]
+        return t.view(getattr(torch, idt)) == bits
+    if t.is_floating_point():
+        return torch.isnan(t)
+    if t.dtype == torch.bool:
+        return torch.zeros_like(t, dtype=torch.bool)   # no spare value: unwritten shows as a mismatch
+    return t == _int_sentinel(t.dtype)
+
+
+def tolerance_for(task: Task, out) -> tuple[float, float]:
+    name = dtype_name(out)
+    tol = task.spec.tolerance.get(name)
+    if tol is not None:
+        return tol.atol, tol.rtol
+    if not out.is_floating_point():
+        return 0.0, 0.0
+    raise ValueError(f"the output is {name} but task.toml has no [tolerance.{name}]")
+
+
+def compare(got, exp, atol: float, rtol: float) -> dict[str, Any]:
+    """Every element of got against exp. Returns status (ParityStatus value), errors, worst element."""
+    import torch
+    if tuple(got.shape) != tuple(exp.shape):
+        return {"status": "error", "message": f"output shape {tuple(got.shape)} but reference {tuple(exp.shape)}"}
+    unw = poisoned_mask(got)
+    g, e = got.detach().double(), exp.detach().double()
+    efin = torch.isfinite(e)
+    unw = unw & efin
+    gfin = torch.isfinite(g)
+    both = efin & gfin
+    err = torch.where(both, (g - e).abs(), torch.zeros_like(e))
+    scale = e.abs().clamp_min(max(atol, 1e-30))
+    rel = err / scale
+    limit = atol + rtol * e.abs()
+    res: dict[str, Any] = {"numel": got.numel(),
+                           "max_abs_err": float(err.max()) if got.numel() else 0.0,
+                           "max_rel_err": float(rel.max()) if got.numel() else 0.0}
+    nonfin = ~gfin & efin & ~unw
+    # where the reference itself is not finite the candidate must agree (any NaN for NaN, same Inf)
+    bad_special = ~efin & ~((torch.isnan(e) & torch.isnan(g)) | (g == e))
+    over = (both & (err > limit)) | bad_special
+    for status, mask, score in (("unwritten", unw, None), ("nan_inf", nonfin, None),
+                                ("mismatch", over, torch.where(both, err / limit.clamp_min(1e-300), 1.0))):
+        n = int(mask.sum())
+        if n:
+            flat = mask.reshape(-1)
+            i = int(flat.nonzero()[0]) if score is None else int(torch.where(flat, score.reshape(-1), -1.0).argmax())
+            idx = [int(x) for x in torch.unravel_index(torch.tensor(i), tuple(got.shape))] if got.dim() else []
+            res.update(status=status, mismatches=n, worst_index=idx,
+                       expected=float(e.reshape(-1)[i]), got=float(g.reshape(-1)[i]))
+            return res
+    res.update(status="ok", mismatches=0)
+    return res
+
+
+def disagree(a, b, exp, atol: float, rtol: float) -> dict[str, Any] | None:
+    """Two candidate outputs that each passed: do they differ from each other beyond tolerance?"""
+    import torch
+    x, y, e = a.double(), b.double(), exp.double()
+    d = (x - y).abs()
+    over = (d > atol + rtol * e.abs()) & torch.isfinite(e)
+    n = int(over.sum())
+    if not n:
+        return None
+    i = int(torch.where(over.reshape(-1), d.reshape(-1), -1.0).argmax())
+    idx = [int(v) for v in torch.unravel_index(torch.tensor(i), tuple(a.shape))] if a.dim() else []
+    return {"mismatches": n, "worst_index": idx, "first": float(x.reshape(-1)[i]), "second": float(y.reshape(-1)[i])}
+
+
+def bits_equal(a, b) -> bool:
+    import torch
+    if not isinstance(a, torch.Tensor):
+        return a == b
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    return torch.equal(a.contiguous().reshape(-1).view(torch.uint8), b.contiguous().reshape(-1).view(torch.uint8))
+
+
+def describe(label: str, dist: str, c: dict[str, Any], atol: float, rtol: float) -> str:
+    """One line naming a failure: where, expected vs got, how many."""
+    where = f"{label} dist={dist}"
+    st = c["status"]
+    if st == "unwritten":
+        return (f"{where}: {c['mismatches']} of {c['numel']} output elements never written (poison still there), "
+                f"first at {c['worst_index']}: expected {c['expected']:.6g}")
+    if st == "nan_inf":
+        return (f"{where}: {c['mismatches']} NaN/Inf outputs where the reference is finite, first at "
+                f"{c['worst_index']}: expected {c['expected']:.6g} got {c['got']}")
+    return (f"{where}: {c['mismatches']} of {c['numel']} elements outside atol={atol:g} rtol={rtol:g}; worst at "
+            f"{c['worst_index']}: expected {c['expected']:.6g} got {c['got']:.6g} "
+            f"(max abs err {c['max_abs_err']:.3g}, max rel err {c['max_rel_err']:.3g})")
+
+
+# --- child side: the check --------------------------------------------------------------------
+class _Buffers:
+    """Per-shape input and output buffers, reused across seeds (pointer-keyed caches go stale)."""
+
+    def __init__(self, torch):
+        self.torch = torch
+        self.inputs: tuple | None = None
+        self.outs: dict[int, tuple] = {}   # slot -> (guarded flat buffer, view, guard elems)
+
+    def adopt(self, fresh: tuple) -> tuple:
+        t = self.torch
+        if self.inputs is not None and len(fresh) == len(self.inputs) and all(
+                isinstance(o, t.Tensor) and isinstance(n, t.Tensor) and o.shape == n.shape and o.dtype == n.dtype
+                and o.stride() == n.stride() and o.device == n.device for o, n in zip(self.inputs, fresh)):
+            for o, n in zip(self.inputs, fresh):
+                o.copy_(n)
+            return self.inputs
+        self.inputs = fresh
+        return fresh
+
+    def out(self, slot: int, template):
+        t = self.torch
+        have = self.outs.get(slot)
+        if have is None or have[1].shape != template.shape or have[1].dtype != template.dtype:
+            if template.is_contiguous():
+                g = max(1, GUARD_BYTES // template.element_size())
+                flat = t.empty(template.numel() + 2 * g, dtype=template.dtype, device=template.device)
+                view = flat[g:g + template.numel()].view(template.shape)
+            else:
+                flat, view, g = template, template, 0
+            have = (flat, view, g)
+            self.outs[slot] = have
+        poison_(have[0])
+        return have[1]
+
+    def guard_hit(self, slot: int) -> int | None:
+        """Offset (in elements, negative = before the start) of a write into the guard, or None."""
+        flat, view, g = self.outs[slot]
+        if not g:
+            return None
+        n = view.numel()
+        pm = poisoned_mask(flat)
+        before, after = ~pm[:g], ~pm[g + n:]
+        if bool(before.any()):
+            return int(before.nonzero()[0]) - g
+        if bool(after.any()):
+            return n + int(after.nonzero()[0])
+        return None
+
+
+def check(task: Task, mod, lib, *, seed: int, hidden: bool = True) -> ParityResult:
+    """Run parity in this process (the child). Never raises for a fault of the candidate."""
+    import torch
+    t0 = time.monotonic()
+    spec = task.spec
+    cuda = spec.device == "cuda"
+    if cuda and not torch.cuda.is_available():
+        return ParityResult(status=ParityStatus.error, message="the task needs CUDA but no GPU is visible")
+    device = "cuda" if cuda else "cpu"
+    rng = random.Random(seed)
+    shapes: list[tuple[dict, bool]] = [(dict(s), False) for s in spec.shapes]
+    if hidden and spec.parity.hidden_shapes and hasattr(mod, "hidden_shapes"):
+        extra = mod.hidden_shapes(random.Random(rng.getrandbits(32)))[:spec.parity.hidden_shapes]
+        shapes += [(dict(s), True) for s in extra]
+    seeds = [rng.getrandbits(31) for _ in range(spec.parity.seeds)]
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    checks: list[ShapeCheck] = []
+    fatal = False
+    for shape, is_hidden in shapes:
+        label = ("hidden " if is_hidden else "") + shape_label(shape)
+        bufs = _Buffers(torch)
+        for dist in spec.distributions:
+            for s in seeds:
+                try:
+                    c = _one(task, mod, lib, shape, label, dist, s, device, bufs, sync)
+                except Exception as e:  # the task's run raised (launcher error, bad symbol, ...)
+                    msg = " ".join(str(e).split())[:400]
+                    c = {"status": "error", "message": f"{label} dist={dist}: {type(e).__name__}: {msg}"}
+                    fatal = cuda   # the context may be poisoned: stop
+                if c["status"] != "ok" and "message" not in c:
+                    c["message"] = describe(label, dist, c, *c.pop("tol"))
+                c.pop("tol", None)
+                checks.append(ShapeCheck(shape=shape, label=label, dist=dist, seed=s, hidden=is_hidden,
+                                         ok=c["status"] == "ok", **{k: v for k, v in c.items() if k != "ok"}))
+                if c["status"] != "ok":
+                    break
+            else:
+                continue
+            break
+        if fatal:
+            break
+    bad = [c for c in checks if not c.ok]
+    if bad:
+        first = bad[0]
+        more = f" (+{len(bad) - 1} more failing shapes)" if len(bad) > 1 else ""
+        return ParityResult(status=first.status, message=first.message + more, checks=checks,
+                            seconds=time.monotonic() - t0)
+    worst = max(checks, key=lambda c: c.max_rel_err or 0.0)
+    msg = (f"ok: {len(checks)} checks on {len(shapes)} shapes x {len(spec.distributions)} distributions x "
+           f"{len(seeds)} seeds; worst max abs err {max(c.max_abs_err or 0 for c in checks):.3g}, "
+           f"max rel err {worst.max_rel_err or 0:.3g} ({worst.label})")
+    return ParityResult(status=ParityStatus.ok, message=msg, checks=checks, seconds=time.monotonic() - t0)
+
+
+def _one(task, mod, lib, shape, label, dist, seed, device, bufs: _Buffers, sync) -> dict[str, Any]:
+    inputs = bufs.adopt(tuple(mod.make_inputs(shape, seed, device, dist)))
+    clones = tuple(x.clone() if hasattr(x, "clone") else x for x in inputs)
+    out1 = bufs.out(0, mod.empty_output(shape, *inputs))
+    atol, rtol = tolerance_for(task, out1)
+    base = {"tol": (atol, rtol)}
+    sync()
+    mod.run(lib, shape, out1, *inputs)
+    sync()
+    if not all(bits_equal(a, b) for a, b in zip(inputs, clones)):
+        return {**base, "status": "input_mutated",
+                "message": f"{label} dist={dist}: the kernel changed its inputs (they must be read-only)"}
+    exp = mod.reference(shape, *inputs)   # allocates and frees: leftovers are useless to the candidate
+    sync()
+    out2 = bufs.out(1, mod.empty_output(shape, *inputs))
+    mod.run(lib, shape, out2, *inputs)
+    sync()
+    if not all(bits_equal(a, b) for a, b in zip(inputs, clones)):
+        return {**base, "status": "input_mutated",
+                "message": f"{label} dist={dist}: the kernel changed its inputs on its second call"}
+    for slot in (0, 1):
+        hit = bufs.guard_hit(slot)
+        if hit is not None:
+            return {**base, "status": "out_of_bounds",
+                    "message": f"{label} dist={dist}: the kernel wrote outside its output tensor "
+                               f"(element offset {hit}; the output has {out1.numel()} elements)"}
+    c1 = compare(out1, exp, atol, rtol)
+    if c1["status"] != "ok":
+        return {**base, **c1}
+    c2 = compare(out2, exp, atol, rtol)
+    if c2["status"] != "ok":
+        line = describe(label, dist, c2, atol, rtol)
+        return {**base, **c2, "status": "nondeterministic",
+                "message": f"first call matched the reference, the second did not ({c2['status']}): {line}"}
+    d = disagree(out1, out2, exp, atol, rtol)
+    if d:
+        return {**base, **c1, "status": "nondeterministic", "mismatches": d["mismatches"],
+                "worst_index": d["worst_index"], "expected": d["first"], "got": d["second"],
+                "message": f"{label} dist={dist}: two calls on the same inputs disagree in {d['mismatches']} "
+                           f"elements beyond tolerance; at {d['worst_index']}: {d['first']:.6g} vs {d['second']:.6g}"}
+    return {**base, **c1, "max_abs_err": max(c1["max_abs_err"], c2["max_abs_err"]),
+            "max_rel_err": max(c1["max_rel_err"], c2["max_rel_err"])}
+
+
+# --- CLI ----------------------------------------------------------------------------------
+def build_if_needed(task: Task, lib: str | None) -> Path:
+    if lib:
+        return Path(lib)
+    import tempfile
+    from tools.build import build   # written separately; imported only when no --lib is given
+    res = build(task, Path(tempfile.mkdtemp(prefix=f"build-{task.name}-")))
+    if res.status != "ok" or not res.lib_path:
+        raise SystemExit(f"build failed ({res.status}): {res.message}")
+    return Path(res.lib_path)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m tools.parity", description="Check a kernel library against the "
+                                 "task's reference (every shape, distribution and fresh seeds).")
+    ap.add_argument("task", help="task folder, e.g. kernels/matmul_cpu")
+    ap.add_argument("--lib", help="the compiled library (default: build the task's sources)")
+    ap.add_argument("--seed", type=int, help="fix the seeds (default: fresh each call)")
+    ap.add_argument("--no-hidden", action="store_true", help="skip the hidden shapes")
+    ap.add_argument("--timeout", type=float, help="seconds (default: task.toml parity.timeout_s)")
+    ap.add_argument("--json", action="store_true", help="print the ParityResult as JSON")
+    a = ap.parse_args(argv)
+    task = load_task(a.task)
+    res = run_parity(task, build_if_needed(task, a.lib), timeout_s=a.timeout, hidden=not a.no_hidden, seed=a.seed)
+    if a.json:
+        print(res.model_dump_json(indent=2))
+    else:
+        _print(res)
+    return 0 if res.status == ParityStatus.ok else 1
+
+
+def _print(res: ParityResult) -> None:
+    from rich.console import Console
+    from rich.table import Table
+    con = Console()
+    if res.checks:
+        t = Table("shape", "dist", "seed", "status", "max abs err", "max rel err")
+        for c in res.checks:
+            t.add_row(c.label, c.dist, str(c.seed), c.status.value, _f(c.max_abs_err), _f(c.max_rel_err))
+        con.print(t)
+    color = "green" if res.status == ParityStatus.ok else "red"
+    con.print(f"[{color}]{res.status.value}[/{color}] {res.message} ({res.seconds:.1f}s)", highlight=False)
+
+
+def _f(x: float | None) -> str:
+    return "-" if x is None else f"{x:.3g}"
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,81 @@
+"""The child-process entry: load a task module and a candidate library, run parity or bench work.
+
+    python -m tools.runner parity --task DIR --lib PATH [--seed N] [--no-hidden]
+    python -m tools.runner bench  --task DIR --lib PATH [--baseline-lib PATH] [--shapes JSON] [--no-reference]
+
+The parent (tools/parity.py, tools/bench.py) runs this through tools.sandbox.run_python_json, in a
+new process group with a timeout; a segfault, a hang or a poisoned CUDA context dies with this
+process. The last line on stdout is the one JSON result. Anything the kernel or the task prints
+goes to stderr: fd 1 is pointed at stderr before any generated code loads, and the result is
+written to a private copy of the original stdout, so a kernel's buffered printf flushed at exit
+cannot land after (or pose as) the result.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import os
+import sys
+from pathlib import Path
+
+
+def _private_stdout():
+    sys.stdout.flush()
+    fd = os.dup(1)
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+    return os.fdopen(fd, "w")
+
+
+def load_lib(path: str) -> ctypes.CDLL:
+    p = Path(path)
+    if not p.is_file():
+        raise FileNotFoundError(f"library {path} does not exist")
+    return ctypes.CDLL(str(p.resolve()), mode=os.RTLD_LOCAL | os.RTLD_NOW)
+
+
+def _error_json(mode: str, msg: str, shapes: list[dict]) -> dict:
+    if mode == "parity":
+        return {"status": "error", "message": msg}
+    return {"results": [{"status": "error", "message": msg, "shape": s} for s in shapes]}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m tools.runner")
+    ap.add_argument("mode", choices=["parity", "bench"])
+    ap.add_argument("--task", required=True)
+    ap.add_argument("--lib", required=True)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--no-hidden", action="store_true")
+    ap.add_argument("--baseline-lib")
+    ap.add_argument("--shapes", help="JSON list of shape dicts (bench; default the main shape)")
+    ap.add_argument("--no-reference", action="store_true")
+    a = ap.parse_args(argv)
+    out = _private_stdout()
+    shapes: list[dict] = []
+    try:
+        from tools.task import load_task
+        task = load_task(a.task)
+        shapes = json.loads(a.shapes) if a.shapes else [dict(task.spec.main)]
+        mod = task.module()
+        lib = load_lib(a.lib)
+        if a.mode == "parity":
+            from tools.parity import check
+            result = check(task, mod, lib, seed=a.seed, hidden=not a.no_hidden).model_dump(mode="json")
+        else:
+            from tools.bench import measure
+            base = load_lib(a.baseline_lib) if a.baseline_lib else None
+            res = measure(task, mod, lib, baseline=base, shapes=shapes, with_reference=not a.no_reference)
+            result = {"results": [r.model_dump(mode="json") for r in res]}
+    except Exception as e:  # a bad task, a library that does not load, a missing symbol: one line
+        msg = " ".join(str(e).split())[:500]
+        result = _error_json(a.mode, f"{a.mode} could not run: {type(e).__name__}: {msg}", shapes)
+    out.write(json.dumps(result) + "\n")
+    out.flush()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
