@@ -45,6 +45,7 @@ class Context:
     reference_ms: float | None = None
     knobs: dict[str, int | None] = field(default_factory=dict)   # current knob values in the best
     feedback: str | None = None             # repair context: why the last attempt failed (patch miss, ...)
+    feedback_kind: str | None = None        # runlog.Outcome value of that failure: picks the repair prompt
     iter_dir: str | None = None             # where a proposer may save prompts / raw replies
 
 

@@ -1,0 +1,119 @@
+"""The chat call: the `openai` client against any OpenAI-compatible endpoint, with tenacity retries.
+
+Chat Completions for the widest compatibility. The client's own retries are off (max_retries=0):
+tenacity is the single policy (exponential backoff with jitter, retryable errors only, see
+agent/llm/errors.py). Structured output asks for the Proposal's JSON schema; a server that rejects
+`response_format` is asked again in plain text, and remembered, so later calls go straight to text.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+import openai
+from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_random_exponential
+
+from agent.llm.costs import call_cost, estimate_tokens, no_price_note
+from agent.llm.errors import ErrorKind, LLMError, from_exception, is_retryable
+from agent.runlog import Usage
+from agent.settings import LLMSettings
+
+log = logging.getLogger("agent.llm")
+BAD_REPLY = ErrorKind("bad_reply", False, False, "the endpoint's reply is not a chat completion")
+
+
+@dataclass
+class ChatReply:
+    text: str
+    usage: Usage
+    mode: str                          # json_schema | text
+    request: dict[str, Any]            # what was sent (never the key)
+    raw: str                           # the response body as received
+    finish_reason: str | None = None
+    notes: list[str] = field(default_factory=list)
+
+
+class LLMClient:
+    def __init__(self, settings: LLMSettings):
+        self.settings = settings
+        self._client = openai.OpenAI(api_key=settings.key(), base_url=settings.base_url,
+                                     timeout=settings.timeout_s, max_retries=0)
+        # None: not known yet; False: the server rejected json_schema once, use text from now on
+        self.schema_supported: bool | None = None if settings.structured == "auto" else (
+            settings.structured == "json_schema")
+
+    def chat(self, messages: list[dict[str, str]], schema: dict[str, Any] | None = None,
+             schema_name: str = "proposal") -> ChatReply:
+        """One completion (retried on retryable errors). Raises LLMError with one line for the user."""
+        notes: list[str] = []
+        if schema is not None and self.schema_supported is not False:
+            fmt = {"type": "json_schema", "json_schema": {"name": schema_name, "schema": schema, "strict": True}}
+            try:
+                reply = self._call(messages, fmt)
+                self.schema_supported = True
+                return reply
+            except LLMError as e:
+                if e.status not in (400, 422) or self.settings.structured == "json_schema":
+                    raise
+                notes.append(f"the server rejected response_format json_schema ({e.detail}); asked again for "
+                             "JSON in plain text")
+            reply = self._call(messages, None)       # a second 400 here means the schema was not the problem
+            self.schema_supported = False
+            log.info("%s: no json_schema support; using JSON in plain text from now on", self.settings.describe())
+            reply.notes[:0] = notes
+            return reply
+        return self._call(messages, None)
+
+    def _call(self, messages: list[dict[str, str]], fmt: dict[str, Any] | None) -> ChatReply:
+        s = self.settings
+        params: dict[str, Any] = {"model": s.model, "messages": messages}
+        if fmt is not None:
+            params["response_format"] = fmt
+        if s.temperature is not None:
+            params["temperature"] = s.temperature
+        if s.max_tokens is not None:
+            params["max_tokens"] = s.max_tokens
+        retrying = Retrying(stop=stop_after_attempt(s.max_attempts),
+                            wait=wait_random_exponential(multiplier=s.backoff_base_s, max=s.backoff_max_s),
+                            retry=retry_if_exception(is_retryable), reraise=True,
+                            before_sleep=lambda st: log.warning(
+                                "LLM call failed (%s), retry %d of %d", from_exception(st.outcome.exception()),
+                                st.attempt_number, s.max_attempts - 1))
+        attempts = 0
+        try:
+            for attempt in retrying:
+                with attempt:
+                    attempts = attempt.retry_state.attempt_number
+                    raw = self._client.chat.completions.with_raw_response.create(**params)
+        except openai.OpenAIError as e:
+            raise from_exception(e, attempts) from None
+        body = raw.text
+        try:
+            completion = raw.parse()
+            choice = completion.choices[0]
+        except (ValueError, IndexError, AttributeError, TypeError, openai.OpenAIError):
+            raise LLMError(BAD_REPLY, " ".join(body[:200].split())) from None
+        text = choice.message.content or ""
+        notes = []
+        if choice.finish_reason == "length":
+            notes.append("the reply was cut off at the token limit (finish_reason=length)")
+        usage = _usage(completion, messages, text, s, notes)
+        return ChatReply(text=text, usage=usage, mode="json_schema" if fmt else "text",
+                         request=params, raw=body, finish_reason=choice.finish_reason, notes=notes)
+
+
+def _usage(completion: Any, messages: list[dict[str, str]], text: str, s: LLMSettings, notes: list[str]) -> Usage:
+    u = getattr(completion, "usage", None)
+    if u is not None and u.prompt_tokens is not None:
+        p, c = int(u.prompt_tokens), int(u.completion_tokens or 0)
+    else:
+        p = estimate_tokens(json.dumps(messages))
+        c = estimate_tokens(text)
+        notes.append("the server reported no token usage; counted an estimate (4 characters a token)")
+    price = s.price()
+    if price is None:
+        notes.append(no_price_note(s.model))
+    return Usage(calls=1, prompt_tokens=p, completion_tokens=c, cost_usd=call_cost(p, c, price))

@@ -1,0 +1,50 @@
+"""Prompt templates live in prompts/*.md; this renders them strictly.
+
+A placeholder is `{{name}}`. A placeholder with no value is an error, and so is a value that the
+template never uses (a variable the code computes for nothing is a prompt that drifted). Values are
+inserted once, never re-scanned, so source code with braces in it is safe.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+PROMPTS_DIR = REPO_ROOT / "prompts"
+AGENT_RULES = REPO_ROOT / "AGENT.md"
+_PLACEHOLDER = re.compile(r"\{\{\s*([A-Za-z_][A-Za-z0-9_]*)\s*\}\}")
+
+
+class PromptError(Exception):
+    pass
+
+
+def placeholders(template: str) -> set[str]:
+    return set(_PLACEHOLDER.findall(template))
+
+
+def render_text(template: str, values: dict[str, object], name: str = "<template>") -> str:
+    wanted = placeholders(template)
+    missing = sorted(wanted - values.keys())
+    unused = sorted(values.keys() - wanted)
+    if missing:
+        raise PromptError(f"prompt {name}: no value for {', '.join(missing)}")
+    if unused:
+        raise PromptError(f"prompt {name}: values never used by the template: {', '.join(unused)}")
+    return _PLACEHOLDER.sub(lambda m: str(values[m.group(1)]), template)
+
+
+def render(name: str, prompts_dir: Path | None = None, **values: object) -> str:
+    """Render prompts/NAME.md with exactly these values."""
+    path = (prompts_dir or PROMPTS_DIR) / f"{name}.md"
+    if not path.is_file():
+        raise PromptError(f"prompt {name}: no template {path}")
+    return render_text(path.read_text(), values, name)
+
+
+def agent_rules() -> str:
+    """AGENT.md, the operating rules the system prompt carries."""
+    if not AGENT_RULES.is_file():
+        raise PromptError(f"{AGENT_RULES} is missing: the agent's operating rules belong in the system prompt")
+    return AGENT_RULES.read_text().strip()

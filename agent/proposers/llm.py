@@ -1,0 +1,180 @@
+"""The LLM proposer: one hypothesis per iteration from any OpenAI-compatible endpoint.
+
+propose(ctx) builds the system prompt (AGENT.md + the Proposal schema) and the iteration prompt
+(sources, profile, history, knobs, times), asks for a structured proposal, and sends the exact
+problem back when the reply is not a valid Proposal (bounded). When the loop comes back with
+ctx.feedback (a patch miss, a compile error, a parity mismatch, a launch violation), the matching
+repair prompt continues the conversation of that iteration. Every prompt and raw reply is saved
+under ctx.iter_dir as prompt-K.json / response-K.json; the key never is.
+
+Exceptions carry `.usage` (what the call(s) of this propose() cost) so the loop can account for a
+failed proposal too; `self.spent` is the run's running total.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from agent.llm.client import ChatReply, LLMClient
+from agent.llm.context import ContextTooLarge, compact_profile, format_sources, iteration_prompt
+from agent.llm.costs import Budget, add, estimate_tokens
+from agent.llm.errors import LLMError
+from agent.llm.structured import ReplyInvalid, parse_proposal, proposal_schema
+from agent.prompts import agent_rules, render
+from agent.proposal import Proposal
+from agent.proposers.base import BudgetExhausted, Context, ProposalFailed
+from agent.runlog import Usage
+from agent.settings import LLMSettings
+from tools.profile.model import ProfileReport
+from tools.task import Task
+
+# runlog.Outcome value of the failed attempt -> repair template
+REPAIR_TEMPLATES = {
+    "patch_did_not_apply": "repair_patch",
+    "edit_outside_editable": "repair_patch",
+    "no_change": "repair_patch",
+    "compile_failed": "repair_compile",
+    "parity_failed": "repair_parity",
+    "launch_rejected": "repair_launch",
+}
+
+
+class LLMUnusable(ProposalFailed):
+    """No later call can succeed either (wrong key, unknown model, sources over the context budget):
+    the loop should end the run rather than try the next iteration."""
+
+
+@dataclass
+class _Conversation:
+    iteration: int
+    messages: list[dict[str, str]]
+    sources: dict[str, str]
+
+
+class LLMProposer:
+    name = "llm"
+
+    def __init__(self, settings: LLMSettings, task: Task, *, spent: Usage | None = None,
+                 profile_view: Callable[[ProfileReport | None], str] | None = None,
+                 client: LLMClient | None = None):
+        self.settings, self.task = settings, task
+        self.client = client or LLMClient(settings)
+        self.budget = Budget(settings.budget_tokens, settings.budget_usd, settings.price(), spent)
+        self.profile_view = profile_view or compact_profile
+        self.schema = proposal_schema()
+        self.system = render("system", agent_rules=agent_rules(), schema=json.dumps(self.schema, indent=1))
+        self._last: _Conversation | None = None
+
+    @property
+    def spent(self) -> Usage:
+        return self.budget.spent
+
+    def propose(self, ctx: Context) -> tuple[Proposal, Usage]:
+        usage = Usage()
+        try:
+            messages = self._opening(ctx)
+            for repair in range(self.settings.schema_repairs + 1):
+                reply = self._call(messages, ctx)
+                usage = add(usage, reply.usage)
+                if why := self.budget.over():
+                    raise BudgetExhausted(why)
+                try:
+                    proposal = parse_proposal(reply.text)
+                except ReplyInvalid as e:
+                    problem = str(e)
+                    if reply.finish_reason == "length":
+                        problem += " (the reply was cut off at the token limit: raise max_tokens or send smaller edits)"
+                    if repair == self.settings.schema_repairs:
+                        raise ProposalFailed(f"no valid proposal after {repair + 1} replies: {_first_line(problem)}")
+                    messages = messages + [{"role": "assistant", "content": reply.text},
+                                           {"role": "user", "content": render("repair_schema", problem=problem)}]
+                    continue
+                proposal.proposer = f"llm:{self.settings.model}"
+                messages = messages + [{"role": "assistant", "content": reply.text}]
+                self._last = _Conversation(ctx.iteration, messages, dict(ctx.sources))
+                return proposal, usage
+            raise AssertionError("unreachable")
+        except LLMError as e:
+            exc: ProposalFailed = (LLMUnusable if e.fatal else ProposalFailed)(f"LLM: {e}")
+            exc.usage = usage  # type: ignore[attr-defined]
+            raise exc from None
+        except ContextTooLarge as e:
+            exc = LLMUnusable(str(e))
+            exc.usage = usage  # type: ignore[attr-defined]
+            raise exc from None
+        except (ProposalFailed, BudgetExhausted) as e:
+            e.usage = usage  # type: ignore[attr-defined]
+            raise
+
+    # --- the conversation ------------------------------------------------------------------
+    def _opening(self, ctx: Context) -> list[dict[str, str]]:
+        if ctx.feedback:
+            template = REPAIR_TEMPLATES.get(ctx.feedback_kind or "", "repair_patch")
+            last = self._last
+            if last is not None and last.iteration == ctx.iteration:
+                note = ("" if ctx.sources == last.sources else
+                        "The files now read:\n\n" + format_sources(ctx.sources))
+                return last.messages + [{"role": "user", "content": render(
+                    template, feedback=ctx.feedback.strip(), sources_note=note)}]
+            # no earlier exchange to continue (e.g. a resumed run): a fresh prompt plus the failure
+            first = self._fresh(ctx)
+            repair = render(template, feedback=ctx.feedback.strip(), sources_note="(They are shown above.)")
+            first[-1]["content"] += "\n\n## The previous attempt\n\n" + repair
+            return first
+        return self._fresh(ctx)
+
+    def _fresh(self, ctx: Context) -> list[dict[str, str]]:
+        left = self.settings.context_tokens - estimate_tokens(self.system)
+        user = iteration_prompt(ctx, self.profile_view(ctx.profile), left)
+        return [{"role": "system", "content": self.system}, {"role": "user", "content": user}]
+
+    def _call(self, messages: list[dict[str, str]], ctx: Context) -> ChatReply:
+        self.budget.before_call(estimate_tokens(json.dumps(messages)))
+        k = _next_index(ctx.iter_dir)
+        if ctx.iter_dir:
+            _save(ctx.iter_dir, f"prompt-{k}.json", {
+                "model": self.settings.model, "base_url": self.settings.base_url,
+                "structured": "json_schema" if self.client.schema_supported is not False else "text",
+                "messages": messages})
+        try:
+            reply = self.client.chat(messages, schema=self.schema)
+        except LLMError as e:
+            if ctx.iter_dir:
+                _save(ctx.iter_dir, f"response-{k}.json", {"error": str(e), "kind": e.kind.name,
+                                                            "status": e.status, "attempts": e.attempts})
+            raise
+        self.budget.record(reply.usage)
+        if ctx.iter_dir:
+            _save(ctx.iter_dir, f"response-{k}.json", {
+                "mode": reply.mode, "finish_reason": reply.finish_reason, "usage": reply.usage.model_dump(),
+                "notes": reply.notes, "body": _as_json(reply.raw)})
+        return reply
+
+
+def _first_line(text: str) -> str:
+    return " ".join(text.split())[:400]
+
+
+def _next_index(iter_dir: str | None) -> int:
+    if not iter_dir or not Path(iter_dir).is_dir():
+        return 1
+    taken = [int(m.group(1)) for p in Path(iter_dir).glob("prompt-*.json")
+             if (m := re.fullmatch(r"prompt-(\d+)\.json", p.name))]
+    return max(taken, default=0) + 1
+
+
+def _save(iter_dir: str, name: str, data: dict) -> None:
+    d = Path(iter_dir)
+    d.mkdir(parents=True, exist_ok=True)
+    (d / name).write_text(json.dumps(data, indent=1))
+
+
+def _as_json(raw: str) -> object:
+    try:
+        return json.loads(raw)
+    except ValueError:
+        return raw
