@@ -1,0 +1,193 @@
+"""Capture: run ncu on the task's kernel only, then read the report.
+
+    ncu --target-processes all -k regex:<task.kernel_regex> --launch-skip <W*launches_per_call>
+        --launch-count <launches_per_call> --clock-control none --section ... --metrics ...
+        -o <rep> -f python -m tools.profile.target --task DIR --lib PATH --shape-index I --warmup W --iters 1
+
+Clock control is `none`: the card's clocks as found (we never lock or change them), stated in the
+JSON. Tier 1 (default) collects SpeedOfLight, LaunchStats, Occupancy and a few cache/tensor
+metrics (about 10 replay passes); tier 2 adds Compute/MemoryWorkloadAnalysis, SchedulerStats,
+WarpStateStats. Never `--set full`.
+
+`--launch-skip` counts only launches that match `-k`, so skipping W*launches_per_call skips the
+warm-up calls. If a call launches more matching kernels than `launches_per_call` says, the
+profiled launch still comes after at least W matching launches: warm, never the cold first one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from tools.profile.classify import HINTS, classify_failure, missing_metric
+from tools.profile.model import ProfileEnv, ProfileReport, ProfileStatus
+from tools.profile.reader import read_report
+from tools.sandbox import REPO_ROOT, ProcResult, run_isolated
+from tools.task import Task
+
+TIER_SECTIONS = {
+    1: ["SpeedOfLight", "LaunchStats", "Occupancy"],
+    2: ["SpeedOfLight", "LaunchStats", "Occupancy", "ComputeWorkloadAnalysis", "MemoryWorkloadAnalysis",
+        "SchedulerStats", "WarpStateStats"],
+}
+# a few memory/tensor metrics beyond the tier-1 sections (tier 2's sections carry their own)
+EXTRA_METRICS = ["l1tex__t_sector_hit_rate.pct", "lts__t_sector_hit_rate.pct",
+                 "sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_active",
+                 "l1tex__data_bank_conflicts_pipe_lsu_mem_shared.sum"]
+CLOCK_CONTROL = "none"
+_PASSES = re.compile(r"-\s*(\d+)\s+pass(?:es)?")
+
+
+def find_ncu() -> str | None:
+    return os.environ.get("NCU") or shutil.which("ncu")
+
+
+def ncu_version(ncu: str) -> str | None:
+    try:
+        out = subprocess.run([ncu, "--version"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    m = re.search(r"Version\s+(\S+)", out)
+    return m.group(1) if m else None
+
+
+def driver_version() -> str | None:
+    smi = shutil.which("nvidia-smi")
+    if not smi:
+        return None
+    try:
+        out = subprocess.run([smi, "--query-gpu=driver_version", "--format=csv,noheader"], capture_output=True,
+                             text=True, timeout=30).stdout.strip().splitlines()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out[0].strip() if out else None
+
+
+def target_argv(task: Task, lib_path: str | Path, shape: int | dict | None, warmup: int, iters: int,
+                trace: str | None = None) -> list[str]:
+    argv = [sys.executable, "-m", "tools.profile.target", "--task", str(task.root), "--lib", str(Path(lib_path).resolve()),
+            "--warmup", str(warmup), "--iters", str(iters)]
+    if shape is not None:
+        argv += ["--shape-index", str(shape_index(task, shape))]
+    if trace:
+        argv += ["--trace", trace]
+    return argv
+
+
+def shape_index(task: Task, shape: int | dict) -> int:
+    if isinstance(shape, int):
+        if not 0 <= shape < len(task.spec.shapes):
+            raise ValueError(f"shape index {shape} is outside the task's {len(task.spec.shapes)} shapes")
+        return shape
+    try:
+        return task.spec.shapes.index(shape)
+    except ValueError:
+        raise ValueError(f"shape {shape} is not one of the task's shapes {task.spec.shapes}") from None
+
+
+def ncu_argv(ncu: str, tier: int, kernel_regex: str | None, launch_skip: int, launch_count: int, report_stem: Path,
+             metrics: list[str]) -> list[str]:
+    if tier not in TIER_SECTIONS:
+        raise ValueError(f"tier must be 1 or 2, not {tier}")
+    argv = [ncu, "--target-processes", "all"]
+    if kernel_regex:
+        argv += ["-k", f"regex:{kernel_regex}"]
+    argv += ["--launch-skip", str(launch_skip), "--launch-count", str(launch_count), "--clock-control", CLOCK_CONTROL]
+    for s in TIER_SECTIONS[tier]:
+        argv += ["--section", s]
+    if metrics:
+        argv += ["--metrics", ",".join(metrics)]
+    return argv + ["-o", str(report_stem), "-f"]
+
+
+def child_env() -> dict[str, str]:
+    return {"PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")])),
+            "PYTHONUNBUFFERED": "1"}
+
+
+def _failure(status: ProfileStatus, message: str, task: Task, shape: dict, env: ProfileEnv) -> ProfileReport:
+    return ProfileReport(status=status, message=message, hint=HINTS.get(status, ""), task=task.name, shape=shape, env=env)
+
+
+def profile_task(task: Task, lib_path: str | Path, *, tier: int = 1, shape: int | dict | None = None,
+                 timeout_s: float = 300, out_dir: str | Path | None = None, warmup: int = 3,
+                 launches_per_call: int = 1, fallback: bool = True, measure_bare: bool = False) -> ProfileReport:
+    """Profile the task's kernel(s) on one shape (default: the main shape). Never raises for a
+    failure of ncu or of the program: every failure is a status with a hint."""
+    spec = task.spec
+    idx = spec.main_shape if shape is None else shape_index(task, shape)
+    shp = dict(spec.shapes[idx])
+    env = ProfileEnv(clock_control=CLOCK_CONTROL, tier=tier)
+    if spec.device != "cuda":
+        return _failure(ProfileStatus.error, f"task {spec.name} runs on the {spec.device}: Nsight Compute profiles CUDA kernels",
+                        task, shp, env).model_copy(update={"hint": "profile a CUDA task (device = \"cuda\")"})
+    ncu = find_ncu()
+    target = target_argv(task, lib_path, idx, warmup, 1)
+    if not ncu:
+        return _maybe_fallback(_failure(ProfileStatus.ncu_not_found, "ncu is not on PATH", task, shp, env),
+                               fallback, task, lib_path, idx, timeout_s)
+    env.ncu_version, env.driver = ncu_version(ncu), driver_version()
+    out = Path(out_dir) if out_dir else Path(tempfile.mkdtemp(prefix="agent-profile-"))
+    out.mkdir(parents=True, exist_ok=True)
+    stem = out / f"profile-t{tier}-s{idx}"
+    rep = stem.with_name(stem.name + ".ncu-rep")
+    metrics = list(EXTRA_METRICS)
+    dropped: list[str] = []
+    t_end = time.monotonic() + timeout_s
+    while True:
+        rep.unlink(missing_ok=True)
+        argv = ncu_argv(ncu, tier, spec.kernel_regex, warmup * launches_per_call, launches_per_call, stem, metrics) + target
+        proc = run_isolated(argv, max(1.0, t_end - time.monotonic()), cwd=REPO_ROOT, env=child_env())
+        failure = classify_failure(proc, rep.is_file())
+        gone = missing_metric(proc.stdout + proc.stderr) if failure else None
+        if gone in metrics:          # this ncu/GPU lacks one of our extra metrics: drop it, try once more
+            metrics.remove(gone)
+            dropped.append(gone)
+            continue
+        break
+    env.wall_seconds = round(proc.seconds, 3)
+    (out / "ncu.log").write_text(f"$ {' '.join(argv)}\n{proc.stdout}\n{proc.stderr}")
+    if failure:
+        status, message = failure
+        if status == ProfileStatus.target_failed:
+            message += " | program: " + _target_tail(proc)
+        return _maybe_fallback(_failure(status, message, task, shp, env), fallback, task, lib_path, idx, timeout_s)
+    report = read_report(rep, source="ncu")
+    m = _PASSES.findall(proc.stdout + proc.stderr)
+    env.replay_passes = int(m[-1]) if m else None
+    env.gpu, env.sm_count = report.env.gpu, report.env.sm_count
+    if measure_bare:
+        bare = run_isolated(target, timeout_s, cwd=REPO_ROOT, env=child_env())
+        env.bare_seconds = round(bare.seconds, 3) if bare.status.value == "ok" else None
+    notes = [f"report: {rep}"] + ([f"dropped metrics this ncu/GPU lacks: {', '.join(dropped)}"] if dropped else [])
+    return report.model_copy(update={"env": env, "task": task.name, "shape": shp,
+                                     "message": "; ".join(filter(None, [report.message, *notes]))})
+
+
+def _target_tail(proc: ProcResult) -> str:
+    lines = [l for l in (proc.stderr + "\n" + proc.stdout).splitlines() if l.strip() and not l.startswith("==")]
+    return " / ".join(lines[-2:]) or "(no output)"
+
+
+def _maybe_fallback(fail: ProfileReport, fallback: bool, task: Task, lib_path, idx: int, timeout_s: float) -> ProfileReport:
+    if not fallback or fail.status not in (ProfileStatus.ncu_not_found, ProfileStatus.counters_not_permitted,
+                                            ProfileStatus.driver_incompatible):
+        return fail
+    from tools.profile.fallback import profile_fallback
+    fb = profile_fallback(task, lib_path, shape=idx, timeout_s=timeout_s)
+    if fb.status != ProfileStatus.fallback:
+        return fail.model_copy(update={"message": f"{fail.message}; fallback (torch profiler) also failed: {fb.message}"})
+    return fb.model_copy(update={"message": f"{fail.status.value}: {fail.message}; no counters, geometry from the torch profiler trace",
+                                 "hint": fail.hint, "env": fb.env.model_copy(update={"ncu_version": fail.env.ncu_version,
+                                                                                     "driver": fail.env.driver})})
+
+
+def report_json(report: ProfileReport) -> str:
+    return json.dumps(report.model_dump(mode="json"), indent=2)

@@ -1,0 +1,68 @@
+"""The profiled program: `python -m tools.profile.target --task DIR --lib PATH --shape-index I
+--warmup W --iters N [--trace OUT.json]`.
+
+Loads the task module and the compiled library, makes inputs for one shape and calls task.run
+W + N times; ncu wraps this process (launch skip past the warm-up). With --trace, the N measured
+calls run under the torch profiler and its chrome trace is written (the no-counter fallback).
+Prints one JSON line last.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import sys
+import time
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m tools.profile.target")
+    ap.add_argument("--task", required=True)
+    ap.add_argument("--lib", required=True)
+    ap.add_argument("--shape-index", type=int, default=None)
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--iters", type=int, default=1)
+    ap.add_argument("--trace", default=None)
+    a = ap.parse_args(argv)
+
+    import torch
+
+    from tools.task import load_task
+
+    task = load_task(a.task)
+    spec = task.spec
+    shape = spec.shapes[spec.main_shape if a.shape_index is None else a.shape_index]
+    mod = task.module()
+    lib = ctypes.CDLL(a.lib)
+    device = "cuda" if spec.device == "cuda" else "cpu"
+    inputs = mod.make_inputs(shape, 0, device, spec.distributions[0])
+    out = mod.empty_output(shape, *inputs)
+
+    def sync():
+        if device == "cuda":
+            torch.cuda.synchronize()
+
+    t0 = time.perf_counter()
+    for _ in range(a.warmup):
+        mod.run(lib, shape, out, *inputs)
+    sync()
+    if a.trace:
+        from torch.profiler import ProfilerActivity, profile
+        acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
+        with profile(activities=acts) as prof:
+            for _ in range(a.iters):
+                mod.run(lib, shape, out, *inputs)
+            sync()
+        prof.export_chrome_trace(a.trace)
+    else:
+        for _ in range(a.iters):
+            mod.run(lib, shape, out, *inputs)
+        sync()
+    print(json.dumps({"ok": True, "task": spec.name, "shape": shape, "calls": a.warmup + a.iters,
+                      "seconds": round(time.perf_counter() - t0, 4), "trace": a.trace}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
