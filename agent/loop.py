@@ -93,6 +93,7 @@ class Loop:
         self.state.initial_ms = self.state.best_ms = cand.median_ms if cand else None
         self.state.reference_ms = ref.median_ms if ref else None
         self.state.best_sha = self.git.head()
+        self.state.initial_knobs = {k: v for k, v in self.task.read_knobs().items() if v is not None}
         _dump(self.run_dir / "initial" / "bench.json", bench)
         self._profile_best(self.run_dir / "initial")
         write_json_atomic(self.run_dir / "state.json", self.state)
@@ -141,7 +142,10 @@ class Loop:
 
     def _stop_reason(self) -> str | None:
         if self.target_reached():
-            return f"target {self.cfg.target:g}x vs {self.cfg.baseline} reached"
+            self.confirm()
+            if self.target_reached():
+                return f"target {self.cfg.target:g}x vs {self.cfg.baseline} reached (confirmed)"
+            self.view.message("the target looked reached but the confirmation bench did not hold it; going on")
         if self.state.iterations_done >= self.cfg.iters:
             return f"{self.cfg.iters} iterations done"
         if self.cfg.budget_seconds and time.monotonic() - self.t_start > self.cfg.budget_seconds:
@@ -149,16 +153,46 @@ class Loop:
         return None
 
     def speedup_vs(self, which: str) -> float | None:
-        base = self.state.reference_ms if which == "reference" else self.state.initial_ms
-        if not base or not self.state.best_ms:
+        """The best's speedup: the confirmed (interleaved) figure where the best was confirmed, else
+        an estimate from the best's time and the baseline's time measured at setup."""
+        st = self.state
+        if st.confirmed_sha and st.confirmed_sha == st.best_sha:
+            return st.confirmed_vs_reference if which == "reference" else st.confirmed_vs_initial
+        base = st.reference_ms if which == "reference" else st.initial_ms
+        if not base or not st.best_ms:
             return None
-        return base / self.state.best_ms
+        return base / st.best_ms
+
+    def confirm(self) -> None:
+        """Time the best against the initial kernel, interleaved, and against the reference."""
+        st = self.state
+        if st.confirmed_sha == st.best_sha or st.best_iteration is None:
+            if st.best_iteration is None and st.confirmed_sha != st.best_sha:
+                st.confirmed_sha, st.confirmed_vs_initial = st.best_sha, 1.0
+                st.confirmed_vs_initial_low = st.confirmed_vs_initial_high = 1.0
+                st.confirmed_vs_reference = (st.reference_ms / st.best_ms) if st.reference_ms and st.best_ms else None
+            return
+        self.view.message("confirming the best against the initial kernel (interleaved) and the reference")
+        try:
+            b = self.evaluator.bench(self.best_lib, self.initial_lib, StageTimes(), with_reference=True)[0]
+        except IterationEnded as e:
+            self.view.message(f"[yellow]confirmation bench failed[/yellow]: {e.reason}")
+            return
+        _dump(self.run_dir / "confirm.json", b)
+        ci = b.speedup_vs_baseline
+        st.confirmed_sha = st.best_sha
+        st.confirmed_vs_initial = ci.median if ci else None
+        st.confirmed_vs_initial_low, st.confirmed_vs_initial_high = (ci.low, ci.high) if ci else (None, None)
+        st.confirmed_vs_reference = b.speedup_vs_reference
+        write_json_atomic(self.run_dir / "state.json", st)
 
     def target_reached(self) -> bool:
         s = self.speedup_vs(self.cfg.baseline)
         return s is not None and s >= self.cfg.target
 
     def _finish(self, status: str, reason: str) -> None:
+        if status == "done":
+            self.confirm()
         self.state.status, self.state.stop_reason, self.state.finished = status, reason, now()
         write_json_atomic(self.run_dir / "state.json", self.state)
 
@@ -200,7 +234,7 @@ class Loop:
             raise
 
     def _propose_and_patch(self, i: int, d: Path, times: StageTimes, usage: Usage) -> tuple[Proposal, str]:
-        from agent.patch import apply_edits
+        from agent.patch import PatchStatus, apply_edits
         feedback = None
         for attempt in range(PATCH_REPAIRS + 1):
             self.view.stage(i, "propose")
@@ -223,8 +257,10 @@ class Loop:
             if res.ok:
                 return proposal, res.message
             self.git.reset_to(self.state.best_sha)   # all-or-nothing, but never trust a half state
-            if res.refused:
+            if res.status == PatchStatus.outside_editable:
                 raise EditOutsideEditable(res.message)
+            if res.status == PatchStatus.no_change:
+                raise NoChange(res.message)
             feedback = f"Your patch did not apply:\n{res.message}"
             if attempt == PATCH_REPAIRS:
                 raise PatchDidNotApply(res.message)
@@ -238,7 +274,8 @@ class Loop:
                    for r in self.records]
         return Context(task=self.task, iteration=i, sources=sources, profile=self.profile, history=history,
                        best_ms=self.state.best_ms, reference_ms=self.state.reference_ms,
-                       knobs=self.task.read_knobs(), feedback=feedback, iter_dir=str(d))
+                       knobs=self.task.read_knobs(), measured_knobs=[self.state.initial_knobs],
+                       feedback=feedback, iter_dir=str(d))
 
     def _evaluate(self, i: int, d: Path, times: StageTimes, rec: dict) -> BenchResult:
         self.view.stage(i, "build")

@@ -149,9 +149,17 @@ class RunState(BaseModel):
     best_iteration: int | None = None  # None: the initial kernel
     best_ms: float | None = None
     initial_ms: float | None = None
+    initial_knobs: dict[str, int] = Field(default_factory=dict)
     reference_ms: float | None = None
     usage: Usage = Field(default_factory=Usage)
     finished: str | None = None
+    # the best re-timed against the initial kernel interleaved (ABAB) and against the reference:
+    # the run's headline figures, measured when the target looks reached and at the end
+    confirmed_sha: str | None = None
+    confirmed_vs_initial: float | None = None
+    confirmed_vs_initial_low: float | None = None
+    confirmed_vs_initial_high: float | None = None
+    confirmed_vs_reference: float | None = None
 
 
 # --- reading and writing ------------------------------------------------------------------

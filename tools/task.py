@@ -213,7 +213,7 @@ class Task:
 
 
 def knob_pattern(name: str) -> re.Pattern[str]:
-    return re.compile(rf"^(\s*#define\s+{re.escape(name)}\s+)(-?\d+)\b", re.M)
+    return re.compile(rf"^([ \t]*#define[ \t]+{re.escape(name)}[ \t]+)(-?\d+)\b", re.M)
 
 
 def load_task(path: str | Path) -> Task:

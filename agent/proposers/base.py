@@ -44,6 +44,7 @@ class Context:
     best_ms: float | None = None
     reference_ms: float | None = None
     knobs: dict[str, int | None] = field(default_factory=dict)   # current knob values in the best
+    measured_knobs: list[dict[str, int]] = field(default_factory=list)  # configurations already measured (initial too)
     feedback: str | None = None             # repair context: why the last attempt failed (patch miss, ...)
     feedback_kind: str | None = None        # runlog.Outcome value of that failure: picks the repair prompt
     iter_dir: str | None = None             # where a proposer may save prompts / raw replies

@@ -52,7 +52,7 @@ class HeuristicProposer:
         if not current:
             raise ProposerExhausted("the task declares no knobs that are present in the source; "
                                     "the heuristic proposer has nothing to move (use --proposer llm)")
-        measured = {_key(h.knobs) for h in ctx.history if h.knobs}
+        measured = {_key(h.knobs) for h in ctx.history if h.knobs} | {_key(c) for c in ctx.measured_knobs}
         measured.add(_key(current))
         for move in self._rule_moves(ctx.profile, current) + self._explore_moves(current):
             cfg = {**current, move.knob: move.value}
