@@ -56,6 +56,22 @@ class ProcResult(BaseModel):
         return "ok"
 
 
+def _child_setup() -> None:
+    """In the child, before exec: its own session (process group), and death with the parent.
+
+    If the agent itself is killed (SIGKILL cannot be caught, so no timeout can fire), the kernel
+    sends the child SIGKILL: a hung candidate never outlives the agent.
+    """
+    os.setsid()
+    if sys.platform.startswith("linux"):
+        try:
+            import ctypes
+            libc = ctypes.CDLL("libc.so.6", use_errno=True)
+            libc.prctl(1, signal.SIGKILL)   # PR_SET_PDEATHSIG
+        except OSError:
+            pass
+
+
 def run_isolated(argv: list[str], timeout_s: float, cwd: Path | str | None = None,
                  env: dict[str, str] | None = None, stdin: str | None = None) -> ProcResult:
     """Run argv in a new session; kill its process group on timeout. Never raises for the child."""
@@ -64,7 +80,7 @@ def run_isolated(argv: list[str], timeout_s: float, cwd: Path | str | None = Non
     try:
         proc = subprocess.Popen(argv, cwd=cwd, env=full_env, stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                start_new_session=True)
+                                preexec_fn=_child_setup)
     except (FileNotFoundError, PermissionError) as e:
         return ProcResult(status=ProcStatus.not_started, seconds=0.0, stderr=str(e), argv=argv)
     try:

@@ -1,0 +1,158 @@
+"""The optimization loop on the CPU task, end to end: real git, real compiler, real subprocesses."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from agent.proposal import Edit, PredictedEffect, Proposal
+from agent.runlog import Decision, Outcome, read_config, read_iterations, read_state
+from tests.userrepo import REPO, agent, git, make_user_repo, snapshot
+
+pytestmark = pytest.mark.slow
+
+
+def _only_run(root: Path) -> Path:
+    runs = [p for p in (root / "runs").iterdir() if (p / "run.json").exists()]
+    assert len(runs) == 1, runs
+    return runs[0]
+
+
+def test_five_iterations_keep_and_revert_without_touching_the_user(tmp_path):
+    root = make_user_repo(tmp_path / "user")
+    before = snapshot(root)
+    res = agent(root, "optimize", "kernels/matmul_cpu", "--target", "100x", "--iters", "5", "--quiet")
+    assert res.returncode == 0, res.stderr + res.stdout
+    run = _only_run(root)
+    cfg, state, recs = read_config(run), read_state(run), read_iterations(run)
+    assert len(recs) == 5 and [r.iteration for r in recs] == [1, 2, 3, 4, 5]
+    assert state.status == "done" and "5 iterations" in state.stop_reason
+    kept = [r for r in recs if r.decision == Decision.kept]
+    rejected = [r for r in recs if r.decision == Decision.reverted]
+    assert kept, "LOOP_ORDER 0->1 is several times faster: it must be kept"
+    assert rejected, "some knob moves are not faster and must be reverted"
+    # the branch holds exactly the kept commits, each with trailers and measured results
+    log = git(root, "log", "--format=%H", f"{cfg.base_sha}..{cfg.branch}").split()
+    assert set(log) == {r.commit_sha for r in kept}
+    for r in kept:
+        msg = git(root, "log", "-1", "--format=%B", r.commit_sha)
+        assert f"Agent-Run: {cfg.run_id}" in msg and f"Agent-Iteration: {r.iteration}" in msg
+        assert "Speedup: " in msg and "95% CI" in msg
+    assert git(root, "rev-parse", cfg.branch) == state.best_sha
+    # rejected commits stay reviewable under refs/agent/RUN/rejected/N
+    for r in rejected:
+        assert r.rejected_ref == f"refs/agent/{cfg.run_id}/rejected/{r.iteration}"
+        assert git(root, "rev-parse", r.rejected_ref) == r.commit_sha
+        assert "Rejected: " in git(root, "log", "-1", "--format=%B", r.commit_sha)
+    # every record carries the stages it ran and a reason
+    for r in recs:
+        assert r.reason and r.proposal is not None and r.proposal.hypothesis
+        if r.decision in (Decision.kept, Decision.reverted) and r.outcome in (Outcome.kept, Outcome.not_faster):
+            assert r.build.status.value == "ok" and r.parity.status.value == "ok" and r.bench.speedup_vs_baseline
+    # the user's checkout, index, branch and uncommitted work are as they were
+    assert snapshot(root) == before
+    assert (root / "scratch.txt").read_text() == "untracked notes\n"
+    # the heuristic never measured one configuration twice (initial included)
+    configs = [tuple(sorted(r.proposal.knobs.items())) for r in recs]
+    assert len(set(configs)) == len(configs)
+    assert tuple(sorted(state.initial_knobs.items())) not in configs
+
+
+def test_sigkill_mid_iteration_then_resume_finishes(tmp_path):
+    root = make_user_repo(tmp_path / "user")
+    before = snapshot(root)
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.Popen([sys.executable, "-m", "agent", "optimize", "kernels/matmul_cpu", "--target", "100x",
+                             "--iters", "4", "--quiet", "--run-id", "killme"], cwd=root, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    run = root / "runs" / "killme"
+    deadline = time.monotonic() + 300
+    # wait until iteration 2 is under way (its folder exists, one record written), then kill -9
+    while time.monotonic() < deadline:
+        if (run / "iter-2").exists() and len(read_iterations(run)) == 1:
+            break
+        assert proc.poll() is None, "the run ended before it could be killed"
+        time.sleep(0.05)
+    else:
+        pytest.fail("iteration 2 never started")
+    time.sleep(0.5)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert len(read_iterations(run)) == 1
+    assert read_state(run).status == "running"
+    res = agent(root, "resume", "killme", "--quiet")
+    assert res.returncode == 0, res.stderr + res.stdout
+    recs, state, cfg = read_iterations(run), read_state(run), read_config(run)
+    assert [r.iteration for r in recs] == [1, 2, 3, 4]
+    assert state.status == "done"
+    # the branch is at a kept commit (or the start), and the worktree has nothing uncommitted
+    assert git(root, "rev-parse", cfg.branch) == state.best_sha
+    kept = {r.commit_sha for r in recs if r.decision == Decision.kept} | {cfg.base_sha}
+    assert state.best_sha in kept
+    assert git(Path(cfg.worktree), "status", "--porcelain") == ""
+    assert snapshot(root) == before
+
+
+def _noop_proposals(path: Path, n: int) -> None:
+    """Candidates that change the source but not the code's speed: a comment each."""
+    props = []
+    for i in range(n):
+        props.append(Proposal(hypothesis=f"A comment changes nothing ({i})",
+                              predicted=PredictedEffect(metric="time.median_ms", direction="down", speedup=1.0),
+                              edits=[Edit(file="matmul.cpp", search="#include <cstddef>",
+                                          replace=f"#include <cstddef>\n// no-op {i}")]).model_dump())
+    path.write_text(json.dumps(props))
+
+
+def test_twenty_no_op_candidates_are_never_kept(tmp_path):
+    root = make_user_repo(tmp_path / "user")
+    props = tmp_path / "noop.json"
+    _noop_proposals(props, 20)
+    res = agent(root, "optimize", "kernels/matmul_cpu", "--proposer", "replay", "--replay", str(props),
+                "--target", "100x", "--iters", "20", "--quiet", timeout=1500)
+    assert res.returncode == 0, res.stderr + res.stdout
+    recs = read_iterations(_only_run(root))
+    assert len(recs) == 20
+    assert [r for r in recs if r.decision == Decision.kept] == []
+    # each was built, passed parity and was timed: rejected by the statistics, not by a shortcut
+    assert all(r.outcome == Outcome.not_faster and r.bench is not None for r in recs)
+
+
+def test_edit_outside_editable_and_empty_change_are_skipped(tmp_path):
+    root = make_user_repo(tmp_path / "user")
+    (root / "kernels" / "matmul_cpu" / "task.py").read_text()
+    props = [
+        Proposal(hypothesis="touch the reference", predicted=PredictedEffect(metric="t", direction="down", speedup=2),
+                 edits=[Edit(file="task.py", search="def reference", replace="def reference")]).model_dump(),
+        Proposal(hypothesis="same text", predicted=PredictedEffect(metric="t", direction="down", speedup=2),
+                 edits=[Edit(file="matmul.cpp", search="#define BLOCK_M 16", replace="#define BLOCK_M 16")]).model_dump(),
+        Proposal(hypothesis="does not apply", predicted=PredictedEffect(metric="t", direction="down", speedup=2),
+                 edits=[Edit(file="matmul.cpp", search="no such line", replace="x")]).model_dump(),
+    ]
+    (tmp_path / "p.json").write_text(json.dumps(props))
+    res = agent(root, "optimize", "kernels/matmul_cpu", "--proposer", "replay", "--replay", str(tmp_path / "p.json"),
+                "--target", "100x", "--iters", "5", "--quiet")
+    assert res.returncode == 0, res.stderr + res.stdout
+    run = _only_run(root)
+    recs = read_iterations(run)
+    assert [r.outcome for r in recs] == [Outcome.edit_outside_editable, Outcome.no_change,
+                                         Outcome.patch_did_not_apply]
+    assert all(r.decision == Decision.skipped and r.commit_sha is None for r in recs)
+    assert "replayed" in read_state(run).stop_reason
+    cfg = read_config(run)
+    assert git(root, "rev-parse", cfg.branch) == cfg.base_sha
+
+
+def test_bad_target_and_missing_task_are_one_line_errors(tmp_path):
+    root = make_user_repo(tmp_path / "user")
+    res = agent(root, "optimize", "kernels/matmul_cpu", "--target", "fast")
+    assert res.returncode == 2 and "--target 'fast'" in res.stderr and "Traceback" not in res.stderr
+    res = agent(root, "optimize", "kernels/nope")
+    assert res.returncode == 2 and "Traceback" not in res.stderr

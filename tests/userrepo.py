@@ -1,0 +1,57 @@
+"""A user's repository for loop tests: a real git repo in a temp dir holding a copy of the CPU task,
+with a smaller main shape and shorter bench budgets so an iteration takes a few seconds."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def git(cwd: Path, *args: str) -> str:
+    env = {**os.environ, "GIT_AUTHOR_NAME": "user", "GIT_AUTHOR_EMAIL": "user@example.com",
+           "GIT_COMMITTER_NAME": "user", "GIT_COMMITTER_EMAIL": "user@example.com"}
+    return subprocess.run(["git", *args], cwd=cwd, env=env, check=True, capture_output=True, text=True).stdout.strip()
+
+
+def make_user_repo(root: Path, fast: bool = True) -> Path:
+    """root/ becomes a git repo with kernels/matmul_cpu committed on branch main, plus uncommitted work."""
+    root.mkdir(parents=True, exist_ok=True)
+    dst = root / "kernels" / "matmul_cpu"
+    shutil.copytree(REPO / "kernels" / "matmul_cpu", dst, ignore=shutil.ignore_patterns("__pycache__"))
+    if fast:
+        toml = dst / "task.toml"
+        text = toml.read_text()
+        text = text.replace("main_shape = 2", "main_shape = 1")
+        text = re.sub(r"\[bench\][^\[]*", "[bench]\nwarmup_ms = 5\nrep_ms = 15\nrounds = 6\ninput_sets = 1\n\n", text)
+        text = text.replace("seeds = 2\nhidden_shapes = 2", "seeds = 1\nhidden_shapes = 1")
+        toml.write_text(text)
+    (root / "README.md").write_text("user project\n")
+    git(root, "init", "-q", "-b", "main")
+    git(root, "add", "-A")
+    git(root, "commit", "-qm", "user: initial")
+    # uncommitted work of the user's, which no run may touch
+    (root / "README.md").write_text("user project\nwork in progress\n")
+    (root / "scratch.txt").write_text("untracked notes\n")
+    return root
+
+
+def agent(cwd: Path, *args: str, timeout: float = 600, env: dict | None = None) -> subprocess.CompletedProcess:
+    full_env = {**os.environ, "PYTHONPATH": str(REPO), **(env or {})}
+    for k in ("AGENT_BASE_URL", "AGENT_MODEL", "OPENAI_BASE_URL", "OPENAI_API_KEY", "AGENT_API_KEY"):
+        full_env.pop(k, None)
+    full_env.update(env or {})
+    return subprocess.run([sys.executable, "-m", "agent", *args], cwd=cwd, env=full_env, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def snapshot(root: Path) -> tuple[str, str, str, str, str]:
+    """What must not change in the user's repo: HEAD, branch, status, the README's bytes, branch list."""
+    return (git(root, "rev-parse", "HEAD"), git(root, "branch", "--show-current"),
+            git(root, "status", "--porcelain", "--untracked-files=all"), (root / "README.md").read_text(),
+            git(root, "for-each-ref", "refs/heads/main"))
