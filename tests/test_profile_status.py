@@ -180,4 +180,4 @@ def test_cli_json_and_exit_code(tmp_path):
     assert json.loads(p.stdout)["status"] == "report_unreadable"
     p = subprocess.run([sys.executable, "-m", "agent", "profile", "--from-report", str(bad)],
                        capture_output=True, text=True, cwd=ROOT, env=env, timeout=120)
-    assert p.returncode == 1 and "Traceback" not in p.stderr and "report_unreadable" in p.stdout
+    assert p.returncode == 1 and "Traceback" not in p.stderr and "report_unreadable" in p.stderr and "fix:" in p.stderr
