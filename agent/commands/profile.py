@@ -53,7 +53,6 @@ def _cmd(args) -> int:
         out.print_json(report.model_dump_json())
     else:
         from tools.profile import compact
-        out.print(compact(report), markup=False, highlight=False)
-        if not ok(report):
-            console.print(f"[red]{report.status.value}[/red]: {report.message}\n[yellow]fix:[/yellow] {report.hint}")
+        # a failure renders as "profile STATUS: message" + "fix: hint" (compact's own two lines)
+        (out if ok(report) else console).print(compact(report), markup=False, highlight=False)
     return 0 if ok(report) else 1

@@ -84,7 +84,7 @@ def small_grid_rule(k: KernelProfile) -> bool:
 
 
 def classify_bottleneck(k: KernelProfile, sm_count: int | None) -> tuple[Bottleneck, str]:
-    """Thresholds (documented in docs/PROFILE.md):
+    """Thresholds (SOL_HIGH above; the same text is the `bottleneck_reason`):
     - small_grid: CTAs < SM count, or ncu's Small Grid rule fired. (Waves < 1 alone is not enough:
       132 CTAs at 8 CTAs/SM is 0.125 waves yet every SM is busy.)
     - memory: SOL memory % >= 60 and >= SOL compute %

@@ -1,0 +1,113 @@
+"""Bottleneck thresholds, the occupancy estimate, the compact view, and the profile target and
+trace parser on the CPU (a real g++-built library, a real torch profiler trace)."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tools.profile import compact
+from tools.profile.classify import SOL_HIGH, classify_bottleneck
+from tools.profile.fallback import SmLimits, estimate_occupancy, report_from_trace
+from tools.profile.model import Bottleneck, KernelProfile, ProfileEnv, ProfileReport, ProfileStatus, RuleResult, Stall
+
+ROOT = Path(__file__).resolve().parent.parent
+H100 = SmLimits(sm_count=132)
+
+
+def kp(ctas=1024, c=None, m=None, rules=()):
+    return KernelProfile(name="k", grid=(ctas, 1, 1), block=(256, 1, 1), ctas=ctas,
+                         sol_compute_pct=c, sol_memory_pct=m, rules=list(rules))
+
+
+@pytest.mark.parametrize("k,expect", [
+    (kp(ctas=2, c=90, m=90), Bottleneck.small_grid),               # CTAs < SM count wins over SOL
+    (kp(c=20, m=85), Bottleneck.memory),
+    (kp(c=85, m=70), Bottleneck.compute),
+    (kp(c=70, m=70), Bottleneck.memory),                           # tie: memory
+    (kp(c=30, m=45), Bottleneck.latency),
+    (kp(c=SOL_HIGH - 1, m=SOL_HIGH - 1), Bottleneck.latency),
+    (kp(), Bottleneck.unknown),
+    (kp(ctas=200, c=10, m=10, rules=[RuleResult(id="LaunchConfiguration", title="Small Grid", message="x")]),
+     Bottleneck.small_grid),
+])
+def test_bottleneck_thresholds(k, expect):
+    b, reason = classify_bottleneck(k, 132)
+    assert b == expect and reason
+
+
+def test_small_grid_reason_names_grid_and_sms():
+    b, reason = classify_bottleneck(kp(ctas=2, c=1, m=1), 132)
+    assert b == Bottleneck.small_grid and "2 CTAs on 132 SMs" in reason
+
+
+@pytest.mark.parametrize("threads,regs,smem,occ,limiter,per_sm", [
+    (256, 18, 0, 100.0, "warps", 8),            # the demo kernel (ptxas: 18 registers)
+    (256, 128, 0, 25.0, "registers", 2),        # 128 regs x 256 threads: 2 CTAs of 8 warps
+    (128, 32, 100 * 1024, 12.5, "shared_memory", 2),  # 100 KiB + 1 KiB reserved per CTA
+    (32, 16, 0, 50.0, "blocks", 32),            # 32 CTAs/SM cap x 1 warp = 32 of 64 warps
+])
+def test_occupancy_estimate(threads, regs, smem, occ, limiter, per_sm):
+    assert estimate_occupancy(threads, regs, smem, H100) == (occ, limiter, per_sm)
+
+
+def test_compact_is_small_and_keeps_the_evidence():
+    long = "The grid for this launch is configured to execute only 2 blocks, which is less than the GPU's 132 multiprocessors. " * 5
+    rules = [RuleResult(id=f"R{i}", title=f"Rule {i}", type="OPT", message=long, speedup=float(i), speedup_kind="global")
+             for i in range(10)]
+    k = KernelProfile(name="scale_add_kernel", grid=(2, 1, 1), block=(256, 1, 1), ctas=2, waves_per_sm=0.01,
+                      registers_per_thread=18, smem_static_bytes=0, smem_dynamic_bytes=0, duration_us=812.5,
+                      sol_compute_pct=1.2, sol_memory_pct=3.4, dram_pct=3.3, l1_hit_pct=0.0, l2_hit_pct=33.0,
+                      occupancy_theoretical_pct=100.0, occupancy_achieved_pct=12.4, occupancy_limiter="warps",
+                      tensor_pipe_pct=0.0, stalls=[Stall(reason="long_scoreboard", pct=71.0)], rules=rules,
+                      bottleneck=Bottleneck.small_grid, bottleneck_reason="grid is 2 CTAs on 132 SMs (130 SMs idle)")
+    rep = ProfileReport(status=ProfileStatus.ok, kernels=[k],
+                        env=ProfileEnv(ncu_version="2025.3.1.0", gpu="NVIDIA H100 80GB HBM3", sm_count=132, clock_control="none"))
+    text = compact(rep)
+    assert len(text) < 1500, len(text)
+    assert "grid 2 (2 CTAs)" in text and "bottleneck: small_grid" in text and "long_scoreboard 71%" in text
+    assert "[Rule 9 ~9% global]" in text and "[Rule 5" not in text     # top 4 by estimated speedup
+    assert "clocks none" in text
+
+
+def test_fallback_compact_says_no_counters():
+    k = KernelProfile(name="k", grid=(2, 1, 1), block=(256, 1, 1), ctas=2, occupancy_theoretical_pct=100.0)
+    text = compact(ProfileReport(status=ProfileStatus.fallback, source="fallback", kernels=[k]))
+    assert "NO COUNTERS" in text
+
+
+@pytest.fixture(scope="module")
+def matmul_lib(tmp_path_factory):
+    cxx = shutil.which("g++") or shutil.which("c++")
+    if not cxx:
+        pytest.skip("no C++ compiler")
+    lib = tmp_path_factory.mktemp("mm") / "libmatmul.so"
+    subprocess.run([cxx, "-O1", "-shared", "-fPIC", "-o", str(lib), str(ROOT / "kernels/matmul_cpu/matmul.cpp")], check=True)
+    return lib
+
+
+def test_target_runs_the_task_and_writes_a_real_trace(matmul_lib, tmp_path):
+    """The profiled program for real (CPU task): W+N calls, one JSON line; --trace writes a torch
+    profiler trace, in which the fallback finds no CUDA kernel and says so (never an empty ok)."""
+    trace = tmp_path / "trace.json"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    p = subprocess.run([sys.executable, "-m", "tools.profile.target", "--task", str(ROOT / "kernels/matmul_cpu"),
+                        "--lib", str(matmul_lib), "--shape-index", "0", "--warmup", "2", "--iters", "3",
+                        "--trace", str(trace)], capture_output=True, text=True, env=env, timeout=300)
+    assert p.returncode == 0, p.stderr
+    out = json.loads(p.stdout.strip().splitlines()[-1])
+    assert out["ok"] and out["calls"] == 5 and out["shape"] == {"M": 64, "N": 64, "K": 64}
+    assert "traceEvents" in json.loads(trace.read_text())
+    rep = report_from_trace(trace, "matmul")
+    assert rep.status == ProfileStatus.no_kernel_matched and rep.kernels == [] and rep.hint
+
+
+def test_profile_of_a_cpu_task_is_an_error_not_empty(matmul_lib):
+    from tools.profile import profile_task
+    from tools.task import load_task
+    rep = profile_task(load_task(ROOT / "kernels/matmul_cpu"), matmul_lib)
+    assert rep.status == ProfileStatus.error and "CUDA" in rep.message and rep.hint
