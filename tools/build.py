@@ -18,9 +18,9 @@ import shutil
 import subprocess
 import sys
 import time
-from functools import lru_cache
 from pathlib import Path
 
+from tools.device import gpu_arch
 from tools.results import BuildResult, BuildStatus, KernelResources
 from tools.sandbox import REPO_ROOT, ProcStatus, run_isolated
 from tools.task import Task, load_task
@@ -87,31 +87,6 @@ def toolchain_hint(tool: str) -> str:
         "nvcc": ("nvcc not found on PATH or under $CUDA_HOME: install the CUDA toolkit "
                  "(https://developer.nvidia.com/cuda-downloads) and `export PATH=/usr/local/cuda/bin:$PATH`"),
     }[tool]
-
-
-@lru_cache(maxsize=1)
-def gpu_arch() -> str | None:
-    """sm_XY of GPU 0, or None without a usable GPU. nvidia-smi first (no CUDA context), then torch."""
-    smi = shutil.which("nvidia-smi")
-    if smi:
-        try:
-            out = subprocess.run([smi, "--query-gpu=compute_cap", "--format=csv,noheader"], capture_output=True,
-                                 text=True, timeout=20)
-            m = re.match(r"\s*(\d+)\.(\d+)", out.stdout)
-            if out.returncode == 0 and m:
-                return f"sm_{m.group(1)}{m.group(2)}"
-        except (OSError, subprocess.TimeoutExpired):
-            pass
-    if not smi and not Path("/dev/nvidiactl").exists():
-        return None  # no driver here: skip the slow torch import
-    try:
-        import torch
-        if torch.cuda.is_available():
-            major, minor = torch.cuda.get_device_capability(0)
-            return f"sm_{major}{minor}"
-    except Exception:  # a broken torch install must not stop a compile-only build
-        pass
-    return None
 
 
 def resolve_arch(task: Task) -> str:

@@ -1,0 +1,160 @@
+"""tools.launch: static checks from real nvcc output + the library's own plan (no GPU needed);
+the dynamic check (torch profiler trace) only where CUDA is available."""
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from tools.build import build, find_nvcc
+from tools.device import device_limits, table_limits
+from tools.launch import block_registers, check_rules, dynamic_check, static_check
+from tools.results import BuildStatus, Launch, LaunchResult, LaunchStatus
+from tools.task import knob_pattern, load_task
+
+ROOT = Path(__file__).resolve().parent.parent
+FIX = Path(__file__).resolve().parent / "fixtures" / "cuda_launch"
+needs_nvcc = pytest.mark.skipif(find_nvcc() is None, reason="nvcc not installed")
+
+
+def _gpu() -> bool:
+    try:
+        import torch
+        return torch.cuda.is_available()
+    except Exception:
+        return False
+
+
+def _variant(tmp_path: Path, name: str, **knobs: int):
+    """A copy of the fixture with some #define knobs rewritten, built; returns (task, build)."""
+    d = tmp_path / name
+    shutil.copytree(FIX, d)
+    src = (d / "scale.cu").read_text()
+    for k, v in knobs.items():
+        src, n = knob_pattern(k).subn(rf"\g<1>{v}", src)
+        assert n == 1, k
+    (d / "scale.cu").write_text(src)
+    task = load_task(d)
+    b = build(task, d / "build")
+    assert b.status == BuildStatus.ok, b.message
+    return task, b
+
+
+def _rules(res: LaunchResult) -> set[str]:
+    return {v.rule for v in res.violations}
+
+
+@pytest.fixture(scope="module")
+def limits():
+    return table_limits("sm_90")
+
+
+@pytest.mark.nvcc
+@needs_nvcc
+def test_default_fixture_passes_with_ptxas_resources(tmp_path, limits):
+    task, b = _variant(tmp_path, "ok")
+    res = static_check(task, b, limits)
+    assert res.status == LaunchStatus.ok, res.message
+    [ln] = res.launches
+    assert ln.grid == (1048576 // 256, 1, 1) and ln.block == (256, 1, 1)
+    assert ln.registers == b.kernels[0].registers and ln.smem_static_bytes == 256
+    assert res.main_ctas == 4096 and res.waves == pytest.approx(4096 / 132)
+
+
+@pytest.mark.nvcc
+@needs_nvcc
+def test_block_of_2048_threads_is_rejected(tmp_path, limits):
+    task, b = _variant(tmp_path, "big", THREADS=2048)
+    res = static_check(task, b, limits)
+    assert res.status == LaunchStatus.rejected
+    assert "block_too_large" in _rules(res)
+    msg = next(v.message for v in res.violations if v.rule == "block_too_large")
+    assert "2048" in msg and "1024" in msg
+
+
+@pytest.mark.nvcc
+@needs_nvcc
+def test_dynamic_smem_over_optin_is_rejected(tmp_path, limits):
+    task, b = _variant(tmp_path, "smem", SMEM_DYN=300000)
+    res = static_check(task, b, limits)
+    assert _rules(res) == {"smem_over_optin"}
+    msg = res.violations[0].message
+    assert "300256" in msg and str(limits.max_smem_per_block_optin) in msg     # dynamic + ptxas static
+    # the limit follows the device: an L4's 99 KB opt-in rejects it too
+    assert static_check(task, b, table_limits("sm_89")).status == LaunchStatus.rejected
+
+
+@pytest.mark.nvcc
+@needs_nvcc
+def test_small_grid_and_collapse(tmp_path, limits):
+    task, b = _variant(tmp_path, "tiny", MAX_CTAS=2)
+    res = static_check(task, b, limits)
+    assert _rules(res) == {"grid_too_small"}
+    assert "2 CTAs" in res.message and "132" in res.message
+    # the seeds' failure: 2 CTAs on an L4's 58 SMs
+    assert "58" in static_check(task, b, table_limits("sm_89")).message
+    parent = LaunchResult(status=LaunchStatus.ok, main_ctas=4096)
+    task2, b2 = _variant(tmp_path, "fewer", MAX_CTAS=512)
+    assert static_check(task2, b2, limits).status == LaunchStatus.ok
+    res2 = static_check(task2, b2, limits, parent=parent)
+    assert _rules(res2) == {"cta_collapse"} and "4096" in res2.message
+
+
+@pytest.mark.nvcc
+@needs_nvcc
+def test_plan_that_raises_is_an_error_not_a_crash(tmp_path, limits):
+    task, b = _variant(tmp_path, "raises")
+    mod = task.root / "task.py"
+    mod.write_text(mod.read_text().replace('raise RuntimeError(f"cuda_launch_plan returned {count}")', "pass")
+                   .replace("    buf = (ctypes.c_int * 7)()", "    raise ValueError('plan exploded')\n    buf = 0"))
+    res = static_check(task, b, limits)
+    assert res.status == LaunchStatus.error and "plan exploded" in res.message
+
+
+def test_rules_on_plans_alone(limits):
+    task = load_task(FIX)
+    odd = Launch(kernel="scale_kernel", grid=(1000, 1, 1), block=(100, 1, 1))
+    v, ctas = check_rules(task, [odd], limits)
+    assert {x.rule for x in v} == {"block_multiple_of_32"} and ctas == 1000
+    heavy = Launch(kernel="scale_kernel", grid=(1000, 1, 1), block=(1024, 1, 1), registers=255)
+    v, _ = check_rules(task, [heavy], limits)
+    assert [x.rule for x in v] == ["registers_over_sm"] and "255 registers x 1024 threads" in v[0].message
+    assert block_registers(255, 1024) == 262144 and block_registers(33, 128) == 40 * 32 * 4
+    zero = Launch(kernel="scale_kernel", grid=(0, 1, 1), block=(128, 1, 1))
+    v, _ = check_rules(task, [zero], limits)
+    assert "grid_invalid" in {x.rule for x in v}
+    # the main kernel is the first matching kernel_regex, not the first launch
+    helper = Launch(kernel="zero_fill", grid=(1, 1, 1), block=(32, 1, 1))
+    v, ctas = check_rules(task, [helper, odd.model_copy(update={"block": (128, 1, 1)})], limits)
+    assert v == [] and ctas == 1000
+
+
+def test_cpu_task_is_not_applicable(tmp_path):
+    task = load_task(ROOT / "kernels" / "matmul_cpu")
+    b = build(task, tmp_path / "b")
+    assert static_check(task, b, device_limits()).status == LaunchStatus.not_applicable
+    assert dynamic_check(task, b.lib_path, device_limits(), LaunchResult(status=LaunchStatus.ok)).status \
+        == LaunchStatus.not_applicable
+
+
+def test_failed_build_is_an_error(tmp_path, limits):
+    from tools.results import BuildResult
+    task = load_task(FIX)
+    res = static_check(task, BuildResult(status=BuildStatus.compile_error, build_dir=str(tmp_path)), limits)
+    assert res.status == LaunchStatus.error and "compile_error" in res.message
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _gpu(), reason="needs a CUDA GPU")
+def test_dynamic_check_reads_the_real_geometry_and_catches_a_lying_plan(tmp_path):
+    task, b = _variant(tmp_path, "dyn")
+    limits = device_limits(b.arch)
+    plan = static_check(task, b, limits)
+    assert plan.status == LaunchStatus.ok
+    dyn = dynamic_check(task, b.lib_path, limits, plan)
+    assert dyn.status == LaunchStatus.ok, dyn.message
+    assert dyn.launches[0].grid == plan.launches[0].grid and dyn.launches[0].source == "trace"
+    task2, b2 = _variant(tmp_path, "liar", PLAN_LIES=1)
+    plan2 = static_check(task2, b2, limits)
+    dyn2 = dynamic_check(task2, b2.lib_path, limits, plan2)
+    assert dyn2.status == LaunchStatus.rejected and "plan_mismatch" in _rules(dyn2)

@@ -1,0 +1,102 @@
+"""Child process of the launch check: loads a task module and its library, prints one JSON line.
+
+    python -m tools._plan_child plan  TASK_MODULE LIB SHAPE_JSON
+    python -m tools._plan_child trace TASK_MODULE LIB SHAPE_JSON DIST
+
+`plan` calls the module's launch_plan(lib, shape) (no GPU needed: the library links cudart
+statically). `trace` runs the shape once on the GPU under torch.profiler and reports every kernel
+launch with the geometry the driver saw. The parent never imports generated code.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+
+def _emit(obj: dict) -> None:
+    sys.stdout.flush()
+    print(json.dumps(obj), flush=True)
+
+
+def _load(module_path: str, lib_path: str):
+    from tools.task import load_module
+    mod = load_module(Path(module_path), "agent_launch_task")
+    lib = ctypes.CDLL(lib_path)
+    return mod, lib
+
+
+def plan(module_path: str, lib_path: str, shape: dict) -> dict:
+    mod, lib = _load(module_path, lib_path)
+    if not hasattr(mod, "launch_plan"):
+        return {"ok": False, "error": f"{Path(module_path).name} has no launch_plan(lib, shape)"}
+    launches = []
+    for i, item in enumerate(mod.launch_plan(lib, shape)):
+        try:
+            launches.append({"kernel": str(item["kernel"]), "grid": [int(v) for v in item["grid"]],
+                             "block": [int(v) for v in item["block"]],
+                             "smem_dynamic_bytes": int(item.get("smem_dynamic_bytes", 0))})
+        except (KeyError, TypeError, ValueError) as e:
+            return {"ok": False, "error": f"launch_plan entry {i} is malformed ({e!r}): need kernel, grid, block"}
+    return {"ok": True, "launches": launches}
+
+
+def _dims(v) -> list[int]:
+    if isinstance(v, str):
+        v = [int(x) for x in v.strip("[]() ").replace(",", " ").split()]
+    v = [int(x) for x in v] + [1, 1, 1]
+    return v[:3]
+
+
+def trace(module_path: str, lib_path: str, shape: dict, dist: str) -> dict:
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    if not torch.cuda.is_available():
+        return {"ok": False, "error": "no CUDA device visible to torch"}
+    mod, lib = _load(module_path, lib_path)
+    inputs = mod.make_inputs(shape, 0, "cuda", dist)
+    out = mod.empty_output(shape, *inputs)
+    mod.run(lib, shape, out, *inputs)        # warm-up: module load, cudaFuncSetAttribute, ...
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        mod.run(lib, shape, out, *inputs)
+        torch.cuda.synchronize()
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "trace.json"
+        prof.export_chrome_trace(str(path))
+        events = json.loads(path.read_text()).get("traceEvents", [])
+    launches = []
+    for e in sorted((e for e in events if e.get("cat") == "kernel"), key=lambda e: e.get("ts", 0)):
+        args = e.get("args", {})
+        if "grid" not in args or "block" not in args:
+            continue
+        launches.append({"kernel": e.get("name", "?"), "grid": _dims(args["grid"]), "block": _dims(args["block"]),
+                         "registers": args.get("registers per thread"), "shared_memory": args.get("shared memory"),
+                         "args": {k: v for k, v in args.items() if isinstance(v, (int, float, str, list))}})
+    return {"ok": True, "launches": launches, "device": torch.cuda.get_device_name(0)}
+
+
+def main(argv: list[str]) -> int:
+    mode, module_path, lib_path, shape_json = argv[:4]
+    shape = json.loads(shape_json)
+    try:
+        if mode == "plan":
+            res = plan(module_path, lib_path, shape)
+        elif mode == "trace":
+            res = trace(module_path, lib_path, shape, argv[4] if len(argv) > 4 else "normal")
+        else:
+            res = {"ok": False, "error": f"unknown mode {mode!r}"}
+    except OSError as e:
+        res = {"ok": False, "error": f"cannot load the library: {e}"}
+    except Exception as e:  # the task's own code failed: report it as one line, no traceback
+        res = {"ok": False, "error": f"{type(e).__name__}: {e}"}
+    _emit(res)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

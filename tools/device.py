@@ -1,0 +1,217 @@
+"""What the GPU allows (DeviceLimits), from the device itself or a table by arch, plus the small
+environment probes `agent doctor` shows (nvcc, ncu, driver, counter permission).
+
+On a machine without a GPU the limits come from the table (source="table", named in `name`),
+so the static launch check still runs in CI; on the GPU they are read with torch (source="device").
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from functools import lru_cache
+from pathlib import Path
+
+from pydantic import BaseModel
+
+from tools.results import DeviceLimits
+
+# opt-in shared memory per block (bytes), SMs, registers per SM: the usual part for each arch
+_TABLE: dict[str, dict] = {
+    "sm_70": dict(name="V100 SXM2", sm_count=80, max_smem_per_block_optin=98304),
+    "sm_75": dict(name="T4", sm_count=40, max_smem_per_block_optin=65536),
+    "sm_80": dict(name="A100 SXM", sm_count=108, max_smem_per_block_optin=166912),
+    "sm_86": dict(name="A10", sm_count=72, max_smem_per_block_optin=101376),
+    "sm_89": dict(name="L4", sm_count=58, max_smem_per_block_optin=101376),
+    "sm_90": dict(name="H100 SXM", sm_count=132, max_smem_per_block_optin=232448),
+    "sm_100": dict(name="B200", sm_count=148, max_smem_per_block_optin=232448),
+}
+DEFAULT_ARCH = "sm_90"
+
+
+def cuda_present() -> bool:
+    """Cheap: is there an NVIDIA driver here at all? (no torch import, no CUDA context)"""
+    return bool(shutil.which("nvidia-smi")) or Path("/dev/nvidiactl").exists()
+
+
+@lru_cache(maxsize=1)
+def torch_cuda_available() -> bool:
+    if not cuda_present():
+        return False
+    try:
+        import torch
+        return bool(torch.cuda.is_available())
+    except Exception:  # a broken torch must not take the tools down
+        return False
+
+
+@lru_cache(maxsize=1)
+def gpu_arch() -> str | None:
+    """sm_XY of GPU 0, or None without a usable GPU. nvidia-smi first (no CUDA context), then torch."""
+    smi = shutil.which("nvidia-smi")
+    if smi:
+        out = _run([smi, "--query-gpu=compute_cap", "--format=csv,noheader"])
+        m = re.match(r"\s*(\d+)\.(\d+)", out or "")
+        if m:
+            return f"sm_{m.group(1)}{m.group(2)}"
+    if torch_cuda_available():
+        import torch
+        major, minor = torch.cuda.get_device_capability(0)
+        return f"sm_{major}{minor}"
+    return None
+
+
+def table_limits(arch: str | None) -> DeviceLimits:
+    arch = arch or DEFAULT_ARCH
+    base = arch.rstrip("a")  # sm_90a has sm_90's limits
+    row = _TABLE.get(base)
+    if row is None:
+        row = _TABLE[DEFAULT_ARCH]
+        name = f"unknown {arch} (table values of {DEFAULT_ARCH} {row['name']})"
+    else:
+        name = f"{row['name']} (table value for {arch}, not read from a device)"
+    return DeviceLimits(name=name, arch=arch, sm_count=row["sm_count"],
+                        max_smem_per_block_optin=row["max_smem_per_block_optin"], source="table")
+
+
+def device_limits(arch: str | None = None) -> DeviceLimits:
+    """The GPU's own limits when torch sees one, else the table row for `arch` (default sm_90)."""
+    if torch_cuda_available():
+        import torch
+        p = torch.cuda.get_device_properties(0)
+        dev_arch = f"sm_{p.major}{p.minor}"
+        table = table_limits(dev_arch)
+        regs = int(getattr(p, "regs_per_multiprocessor", 0) or table.regs_per_sm)
+        optin = int(getattr(p, "shared_memory_per_block_optin", 0) or table.max_smem_per_block_optin)
+        return DeviceLimits(name=p.name, arch=dev_arch, sm_count=p.multi_processor_count,
+                            max_threads_per_block=int(getattr(p, "max_threads_per_block", 1024) or 1024),
+                            max_smem_per_block_optin=optin, regs_per_sm=regs,
+                            regs_per_block=min(regs, table.regs_per_block), source="device")
+    return table_limits(arch)
+
+
+# --- environment probes for `agent doctor` -----------------------------------------------------
+class ToolInfo(BaseModel):
+    found: bool
+    path: str | None = None
+    version: str | None = None
+    detail: str = ""
+
+
+def _run(argv: list[str], timeout: float = 20) -> str | None:
+    try:
+        out = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.stdout + out.stderr if out.returncode == 0 else None
+
+
+def nvcc_info() -> ToolInfo:
+    from tools.build import find_nvcc
+    path = find_nvcc()
+    if not path:
+        return ToolInfo(found=False)
+    out = _run([path, "--version"]) or ""
+    m = re.search(r"release ([\d.]+), V([\d.]+)", out)
+    return ToolInfo(found=True, path=path, version=m.group(2) if m else None)
+
+
+def find_ncu() -> str | None:
+    found = shutil.which("ncu")
+    if found:
+        return found
+    cands = []
+    for base in filter(None, [os.environ.get("CUDA_HOME"), "/usr/local/cuda"]):
+        cands.append(str(Path(base) / "bin" / "ncu"))
+    cands += sorted(glob.glob("/opt/nvidia/nsight-compute/*/ncu"), reverse=True)
+    cands += sorted(glob.glob("/usr/local/cuda*/nsight-compute*/ncu"), reverse=True)
+    return next((c for c in cands if Path(c).is_file()), None)
+
+
+def ncu_info() -> ToolInfo:
+    path = find_ncu()
+    if not path:
+        return ToolInfo(found=False)
+    out = _run([path, "--version"]) or ""
+    m = re.search(r"Version\s+([\d.]+)", out)
+    return ToolInfo(found=True, path=path, version=m.group(1) if m else None)
+
+
+def ncu_python_dirs(ncu_path: str | None) -> list[Path]:
+    """Where an installed Nsight Compute keeps its `ncu_report` module (extras/python)."""
+    if not ncu_path:
+        return []
+    real = Path(ncu_path).resolve()
+    out = []
+    for root in (real.parent, real.parent.parent, *(p for p in real.parents if "nsight-compute" in p.name)):
+        cand = root / "extras" / "python"
+        if (cand / "ncu_report.py").is_file() and cand not in out:
+            out.append(cand)
+    for g in sorted(glob.glob("/opt/nvidia/nsight-compute/*/extras/python"), reverse=True):
+        if Path(g, "ncu_report.py").is_file() and Path(g) not in out:
+            out.append(Path(g))
+    return out
+
+
+def ncu_report_info(ncu_path: str | None) -> ToolInfo:
+    """Is `ncu_report` importable: installed (PyPI ncu-report) or from the Nsight Compute install?"""
+    code = "import ncu_report, sys; print(getattr(ncu_report, '__file__', '?'))"
+    out = _run([sys.executable, "-c", code])
+    if out:
+        return ToolInfo(found=True, path=out.strip().splitlines()[-1], detail="importable")
+    for d in ncu_python_dirs(ncu_path):
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(d), os.environ.get("PYTHONPATH")]))}
+        try:
+            res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30, env=env)
+        except (OSError, subprocess.TimeoutExpired):
+            continue
+        if res.returncode == 0:
+            return ToolInfo(found=True, path=str(d), detail="importable from the Nsight Compute install")
+    return ToolInfo(found=False)
+
+
+def driver_info() -> ToolInfo:
+    smi = shutil.which("nvidia-smi")
+    if not smi:
+        return ToolInfo(found=False)
+    out = _run([smi, "--query-gpu=driver_version,name", "--format=csv,noheader"])
+    if not out:
+        return ToolInfo(found=False, path=smi, detail="nvidia-smi failed (driver not loaded?)")
+    first = out.strip().splitlines()[0]
+    version, _, name = (s.strip() for s in first.partition(","))
+    return ToolInfo(found=True, path=smi, version=version, detail=name)
+
+
+class CounterProbe(BaseModel):
+    status: str            # ok | no_permission | no_gpu | ncu_missing | error
+    message: str = ""
+
+
+_PROBE = "import torch; x = torch.ones(1024, device='cuda'); y = x * 2; torch.cuda.synchronize(); print(float(y.sum()))"
+
+
+def ncu_counter_probe(timeout_s: float = 120) -> CounterProbe:
+    """Run ncu for one metric on one tiny torch kernel. Slow (seconds): only when asked."""
+    ncu = find_ncu()
+    if not ncu:
+        return CounterProbe(status="ncu_missing", message="ncu not found")
+    if not torch_cuda_available():
+        return CounterProbe(status="no_gpu", message="no CUDA GPU visible to torch")
+    from tools.sandbox import run_isolated
+    with tempfile.TemporaryDirectory() as tmp:
+        res = run_isolated([ncu, "--metrics", "sm__cycles_elapsed.avg", "--launch-count", "1", "--target-processes",
+                            "all", sys.executable, "-c", _PROBE], timeout_s, cwd=tmp)
+    text = res.stdout + res.stderr
+    if "ERR_NVGPUCTRPERM" in text:
+        return CounterProbe(status="no_permission", message=(
+            "ERR_NVGPUCTRPERM: this user may not read GPU counters; run as root, or set "
+            "`options nvidia NVreg_RestrictProfilingToAdminUsers=0` (modprobe.d) and reload the driver"))
+    if res.status.value == "ok" and "sm__cycles_elapsed.avg" in text:
+        return CounterProbe(status="ok", message="ncu read a hardware counter")
+    tail = "\n".join(ln for ln in text.strip().splitlines()[-3:])
+    return CounterProbe(status="error", message=f"ncu probe {res.reason() if res.status.value != 'ok' else 'gave no metric'}: {tail}")
