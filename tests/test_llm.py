@@ -290,3 +290,24 @@ def test_history_gives_way_oldest_first_and_sources_never_truncate(srv, task, tm
     with pytest.raises(LLMUnusable, match="the sources are never truncated"):
         LLMProposer(settings(srv, context_tokens=2000), task).propose(context(task, tmp_path))
     assert len(srv.chat_requests) == 1
+
+
+def test_a_400_after_the_schema_was_accepted_is_not_taken_for_a_schema_rejection(srv, task, tmp_path):
+    srv.push_proposal(GOOD)
+    srv.push(400, error_body("This model's maximum context length is 8192 tokens"))
+    p = LLMProposer(settings(srv), task)
+    p.propose(context(task, tmp_path, iteration=1))
+    with pytest.raises(ProposalFailed, match="rejected the request \\(400\\): This model's maximum context length"):
+        p.propose(context(task, tmp_path, iteration=2))
+    assert len(srv.chat_requests) == 2 and p.client.schema_supported is True
+
+
+def test_no_server_listening_is_a_connection_error(task, tmp_path):
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    st = LLMSettings(model="m", base_url=f"http://127.0.0.1:{port}/v1", max_attempts=2, backoff_base_s=0.01,
+                     backoff_max_s=0.02, timeout_s=2)
+    with pytest.raises(ProposalFailed, match="could not connect to the endpoint .*after 2 attempts"):
+        LLMProposer(st, task).propose(context(task, tmp_path))
