@@ -94,8 +94,9 @@ def load_llm_settings(cli_overrides: Mapping[str, Any] | None, repo_root: Path,
         return LLMSettings.model_validate(values)
     except ValidationError as e:
         err = e.errors()[0]
-        where = ".".join(str(x) for x in err["loc"]) or "settings"
-        raise SettingsError(f"LLM settings: {where}: {err['msg']}") from None
+        where = ".".join(str(x) for x in err["loc"])
+        msg = err["msg"].removeprefix("Value error, ")
+        raise SettingsError(f"LLM settings: {where + ': ' if where else ''}{msg}") from None
 
 
 def _from_file(pyproject: Path) -> dict[str, Any]:

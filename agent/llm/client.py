@@ -56,7 +56,8 @@ class LLMClient:
                 self.schema_supported = True
                 return reply
             except LLMError as e:
-                if e.status not in (400, 422) or self.settings.structured == "json_schema":
+                # only a server not yet known to take the schema may be rejecting it
+                if e.status not in (400, 422) or self.schema_supported is not None:
                     raise
                 notes.append(f"the server rejected response_format json_schema ({e.detail}); asked again for "
                              "JSON in plain text")

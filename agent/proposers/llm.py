@@ -77,27 +77,27 @@ class LLMProposer:
         usage = Usage()
         try:
             messages = self._opening(ctx)
-            for repair in range(self.settings.schema_repairs + 1):
+            replies = 0
+            while True:
                 reply = self._call(messages, ctx)
+                replies += 1
                 usage = add(usage, reply.usage)
                 if why := self.budget.over():
                     raise BudgetExhausted(why)
+                messages = messages + [{"role": "assistant", "content": reply.text}]
                 try:
                     proposal = parse_proposal(reply.text)
+                    break
                 except ReplyInvalid as e:
                     problem = str(e)
-                    if reply.finish_reason == "length":
-                        problem += " (the reply was cut off at the token limit: raise max_tokens or send smaller edits)"
-                    if repair == self.settings.schema_repairs:
-                        raise ProposalFailed(f"no valid proposal after {repair + 1} replies: {_first_line(problem)}")
-                    messages = messages + [{"role": "assistant", "content": reply.text},
-                                           {"role": "user", "content": render("repair_schema", problem=problem)}]
-                    continue
-                proposal.proposer = f"llm:{self.settings.model}"
-                messages = messages + [{"role": "assistant", "content": reply.text}]
-                self._last = _Conversation(ctx.iteration, messages, dict(ctx.sources))
-                return proposal, usage
-            raise AssertionError("unreachable")
+                if reply.finish_reason == "length":
+                    problem += " (the reply was cut off at the token limit: raise max_tokens or send smaller edits)"
+                if replies > self.settings.schema_repairs:
+                    raise ProposalFailed(f"no valid proposal after {replies} replies: {_first_line(problem)}")
+                messages.append({"role": "user", "content": render("repair_schema", problem=problem)})
+            proposal.proposer = f"llm:{self.settings.model}"
+            self._last = _Conversation(ctx.iteration, messages, dict(ctx.sources))
+            return proposal, usage
         except LLMError as e:
             exc: ProposalFailed = (LLMUnusable if e.fatal else ProposalFailed)(f"LLM: {e}")
             exc.usage = usage  # type: ignore[attr-defined]

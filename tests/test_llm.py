@@ -1,0 +1,313 @@
+"""The LLM proposer through the real openai client against tests/fake_openai.py (a real local server)."""
+
+import json
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+
+from agent.llm.costs import estimate_tokens
+from agent.patch import PatchStatus, apply_edits
+from agent.proposers.base import BudgetExhausted, Context, HistoryItem, ProposalFailed
+from agent.proposers.llm import LLMProposer, LLMUnusable
+from agent.settings import LLMSettings, Price
+from tests.fake_openai import FakeOpenAI, error_body
+from tools.task import load_task
+
+REPO = Path(__file__).resolve().parent.parent
+KEY = "sk-test-SECRET-0123456789"
+
+GOOD = {
+    "hypothesis": "The i-j-k order reads B down a column (stride N floats): switching to i-k-j reads B and C along rows.",
+    "evidence": [{"metric": "source.loop_order", "value": "0 (i-j-k)"}],
+    "predicted": {"metric": "time", "direction": "down", "speedup": 2.0},
+    "edits": [{"file": "matmul.cpp", "search": "#define LOOP_ORDER 0", "replace": "#define LOOP_ORDER 1",
+               "content": None}],
+}
+
+
+@pytest.fixture
+def srv():
+    with FakeOpenAI() as s:
+        yield s
+
+
+@pytest.fixture
+def task(tmp_path):
+    root = tmp_path / "matmul_cpu"
+    shutil.copytree(REPO / "kernels" / "matmul_cpu", root)
+    return load_task(root)
+
+
+def settings(srv, **kw):
+    base = dict(model="fake-model", base_url=srv.base_url, api_key=KEY, timeout_s=5, max_attempts=3,
+                backoff_base_s=0.01, backoff_max_s=0.05)
+    base.update(kw)
+    return LLMSettings(**base)
+
+
+def context(task, tmp_path, iteration=1, **kw):
+    d = tmp_path / "runs" / "R" / f"iter-{iteration}"
+    sources = {f: (task.root / f).read_text() for f in task.spec.editable}
+    return Context(task=task, iteration=iteration, sources=sources, profile=None, knobs=task.read_knobs(),
+                   iter_dir=str(d), **kw)
+
+
+def user_text(req) -> str:
+    return req.body["messages"][-1]["content"]
+
+
+def test_good_proposal_parsed_with_json_schema_and_saved_without_key(srv, task, tmp_path):
+    srv.push_proposal(GOOD, prompt_tokens=1200, completion_tokens=300)
+    ctx = context(task, tmp_path)
+    proposal, usage = LLMProposer(settings(srv), task).propose(ctx)
+
+    assert proposal.edits[0].replace == "#define LOOP_ORDER 1"
+    assert proposal.predicted.speedup == 2.0 and proposal.proposer == "llm:fake-model"
+    assert (usage.calls, usage.prompt_tokens, usage.completion_tokens) == (1, 1200, 300)
+    [req] = srv.chat_requests
+    assert req.headers["authorization"] == f"Bearer {KEY}"
+    fmt = req.body["response_format"]
+    assert fmt["type"] == "json_schema" and fmt["json_schema"]["name"] == "proposal"
+    assert set(fmt["json_schema"]["schema"]["required"]) == {"hypothesis", "evidence", "predicted", "edits"}
+    system, user = req.body["messages"]
+    assert system["role"] == "system" and "One hypothesis per iteration" in system["content"]   # AGENT.md
+    assert "#define LOOP_ORDER 0" in user["content"] and "BLOCK_M = 16 (allowed: 8, 16, 32, 64)" in user["content"]
+
+    saved = sorted(p.name for p in Path(ctx.iter_dir).iterdir())
+    assert saved == ["prompt-1.json", "response-1.json"]
+    assert json.loads((Path(ctx.iter_dir) / "prompt-1.json").read_text())["messages"] == req.body["messages"]
+    body = json.loads((Path(ctx.iter_dir) / "response-1.json").read_text())["body"]
+    assert json.loads(body["choices"][0]["message"]["content"]) == GOOD
+    for p in tmp_path.rglob("*"):
+        if p.is_file():
+            assert KEY not in p.read_text(errors="replace"), p
+
+
+def test_malformed_json_then_valid_repair(srv, task, tmp_path):
+    srv.push_text('{"hypothesis": "tile it", "edits": [ oops')
+    srv.push_text("Here it is:\n```json\n" + json.dumps(GOOD) + "\n```\n")
+    proposal, usage = LLMProposer(settings(srv), task).propose(context(task, tmp_path))
+    assert proposal.hypothesis == GOOD["hypothesis"] and usage.calls == 2
+    second = srv.chat_requests[1].body["messages"]
+    assert second[-2] == {"role": "assistant", "content": '{"hypothesis": "tile it", "edits": [ oops'}
+    assert "not valid JSON" in second[-1]["content"]
+
+
+def test_malformed_twice_fails_when_one_repair_is_allowed(srv, task, tmp_path):
+    srv.push_text("I think we should tile the loops.")
+    srv.push_text("{not json}")
+    with pytest.raises(ProposalFailed, match="no valid proposal after 2 replies") as e:
+        LLMProposer(settings(srv, schema_repairs=1), task).propose(context(task, tmp_path))
+    assert len(srv.chat_requests) == 2 and e.value.usage.calls == 2
+
+
+def test_malformed_until_repairs_spent(srv, task, tmp_path):
+    for _ in range(3):
+        srv.push_text("no json here")
+    with pytest.raises(ProposalFailed, match="after 3 replies"):
+        LLMProposer(settings(srv), task).propose(context(task, tmp_path))   # default: 2 repairs
+    assert len(srv.chat_requests) == 3
+
+
+def test_schema_violation_gets_the_exact_pydantic_error(srv, task, tmp_path):
+    bad = dict(GOOD, predicted={"metric": "time", "direction": "sideways", "speedup": 1.2})
+    bad["edits"] = [{"file": "matmul.cpp", "search": "x", "replace": None, "content": None}]
+    srv.push_proposal(bad)
+    srv.push_proposal(GOOD)
+    proposal, _ = LLMProposer(settings(srv), task).propose(context(task, tmp_path))
+    assert proposal.edits[0].search == "#define LOOP_ORDER 0"
+    follow_up = user_text(srv.chat_requests[1])
+    assert "- predicted.direction: Input should be 'up' or 'down'" in follow_up
+    assert ("- edits.0: Value error, an edit is either search+replace or content (a whole-file rewrite), "
+            "not both or neither") in follow_up
+
+
+def test_rate_limit_then_success_is_retried(srv, task, tmp_path):
+    srv.push(429, error_body("Rate limit reached", "rate_limit_error"))
+    srv.push_proposal(GOOD)
+    proposal, usage = LLMProposer(settings(srv), task).propose(context(task, tmp_path))
+    assert proposal.hypothesis == GOOD["hypothesis"]
+    assert len(srv.chat_requests) == 2 and usage.calls == 1
+
+
+def test_server_errors_until_retries_are_spent(srv, task, tmp_path):
+    for _ in range(3):
+        srv.push(500, error_body("upstream exploded", "server_error"))
+    t0 = time.monotonic()
+    with pytest.raises(ProposalFailed) as e:
+        LLMProposer(settings(srv), task).propose(context(task, tmp_path))
+    assert not isinstance(e.value, LLMUnusable)
+    msg = str(e.value)
+    assert "server error (5xx) (after 3 attempts): upstream exploded" in msg and "\n" not in msg
+    assert len(srv.chat_requests) == 3 and time.monotonic() - t0 < 5
+    saved = json.loads((tmp_path / "runs/R/iter-1/response-1.json").read_text())
+    assert saved["kind"] == "server_error" and saved["attempts"] == 3
+
+
+def test_reply_slower_than_the_timeout(srv, task, tmp_path):
+    for _ in range(2):
+        srv.push_proposal(GOOD, delay_s=2.0)
+    t0 = time.monotonic()
+    with pytest.raises(ProposalFailed, match="did not answer within the timeout .*after 2 attempts"):
+        LLMProposer(settings(srv, timeout_s=0.3, max_attempts=2), task).propose(context(task, tmp_path))
+    assert len(srv.chat_requests) == 2 and time.monotonic() - t0 < 3
+
+
+def test_authentication_error_is_not_retried_and_ends_the_run(srv, task, tmp_path):
+    srv.push(401, error_body("Incorrect API key provided"))
+    with pytest.raises(LLMUnusable, match="refused the API key"):
+        LLMProposer(settings(srv), task).propose(context(task, tmp_path))
+    assert len(srv.chat_requests) == 1
+
+
+def test_schema_rejected_falls_back_to_text_and_remembers(srv, task, tmp_path):
+    srv.push_proposal(GOOD, reject_schema=True)
+    srv.push_text("Sure.\n" + json.dumps(GOOD) + "\nThat is my proposal.")
+    p = LLMProposer(settings(srv), task)
+    p.propose(context(task, tmp_path, iteration=1))
+    p.propose(context(task, tmp_path, iteration=2))
+    reqs = srv.chat_requests
+    assert len(reqs) == 3
+    assert reqs[0].body["response_format"]["type"] == "json_schema"
+    assert "response_format" not in reqs[1].body and "response_format" not in reqs[2].body
+    assert p.client.schema_supported is False
+    notes = json.loads((tmp_path / "runs/R/iter-1/response-1.json").read_text())["notes"]
+    assert any("rejected response_format json_schema" in n for n in notes)
+
+
+def test_usage_and_cost_accounting(srv, task, tmp_path):
+    prices = {"fake-model": Price(input=2.0, output=8.0)}
+    srv.push_proposal(GOOD, prompt_tokens=1000, completion_tokens=500)
+    srv.push_proposal(GOOD, prompt_tokens=3000, completion_tokens=250)
+    p = LLMProposer(settings(srv, prices=prices), task)
+    _, u1 = p.propose(context(task, tmp_path, iteration=1))
+    _, u2 = p.propose(context(task, tmp_path, iteration=2))
+    assert u1.cost_usd == pytest.approx((1000 * 2 + 500 * 8) / 1e6)
+    assert u2.cost_usd == pytest.approx((3000 * 2 + 250 * 8) / 1e6)
+    assert (p.spent.calls, p.spent.prompt_tokens, p.spent.completion_tokens) == (2, 4000, 750)
+    assert p.spent.cost_usd == pytest.approx(0.014)
+
+
+def test_unknown_model_costs_zero_with_a_note(srv, task, tmp_path):
+    srv.push_proposal(GOOD)
+    _, usage = LLMProposer(settings(srv), task).propose(context(task, tmp_path))
+    assert usage.cost_usd == 0.0
+    notes = json.loads((tmp_path / "runs/R/iter-1/response-1.json").read_text())["notes"]
+    assert any("no price for model 'fake-model'" in n for n in notes)
+
+
+def test_budget_refuses_a_call_that_would_start_over_it(srv, task, tmp_path):
+    srv.push_proposal(GOOD, prompt_tokens=2900, completion_tokens=100)
+    p = LLMProposer(settings(srv, budget_tokens=5000), task)
+    p.propose(context(task, tmp_path, iteration=1))          # 3000 of 5000 spent
+    with pytest.raises(BudgetExhausted, match="token budget: 3000 of 5000 tokens spent"):
+        p.propose(context(task, tmp_path, iteration=2))      # the next prompt alone is > 2000 tokens
+    assert len(srv.chat_requests) == 1
+
+
+def test_budget_ends_the_run_after_a_call_that_passed_it(srv, task, tmp_path):
+    prices = {"fake-model": Price(input=10.0, output=30.0)}
+    srv.push_proposal(GOOD, prompt_tokens=3000, completion_tokens=1000)    # $0.06
+    p = LLMProposer(settings(srv, prices=prices, budget_usd=0.05), task)
+    with pytest.raises(BudgetExhausted, match=r"cost budget spent: \$0.0600 of \$0.05") as e:
+        p.propose(context(task, tmp_path))
+    assert e.value.usage.cost_usd == pytest.approx(0.06) and p.spent.calls == 1
+
+
+def test_patch_miss_feedback_continues_the_conversation(srv, task, tmp_path):
+    miss = dict(GOOD, edits=[{"file": "matmul.cpp", "search": "#define LOOP_ORDER  0 // i-j-k",
+                              "replace": "#define LOOP_ORDER 1", "content": None}])
+    srv.push_proposal(miss)
+    srv.push_proposal(GOOD)
+    p = LLMProposer(settings(srv), task)
+    ctx = context(task, tmp_path)
+    first, _ = p.propose(ctx)
+    result = apply_edits(first.edits, task.root, task.spec.editable)
+    assert result.status == PatchStatus.did_not_apply and "Did you mean" in result.message
+    assert "#define LOOP_ORDER 0" in result.message            # the closest actual line
+
+    ctx.feedback, ctx.feedback_kind = result.message, "patch_did_not_apply"
+    second, _ = p.propose(ctx)
+    follow = srv.chat_requests[1].body["messages"]
+    assert follow[2]["role"] == "assistant" and json.loads(follow[2]["content"]) == miss
+    assert follow[3]["content"].startswith("Your edits did not apply")
+    assert "#define LOOP_ORDER 0" in follow[3]["content"] and "File" not in follow[3]["content"][:20]
+    assert apply_edits(second.edits, task.root, task.spec.editable).ok
+    assert sorted(p.name for p in Path(ctx.iter_dir).iterdir()) == [
+        "prompt-1.json", "prompt-2.json", "response-1.json", "response-2.json"]
+
+
+@pytest.mark.parametrize("kind,opening", [("compile_failed", "Your change did not compile"),
+                                          ("parity_failed", "Your change compiled but computes the wrong result"),
+                                          ("launch_rejected", "Your change was refused by the launch")])
+def test_feedback_kind_picks_the_repair_prompt(srv, task, tmp_path, kind, opening):
+    srv.push_proposal(GOOD)
+    srv.push_proposal(GOOD)
+    p = LLMProposer(settings(srv), task)
+    ctx = context(task, tmp_path)
+    p.propose(ctx)
+    ctx.feedback, ctx.feedback_kind = "matmul.cpp:12: error: 'acc' was not declared", kind
+    p.propose(ctx)
+    last = user_text(srv.chat_requests[1])
+    assert last.startswith(opening) and "'acc' was not declared" in last
+
+
+def test_edit_to_a_non_editable_file_is_refused(srv, task, tmp_path):
+    cheat = dict(GOOD, edits=[{"file": "task.py", "search": None, "replace": None,
+                               "content": "def reference(shape, a, b):\n    return a @ b\n"}])
+    srv.push_proposal(cheat)
+    before = (task.root / "task.py").read_text()
+    proposal, _ = LLMProposer(settings(srv), task).propose(context(task, tmp_path))
+    r = apply_edits(proposal.edits, task.root, task.spec.editable)
+    assert r.status == PatchStatus.outside_editable and "'task.py' is not an editable file" in r.message
+    assert (task.root / "task.py").read_text() == before
+
+
+def test_empty_kernel_is_bootstrapped_from_the_reference(srv, task, tmp_path):
+    (task.root / "matmul.cpp").write_text("")
+    srv.push_proposal(dict(GOOD, edits=[{"file": "matmul.cpp", "search": None, "replace": None,
+                                         "content": "extern \"C\" void matmul() {}\n"}]))
+    LLMProposer(settings(srv), task).propose(context(task, tmp_path))
+    prompt = user_text(srv.chat_requests[0])
+    assert "This task has no kernel yet" in prompt and "whole file as `content`" in prompt
+    assert "def reference(shape, a, b):" in prompt and "(empty file)" in prompt
+
+
+def test_history_gives_way_oldest_first_and_sources_never_truncate(srv, task, tmp_path):
+    history = [HistoryItem(i, f"hypothesis number {i} " + "x" * 400, "not_faster", f"reason {i}")
+               for i in range(1, 41)]
+    srv.push_proposal(GOOD)
+    p = LLMProposer(settings(srv, context_tokens=6000), task)
+    p.propose(context(task, tmp_path, iteration=41, history=history))
+    prompt = user_text(srv.chat_requests[0])
+    assert "earlier iteration(s) omitted to fit the context budget" in prompt
+    assert "hypothesis number 40" in prompt and "hypothesis number 1 " not in prompt
+    assert task.root.joinpath("matmul.cpp").read_text() in prompt
+    assert estimate_tokens(json.dumps(srv.chat_requests[0].body["messages"])) <= 6000 * 1.1
+
+    with pytest.raises(LLMUnusable, match="the sources are never truncated"):
+        LLMProposer(settings(srv, context_tokens=2000), task).propose(context(task, tmp_path))
+    assert len(srv.chat_requests) == 1
+
+
+def test_a_400_after_the_schema_was_accepted_is_not_taken_for_a_schema_rejection(srv, task, tmp_path):
+    srv.push_proposal(GOOD)
+    srv.push(400, error_body("This model's maximum context length is 8192 tokens"))
+    p = LLMProposer(settings(srv), task)
+    p.propose(context(task, tmp_path, iteration=1))
+    with pytest.raises(ProposalFailed, match="rejected the request \\(400\\): This model's maximum context length"):
+        p.propose(context(task, tmp_path, iteration=2))
+    assert len(srv.chat_requests) == 2 and p.client.schema_supported is True
+
+
+def test_no_server_listening_is_a_connection_error(task, tmp_path):
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    st = LLMSettings(model="m", base_url=f"http://127.0.0.1:{port}/v1", max_attempts=2, backoff_base_s=0.01,
+                     backoff_max_s=0.02, timeout_s=2)
+    with pytest.raises(ProposalFailed, match="could not connect to the endpoint .*after 2 attempts"):
+        LLMProposer(st, task).propose(context(task, tmp_path))
