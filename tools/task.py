@@ -57,9 +57,10 @@ class Knob(_Strict):
     #   threads - threads or warps per CTA                                    -> latency, occupancy
     #   pad     - shared-memory row padding                                   -> bank conflicts
     #   vector  - elements per memory access                                  -> memory throughput
+    #   tensor  - 0/1: the tensor-core path                                   -> compute-bound, tensor pipe idle
     #   order   - loop order / algorithm variant                              -> explored
     #   other   - explored when no rule fires
-    role: Literal["split", "tile", "threads", "pad", "vector", "order", "other"] = "other"
+    role: Literal["split", "tile", "threads", "pad", "vector", "tensor", "order", "other"] = "other"
 
     @model_validator(mode="after")
     def _default_in_values(self) -> "Knob":

@@ -3,6 +3,7 @@
 Rules read the latest profile of the best (ncu, or the counter-free fallback) and map what limits
 the kernel to knobs by their declared role (tools/task.py Knob.role):
 
+    compute/latency-bound, tensor pipe idle        -> switch on a `tensor` knob
     small grid (CTAs < SMs, ncu's launch rule)     -> raise a `split` knob, or lower a `tile` knob
     occupancy limited by registers / shared memory -> lower a `tile` or `threads` knob
     shared-memory bank conflicts                   -> raise a `pad` knob
@@ -129,6 +130,14 @@ class HeuristicProposer:
                     moves.append(Move(k.name, v, f"Latency-bound (memory {mem:.0f}%, compute {comp:.0f}% of peak): "
                                       f"more work in flight, {k.name} {cur[k.name]}->{v}", ev_sol,
                                       "sol.memory_pct", "up", 1.15))
+        tensor = kp.tensor_pipe_pct or 0.0
+        if kp.bottleneck in (Bottleneck.compute, Bottleneck.latency) and tensor < 5.0:
+            ev = ev_sol + [Evidence(metric="tensor_pipe_pct", value=f"{tensor:.1f}")]
+            for k in self._by_role("tensor"):
+                for v in _higher(k, cur[k.name])[:1]:
+                    moves.insert(0, Move(k.name, v, f"{kp.bottleneck.value.capitalize()}-bound with the tensor pipe "
+                                         f"{tensor:.0f}% busy: move the matrix products to tensor cores, {k.name} "
+                                         f"{cur[k.name]}->{v}", ev, "tensor_pipe_pct", "up", 2.0))
         if kp.bottleneck == Bottleneck.compute:
             for k in self._by_role("tile"):
                 for v in _higher(k, cur[k.name])[:1]:
