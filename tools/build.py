@@ -28,7 +28,10 @@ from tools.task import Task, load_task
 CXX_EXT = {".cpp", ".cc", ".cxx", ".c"}
 CU_EXT = {".cu"}
 CXX_FLAGS = ["-O3", "-march=native", "-fPIC", "-std=c++17"]
-NVCC_FLAGS = ["-O3", "-lineinfo", "-std=c++17", "-Xcompiler", "-fPIC", "-Xptxas", "-v"]
+# Device code at -O3; the host side of a .cu file is the launcher, where gcc's -O3 buys nothing and
+# costs about 0.4 s of every rebuild (measured: host compile 1.09 s at -O3, 0.65 s at -O1). A task can
+# raise it with build.flags = ["-Xcompiler", "-O3"].
+NVCC_FLAGS = ["-O3", "-lineinfo", "-std=c++17", "-Xcompiler", "-fPIC,-O1", "-Xptxas", "-v"]
 STATUS_MARK = "@@ninja "          # NINJA_STATUS prefix: one such line per edge that ran
 DEFAULT_ARCH = "sm_90"
 
