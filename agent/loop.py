@@ -235,16 +235,19 @@ class Loop:
 
     def _propose_and_patch(self, i: int, d: Path, times: StageTimes, usage: Usage) -> tuple[Proposal, str]:
         from agent.patch import PatchStatus, apply_edits
-        feedback = None
+        feedback, kind = self._last_failure()
         for attempt in range(PATCH_REPAIRS + 1):
             self.view.stage(i, "propose")
-            ctx = self._context(i, d, feedback)
+            ctx = self._context(i, d, feedback, kind)
             t0 = time.monotonic()
             try:
                 proposal, u = self.proposer.propose(ctx)
-            except ProposalFailed as e:
+            except (ProposalFailed, BudgetExhausted) as e:
+                _add_usage_into(usage, getattr(e, "usage", None) or Usage())
+                if isinstance(e, BudgetExhausted) or getattr(e, "ends_run", False):
+                    raise _StopRun(str(e)) from None
                 raise ProposalFailedErr(f"proposer: {e}") from None
-            except (ProposerExhausted, BudgetExhausted) as e:
+            except ProposerExhausted as e:
                 raise _StopRun(str(e)) from None
             finally:
                 times.propose += time.monotonic() - t0
@@ -261,12 +264,22 @@ class Loop:
                 raise EditOutsideEditable(res.message)
             if res.status == PatchStatus.no_change:
                 raise NoChange(res.message)
-            feedback = f"Your patch did not apply:\n{res.message}"
-            if attempt == PATCH_REPAIRS:
+            feedback, kind = f"Your patch did not apply:\n{res.message}", res.status.value
+            if attempt == PATCH_REPAIRS or not getattr(self.proposer, "can_repair", True):
                 raise PatchDidNotApply(res.message)
         raise AssertionError("unreachable")
 
-    def _context(self, i: int, d: Path, feedback: str | None) -> Context:
+    def _last_failure(self) -> tuple[str | None, str | None]:
+        """A candidate that failed to compile, launch or match the reference: the proposer sees why."""
+        if not self.records:
+            return None, None
+        r = self.records[-1]
+        if r.outcome in (Outcome.compile_failed, Outcome.parity_failed, Outcome.launch_rejected):
+            hyp = r.proposal.summary() if r.proposal else "the last candidate"
+            return f"Iteration {r.iteration} ({hyp}) was rejected: {r.reason}", r.outcome.value
+        return None, None
+
+    def _context(self, i: int, d: Path, feedback: str | None, kind: str | None = None) -> Context:
         sources = {f: self.task.path(f).read_text() for f in self.task.spec.editable}
         history = [HistoryItem(iteration=r.iteration, hypothesis=r.proposal.hypothesis if r.proposal else "-",
                                outcome=r.outcome.value, reason=r.reason, speedup=r.speedup_vs_best,
@@ -275,7 +288,7 @@ class Loop:
         return Context(task=self.task, iteration=i, sources=sources, profile=self.profile, history=history,
                        best_ms=self.state.best_ms, reference_ms=self.state.reference_ms,
                        knobs=self.task.read_knobs(), measured_knobs=[self.state.initial_knobs],
-                       feedback=feedback, iter_dir=str(d))
+                       feedback=feedback, feedback_kind=kind, iter_dir=str(d))
 
     def _evaluate(self, i: int, d: Path, times: StageTimes, rec: dict) -> BenchResult:
         self.view.stage(i, "build")

@@ -96,8 +96,13 @@ def make_proposer(kind: str, task: Task, cfg_extra: dict, repo_root: Path) -> Pr
         if settings is None:
             raise UsageError("--proposer llm needs an endpoint: --base-url/--model, AGENT_BASE_URL/AGENT_MODEL, or "
                              "[tool.agent] in pyproject.toml (see docs/LLM.md)")
-        return LLMProposer(settings, task)
+        return LLMProposer(settings, task, spent=cfg_extra.get("spent"), profile_view=_compact_view)
     raise UsageError(f"unknown proposer {kind!r} (heuristic, llm, replay)")
+
+
+def _compact_view(report) -> str:
+    from tools.profile import compact
+    return compact(report) if report is not None else "(no profile: CPU task, or ncu unavailable)"
 
 
 def default_proposer(repo_root: Path, overrides: dict) -> str:
@@ -165,6 +170,7 @@ def resume_run(run_dir: Path, view: View, extra: dict | None = None) -> Loop:
     rgit = gitops.RunGit.attach(repo, Path(cfg.worktree), cfg.branch, cfg.run_id)
     task = load_task(Path(cfg.worktree) / cfg.task_dir)
     merged = {**cfg.extra, **(extra or {})}
+    merged["spent"] = state.usage
     proposer = make_proposer(cfg.proposer, task, merged, Path(cfg.repo))
     loop = Loop(run_dir, cfg, rgit, proposer, view)
     loop.prepare_resume()

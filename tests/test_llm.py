@@ -211,9 +211,13 @@ def test_budget_ends_the_run_after_a_call_that_passed_it(srv, task, tmp_path):
     prices = {"fake-model": Price(input=10.0, output=30.0)}
     srv.push_proposal(GOOD, prompt_tokens=3000, completion_tokens=1000)    # $0.06
     p = LLMProposer(settings(srv, prices=prices, budget_usd=0.05), task)
-    with pytest.raises(BudgetExhausted, match=r"cost budget spent: \$0.0600 of \$0.05") as e:
-        p.propose(context(task, tmp_path))
-    assert e.value.usage.cost_usd == pytest.approx(0.06) and p.spent.calls == 1
+    # the proposal that was paid for is returned (the loop evaluates it) ...
+    proposal, usage = p.propose(context(task, tmp_path))
+    assert proposal.hypothesis == GOOD["hypothesis"] and usage.cost_usd == pytest.approx(0.06)
+    # ... and the next call is refused before it is made
+    with pytest.raises(BudgetExhausted, match=r"cost budget spent: \$0.0600 of \$0.05"):
+        p.propose(context(task, tmp_path, iteration=2))
+    assert p.spent.calls == 1 and len(srv.chat_requests) == 1
 
 
 def test_patch_miss_feedback_continues_the_conversation(srv, task, tmp_path):

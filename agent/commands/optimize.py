@@ -11,6 +11,7 @@ from rich.table import Table
 from agent import gitops
 from agent.loop import Loop, SetupFailed
 from agent.runlog import Decision, LogError, find_run, read_iterations
+from agent.settings import SettingsError
 from agent.session import (UsageError, choose_task, default_proposer, parse_target, repo_root_of, resume_run,
                            start_run)
 from agent.view import make_view
@@ -57,7 +58,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _llm_overrides(args) -> dict:
-    return {k: v for k, v in {"model": args.model, "base_url": args.base_url}.items() if v}
+    vals = {"model": args.model, "base_url": args.base_url, "budget_tokens": args.budget_tokens,
+            "budget_usd": args.budget_usd}
+    return {k: v for k, v in vals.items() if v is not None}
 
 
 def cmd_optimize(args) -> int:
@@ -76,7 +79,7 @@ def cmd_optimize(args) -> int:
                          budget_seconds=args.budget_seconds, budget_tokens=args.budget_tokens,
                          budget_usd=args.budget_usd, profile_tier=args.tier, extra=extra)
         return _run_and_summarize(loop)
-    except (UsageError, gitops.GitError, LogError) as e:
+    except (UsageError, gitops.GitError, LogError, SettingsError) as e:
         console.print(f"[red]error[/red]: {e}", highlight=False)
         return 2
     except SetupFailed as e:

@@ -52,6 +52,7 @@ class Context:
 
 class Proposer(Protocol):
     name: str
+    can_repair: bool   # False: a patch that does not apply is recorded at once, not sent back for repair
 
     def propose(self, ctx: Context) -> tuple[Proposal, Usage]:
         """Return a proposal (and what it cost), or raise ProposalFailed / ProposerExhausted / BudgetExhausted."""

@@ -42,6 +42,7 @@ class Move:
 
 class HeuristicProposer:
     name = "heuristic"
+    can_repair = False   # its patches are cut from the current text: they cannot miss
 
     def __init__(self, task: Task):
         self.task = task

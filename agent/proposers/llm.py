@@ -46,6 +46,7 @@ REPAIR_TEMPLATES = {
 class LLMUnusable(ProposalFailed):
     """No later call can succeed either (wrong key, unknown model, sources over the context budget):
     the loop should end the run rather than try the next iteration."""
+    ends_run = True
 
 
 @dataclass
@@ -57,6 +58,8 @@ class _Conversation:
 
 class LLMProposer:
     name = "llm"
+    can_repair = True
+    _stop_next: str | None = None
 
     def __init__(self, settings: LLMSettings, task: Task, *, spent: Usage | None = None,
                  profile_view: Callable[[ProfileReport | None], str] | None = None,
@@ -75,6 +78,8 @@ class LLMProposer:
 
     def propose(self, ctx: Context) -> tuple[Proposal, Usage]:
         usage = Usage()
+        if why := (self._stop_next or self.budget.over()):
+            raise BudgetExhausted(why)
         try:
             messages = self._opening(ctx)
             replies = 0
@@ -82,19 +87,22 @@ class LLMProposer:
                 reply = self._call(messages, ctx)
                 replies += 1
                 usage = add(usage, reply.usage)
-                if why := self.budget.over():
-                    raise BudgetExhausted(why)
                 messages = messages + [{"role": "assistant", "content": reply.text}]
                 try:
+                    # a valid proposal already paid for is evaluated; the budget stops the next call
                     proposal = parse_proposal(reply.text)
                     break
                 except ReplyInvalid as e:
                     problem = str(e)
+                if why := self.budget.over():
+                    raise BudgetExhausted(why)
                 if reply.finish_reason == "length":
                     problem += " (the reply was cut off at the token limit: raise max_tokens or send smaller edits)"
                 if replies > self.settings.schema_repairs:
                     raise ProposalFailed(f"no valid proposal after {replies} replies: {_first_line(problem)}")
                 messages.append({"role": "user", "content": render("repair_schema", problem=problem)})
+            if self.budget.over():
+                self._stop_next = self.budget.over()
             proposal.proposer = f"llm:{self.settings.model}"
             self._last = _Conversation(ctx.iteration, messages, dict(ctx.sources))
             return proposal, usage

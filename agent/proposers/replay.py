@@ -18,6 +18,8 @@ from agent.runlog import Usage
 
 
 class ReplayProposer:
+    can_repair = False   # a replayed proposal is what it was: a miss is recorded, the next one follows
+
     def __init__(self, source: Path, kept_only: bool = False):
         self.source = source
         self.proposals = load_proposals(source, kept_only)
@@ -25,8 +27,6 @@ class ReplayProposer:
         self._next = 0
 
     def propose(self, ctx: Context) -> tuple[Proposal, Usage]:
-        if ctx.feedback:   # a replayed proposal gets no repair: it is what it was
-            raise ProposerExhausted("replay: the replayed proposal did not apply here; nothing to repair it with")
         if self._next >= len(self.proposals):
             raise ProposerExhausted(f"replay: all {len(self.proposals)} proposals of {self.source} were replayed")
         p = self.proposals[self._next]

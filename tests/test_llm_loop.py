@@ -1,0 +1,116 @@
+"""The LLM proposer inside the real loop: `agent optimize --proposer llm` as a subprocess, talking through
+the real openai client to a local OpenAI-compatible server that serves scripted replies."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from agent.runlog import Decision, Outcome, read_iterations, read_state
+from tests.fake_openai import FakeOpenAI, completion, error_body
+from tests.userrepo import agent, git, make_user_repo, snapshot
+
+pytestmark = pytest.mark.slow
+
+
+def _proposal(hyp: str, search: str, replace: str, file: str = "matmul.cpp") -> dict:
+    return {"hypothesis": hyp, "evidence": [{"metric": "knob.LOOP_ORDER", "value": "0"}],
+            "predicted": {"metric": "time.median_ms", "direction": "down", "speedup": 3.0},
+            "edits": [{"file": file, "search": search, "replace": replace}]}
+
+
+GOOD = _proposal("The i-j-k order reads B down a column: switch to i-k-j so B and C stream along rows",
+                 "#define LOOP_ORDER 0", "#define LOOP_ORDER 1")
+
+
+def _configure(root: Path, base_url: str) -> None:
+    """The user's pyproject names the endpoint, fast retries, and a short client timeout."""
+    (root / "pyproject.toml").write_text(
+        "[tool.agent]\n"
+        f'base_url = "{base_url}"\nmodel = "fake-model"\n'
+        "timeout_s = 2.0\nmax_attempts = 3\nbackoff_base_s = 0.01\nbackoff_max_s = 0.05\n")
+    git(root, "add", "pyproject.toml")
+    git(root, "commit", "-qm", "configure the agent")
+
+
+def test_llm_run_end_to_end(tmp_path):
+    root = make_user_repo(tmp_path / "user")
+    with FakeOpenAI() as srv:
+        _configure(root, srv.base_url)
+        before = snapshot(root)
+        # iteration 1: 429 first (retried), then a good patch -> kept
+        srv.push(429, error_body("slow down", "rate_limit_error"))
+        srv.push_proposal(GOOD)
+        # iteration 2: malformed JSON, then JSON that breaks the schema, then malformed again -> proposal failed
+        srv.push_text("this is not json {")
+        srv.push_text(json.dumps({"hypothesis": "no edits", "predicted": {"metric": "t", "direction": "up",
+                                                                          "speedup": 1.0}, "edits": []}))
+        srv.push_text("still not json")
+        # iteration 3: an edit to the reference (not editable) -> refused, nothing changes
+        srv.push_proposal(_proposal("cheat", "def reference", "def reference", file="task.py"))
+        # iteration 4: a patch that does not apply, then its repair applies (a no-op comment) -> not faster
+        srv.push_proposal(_proposal("wrong anchor", "#define NOPE 3", "#define NOPE 4"))
+        srv.push_proposal(_proposal("add a comment", "#include <cstddef>", "#include <cstddef>\n// tidy"))
+        # iteration 5: a reply slower than the client timeout (x3 attempts) -> proposal failed, run goes on
+        for _ in range(3):
+            srv.push_proposal(GOOD, delay_s=3.0)
+        # iteration 6: 500 until the retries are spent -> proposal failed
+        for _ in range(3):
+            srv.push(500, error_body("boom", "server_error"))
+        res = agent(root, "optimize", "kernels/matmul_cpu", "--target", "100x", "--iters", "6", "--quiet",
+                    env={"AGENT_API_KEY": "sk-test-secret"})
+        assert res.returncode == 0, res.stderr + res.stdout
+        assert "proposer llm" in res.stderr
+        reqs = srv.chat_requests
+        reqs_text = [json.dumps(r.body["messages"][-1]["content"]) for r in reqs
+                     if "did not apply" in json.dumps(r.body["messages"][-1]["content"])]
+    runs = [p for p in (root / "runs").iterdir() if (p / "run.json").exists()]
+    run = runs[0]
+    recs = read_iterations(run)
+    outcomes = [r.outcome for r in recs]
+    assert outcomes == [Outcome.kept, Outcome.proposal_failed, Outcome.edit_outside_editable,
+                        Outcome.not_faster, Outcome.proposal_failed, Outcome.proposal_failed], \
+        [(r.outcome, r.reason) for r in recs]
+    assert recs[0].decision == Decision.kept and recs[0].usage.prompt_tokens > 0
+    assert "schema" in recs[1].reason.lower() or "json" in recs[1].reason.lower()
+    assert "not editable" in recs[2].reason or "refused" in recs[2].reason
+    # the miss went back to the model with the closest lines; its repair applied (2 calls, one iteration)
+    assert recs[3].usage.calls == 2 and (run / "iter-4" / "proposal-1.json").exists()
+    repair_msg = reqs_text[-1]
+    assert "did not apply" in repair_msg and "#define" in repair_msg
+    assert "timed out" in recs[4].reason.lower() or "timeout" in recs[4].reason.lower()
+    assert "500" in recs[5].reason or "server" in recs[5].reason.lower()
+    # the structured output was asked for, and the key travelled only as a header
+    assert reqs[0].body["response_format"]["type"] == "json_schema"
+    assert reqs[0].headers.get("authorization") == "Bearer sk-test-secret"
+    for p in run.rglob("*"):
+        if p.is_file() and p.suffix in (".json", ".jsonl", ".md", ".txt", ".diff", ".log"):
+            assert "sk-test-secret" not in p.read_text(errors="replace"), p
+    # prompts and raw responses are saved per iteration
+    assert list((run / "iter-1").glob("prompt-*.json")) and list((run / "iter-1").glob("response-*.json"))
+    st = read_state(run)
+    assert st.usage.calls >= 6 and st.status == "done"
+    assert snapshot(root) == before
+
+
+def test_rejected_json_schema_falls_back_to_text_and_budget_ends_the_run(tmp_path):
+    root = make_user_repo(tmp_path / "user")
+    with FakeOpenAI() as srv:
+        _configure(root, srv.base_url)
+        srv.push_text(json.dumps(GOOD), reject_schema=True, prompt_tokens=4000, completion_tokens=1000)
+        srv.push_text(json.dumps(_proposal("comment", "#include <cstddef>", "#include <cstddef>\n// x")))
+        res = agent(root, "optimize", "kernels/matmul_cpu", "--target", "100x", "--iters", "5", "--quiet",
+                    "--budget-tokens", "4500")
+        assert res.returncode == 0, res.stderr + res.stdout
+        reqs = srv.chat_requests
+    run = next(p for p in (root / "runs").iterdir() if (p / "run.json").exists())
+    recs = read_iterations(run)
+    st = read_state(run)
+    # the schema was refused once; the retry in text mode was parsed and kept
+    assert reqs[0].body.get("response_format", {}).get("type") == "json_schema"
+    assert "response_format" not in reqs[1].body or reqs[1].body["response_format"].get("type") != "json_schema"
+    assert recs[0].decision == Decision.kept
+    # the 5000 tokens of the first call exceed the 4500 budget: the run ends cleanly after it
+    assert "budget" in st.stop_reason.lower() and len(recs) == 1
