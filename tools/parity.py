@@ -364,7 +364,10 @@ def build_if_needed(task: Task, lib: str | None) -> Path:
     if lib:
         return Path(lib)
     import tempfile
-    from tools.build import build   # written separately; imported only when no --lib is given
+    try:
+        from tools.build import build   # imported only when no --lib is given
+    except ImportError:
+        raise SystemExit("tools.build is not available in this checkout: pass --lib PATH") from None
     res = build(task, Path(tempfile.mkdtemp(prefix=f"build-{task.name}-")))
     if res.status != "ok" or not res.lib_path:
         raise SystemExit(f"build failed ({res.status}): {res.message}")
