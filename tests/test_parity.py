@@ -1,0 +1,147 @@
+"""Parity against real faulty CPU kernels (tests/fixtures/cpu_faults), compiled with g++ and run
+through the real child process. A fast wrong kernel must never pass."""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.fixtures.cpu_faults.faults import compile_lib, make_task, source
+from tools.parity import compare, poison_, poisoned_mask, run_parity
+from tools.results import ParityStatus
+
+pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++")
+
+
+# --- the comparison itself (in-process, no kernel) ---------------------------------------------
+def test_poison_is_told_apart_from_a_computed_nan():
+    out = torch.empty(4, 3)
+    poison_(out)
+    assert torch.isnan(out).all() and poisoned_mask(out).all()
+    out[0, 0] = float("nan")           # what a kernel's 0/0 gives: a NaN without the payload
+    out[1, 1] = 2.0
+    exp = torch.ones(4, 3)
+    c = compare(out, exp, 1e-4, 1e-4)
+    assert c["status"] == "unwritten" and c["mismatches"] == 10 and c["worst_index"] == [0, 1]
+    out[:] = 1.0
+    out[2, 1] = float("nan")
+    c = compare(out, exp, 1e-4, 1e-4)
+    assert c["status"] == "nan_inf" and c["worst_index"] == [2, 1] and math.isnan(c["got"])
+
+
+def test_compare_reports_the_worst_element_and_honours_the_reference_specials():
+    exp = torch.tensor([1.0, 100.0, float("inf"), float("nan"), 0.0])
+    got = exp.clone()
+    got[3] = float("nan")
+    assert compare(got, exp, 1e-3, 1e-3)["status"] == "ok"
+    got[1] = 100.05                     # within 1e-3 + 1e-3 * 100
+    got[4] = 0.01                       # outside 1e-3
+    c = compare(got, exp, 1e-3, 1e-3)
+    assert c["status"] == "mismatch" and c["mismatches"] == 1 and c["worst_index"] == [4]
+    assert c["expected"] == 0.0 and abs(c["got"] - 0.01) < 1e-6 and abs(c["max_abs_err"] - 0.05) < 1e-4
+    got[4] = 0.0
+    got[2] = 5.0                        # the reference is +Inf here: a finite value is wrong
+    assert compare(got, exp, 1e-3, 1e-3)["status"] == "mismatch"
+    ints = torch.empty(5, dtype=torch.int32)
+    poison_(ints)
+    ints[:3] = 7
+    c = compare(ints, torch.full((5,), 7, dtype=torch.int32), 0, 0)
+    assert c["status"] == "unwritten" and c["mismatches"] == 2
+
+
+# --- real kernels through the child ------------------------------------------------------------
+def test_correct_kernel_passes_every_shape_with_hidden_shapes_and_errors_reported(tmp_path):
+    task, lib = make_task(tmp_path, "correct")
+    res = run_parity(task, lib, seed=1234)
+    assert res.status == ParityStatus.ok, res.message
+    # 2 listed + 1 hidden shape, x 2 distributions x 2 seeds
+    assert len(res.checks) == 12 and all(c.ok for c in res.checks)
+    assert {c.dist for c in res.checks} == {"normal", "uniform"} and len({c.seed for c in res.checks}) == 2
+    hidden = [c for c in res.checks if c.hidden]
+    assert len(hidden) == 4 and all(c.label.startswith("hidden ") for c in hidden)
+    assert all(c.max_abs_err is not None and c.max_abs_err < 1e-4 and c.numel > 0 for c in res.checks)
+    again = run_parity(task, lib, seed=1234, hidden=False)
+    assert again.status == ParityStatus.ok and len(again.checks) == 8 and not any(c.hidden for c in again.checks)
+    assert {c.seed for c in again.checks} == {c.seed for c in res.checks}   # a given seed reproduces
+
+
+@pytest.mark.parametrize("kernel, status, words", [
+    ("half", ParityStatus.unwritten, "never written"),          # also prints a forged ok JSON line
+    ("nan", ParityStatus.nan_inf, "NaN/Inf"),
+    ("mutate", ParityStatus.input_mutated, "changed its inputs"),
+    ("oob", ParityStatus.out_of_bounds, "outside its output"),
+    ("segv", ParityStatus.crashed, "SIGSEGV"),
+    ("counter", ParityStatus.nondeterministic, "first call matched"),
+    ("ptrcache", ParityStatus.unwritten, "never written"),
+    ("inptrcache", ParityStatus.mismatch, "outside atol"),
+])
+def test_faulty_kernel_is_caught(tmp_path, kernel, status, words):
+    task, lib = make_task(tmp_path, kernel)
+    res = run_parity(task, lib)
+    assert res.status == status, res.message
+    assert words in res.message and "\n" not in res.message
+    if status in (ParityStatus.mismatch, ParityStatus.unwritten, ParityStatus.nan_inf):
+        bad = res.worst()
+        assert bad is not None and bad.worst_index is not None and bad.expected is not None
+        assert bad.label in res.message and f"dist={bad.dist}" in res.message
+        assert "expected" in res.message
+
+
+def test_off_by_one_is_a_mismatch_naming_shape_index_expected_and_got(tmp_path):
+    task, lib = make_task(tmp_path, "offbyone", hidden=0)
+    res = run_parity(task, lib, seed=7)
+    bad = res.worst()
+    assert res.status == ParityStatus.mismatch and bad.label == "M=16,N=24,K=8" and bad.dist == "normal"
+    assert f"{bad.worst_index}" in res.message and f"{bad.expected:.6g}" in res.message
+    assert f"{bad.got:.6g}" in res.message and bad.max_abs_err > 1e-3 and bad.mismatches > 0
+    # one failing check per shape: the first failure stops that shape, the next shape still runs
+    assert [c.label for c in res.checks] == ["M=16,N=24,K=8", "M=33,N=17,K=29"]
+
+
+@pytest.mark.slow
+def test_hanging_kernel_times_out_and_the_tool_survives(tmp_path):
+    task, lib = make_task(tmp_path, "hang")
+    res = run_parity(task, lib, timeout_s=5)
+    assert res.status == ParityStatus.timeout and "timed out" in res.message and res.seconds < 15
+    after = run_parity(task, compile_lib(source("correct"), tmp_path / "good.so"), hidden=False)
+    assert after.status == ParityStatus.ok, after.message       # the next run works
+
+
+def test_library_without_the_symbol_is_an_error_not_a_crash(tmp_path):
+    task, _ = make_task(tmp_path, "correct")
+    lib = compile_lib('extern "C" void not_matmul() {}\n', tmp_path / "nosym.so")
+    res = run_parity(task, lib, hidden=False)
+    assert res.status == ParityStatus.error and "matmul" in res.message and "\n" not in res.message
+
+
+def test_the_parent_imports_neither_torch_nor_the_task_module():
+    code = ("import sys, tools.parity, tools.bench; "
+            "bad = [m for m in sys.modules if m == 'torch' or m.startswith('agent_task_')]; print(bad)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         cwd=Path(__file__).resolve().parent.parent)
+    assert out.stdout.strip() == "[]"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available() or shutil.which("nvcc") is None, reason="needs a CUDA GPU and nvcc")
+def test_cuda_faults_are_caught(tmp_path):
+    path = Path(__file__).resolve().parent.parent / "scripts" / "device" / "parity_bench_gpu.py"
+    spec = importlib.util.spec_from_file_location("parity_bench_gpu", path)
+    g = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(g)
+    (tmp_path / "task.toml").write_text(g.TOML.replace("{ n = 67108864 }", "{ n = 1048576 }"))
+    (tmp_path / "task.py").write_text(g.TASK_PY)
+    (tmp_path / "saxpy.cu").write_text(g.KERNEL % g.GOOD)
+    from tools.task import load_task
+    task = load_task(tmp_path)
+    for name in ("correct", "oob_tail", "nan", "threads2048"):
+        overrides, expect = g.VARIANTS[name]
+        res = run_parity(task, g.build(tmp_path, name, overrides))
+        assert res.status.value in expect.split("|"), (name, res.message)
