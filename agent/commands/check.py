@@ -37,16 +37,20 @@ def register(subparsers) -> None:
 
 # --- check -------------------------------------------------------------------------------------
 def default_task(kernels_dir: Path = REPO_ROOT / "kernels") -> Path | None:
-    """The first task in kernels/ that fits this machine: cuda with a GPU, else cpu."""
+    """The first task in kernels/ that fits this machine: a cuda task with a GPU, else a cpu task."""
     from tools.device import torch_cuda_available
     from tools.task import TaskError, find_tasks, load_task
-    want = "cuda" if torch_cuda_available() else "cpu"
+    fits = ["cuda", "cpu"] if torch_cuda_available() else ["cpu"]
+    devices: dict[Path, str] = {}
     for path in find_tasks(kernels_dir):
         try:
-            if load_task(path).spec.device == want:
-                return path
+            devices[path] = load_task(path).spec.device
         except TaskError:
             continue
+    for want in fits:  # a GPU machine prefers a cuda task, and can still run a cpu one
+        for path, dev in devices.items():
+            if dev == want:
+                return path
     return None
 
 
