@@ -235,9 +235,12 @@ def render(results: list[LaunchResult]) -> None:
         con.print(f"[bold]{res.mode}[/bold] [{color}]{res.status.value}[/{color}] "
                   + (f"({lim.name}, {lim.sm_count} SMs, source {lim.source})" if lim else ""))
         if res.launches:
-            t = Table("kernel", "grid", "block", "CTAs", "smem dyn+static B", "regs", "source")
+            t = Table()
+            t.add_column("kernel", overflow="fold", min_width=24)
+            for col in ("grid", "block", "CTAs", "smem dyn+static B", "regs", "source"):
+                t.add_column(col)
             for ln in res.launches:
-                t.add_row(ln.kernel, str(ln.grid), str(ln.block), str(ln.ctas),
+                t.add_row(ln.kernel, "x".join(map(str, ln.grid)), "x".join(map(str, ln.block)), str(ln.ctas),
                           f"{ln.smem_dynamic_bytes}+{ln.smem_static_bytes if ln.smem_static_bytes is not None else '?'}",
                           str(ln.registers if ln.registers is not None else "?"), ln.source)
             con.print(t)

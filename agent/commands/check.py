@@ -1,0 +1,293 @@
+"""`agent check [TASK]`: the instruments in order (build, launch check, parity, bench), stopping at
+the first failure. `agent doctor`: what this machine has for the CPU and GPU paths, with fixes."""
+
+from __future__ import annotations
+
+import importlib
+import os
+import platform
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel
+from rich.console import Console
+from rich.table import Table
+
+from tools.results import BenchStatus, BuildStatus, CheckSummary, LaunchResult, LaunchStatus, ParityStatus
+from tools.sandbox import REPO_ROOT
+
+out = Console()
+err = Console(stderr=True)
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("check", help="build, launch-check, parity and bench one task")
+    p.add_argument("task", nargs="?", help="kernels/TASK (default: the first task that fits this machine)")
+    p.add_argument("--build-dir", type=Path, default=None)
+    p.add_argument("--json", action="store_true", help="print the CheckSummary as JSON")
+    p.set_defaults(func=cmd_check)
+    d = subparsers.add_parser("doctor", help="what this machine has: GPU, compilers, ncu, torch, LLM endpoint")
+    d.add_argument("--json", action="store_true")
+    d.add_argument("--no-probe", action="store_true", help="skip the ncu counter-permission probe (a few seconds)")
+    d.set_defaults(func=cmd_doctor)
+
+
+# --- check -------------------------------------------------------------------------------------
+def default_task(kernels_dir: Path = REPO_ROOT / "kernels") -> Path | None:
+    """The first task in kernels/ that fits this machine: a cuda task with a GPU, else a cpu task."""
+    from tools.device import torch_cuda_available
+    from tools.task import TaskError, find_tasks, load_task
+    fits = ["cuda", "cpu"] if torch_cuda_available() else ["cpu"]
+    devices: dict[Path, str] = {}
+    for path in find_tasks(kernels_dir):
+        try:
+            devices[path] = load_task(path).spec.device
+        except TaskError:
+            continue
+    for want in fits:  # a GPU machine prefers a cuda task, and can still run a cpu one
+        for path, dev in devices.items():
+            if dev == want:
+                return path
+    return None
+
+
+def _instrument(name: str, attr: str):
+    """tools.parity / tools.bench are optional in a checkout: (function, None) or (None, why not)."""
+    try:
+        mod = importlib.import_module(f"tools.{name}")
+    except ModuleNotFoundError as e:
+        if e.name == f"tools.{name}":
+            return None, f"tools.{name} is not in this checkout"
+        return None, f"tools.{name} cannot be imported: {e}"
+    except Exception as e:  # noqa: BLE001 - an instrument that fails to import is reported, not raised
+        return None, f"tools.{name} cannot be imported: {type(e).__name__}: {e}"
+    fn = getattr(mod, attr, None)
+    return (fn, None) if fn else (None, f"tools.{name} has no {attr}()")
+
+
+class _Steps:
+    """The rows of the check table, in order."""
+
+    def __init__(self) -> None:
+        self.rows: list[tuple[str, str, str]] = []
+
+    def add(self, step: str, status: str, detail: str) -> None:
+        self.rows.append((step, status, detail))
+
+
+def run_check(task_path: Path, build_dir: Path | None = None) -> tuple[CheckSummary, _Steps]:
+    from tools.build import build, default_build_dir
+    from tools.device import device_limits, torch_cuda_available
+    from tools.launch import dynamic_check, static_check
+    from tools.task import load_task
+
+    task = load_task(task_path)
+    steps = _Steps()
+    b = build(task, build_dir or default_build_dir(task))
+    kern = "; ".join(f"{k.name.split('(')[0]}: {k.registers} regs, {k.spill_stores_bytes} B spilled, "
+                     f"{k.smem_static_bytes} B smem" for k in b.kernels)
+    steps.add("build", b.status.value, b.message or f"{b.steps_run} steps, {b.seconds:.1f}s" + (f"; {kern}" if kern else ""))
+    summary = CheckSummary(task=task.name, build=b, ok=False)
+    if b.status != BuildStatus.ok:
+        return summary, steps
+
+    limits = device_limits(b.arch)
+    launch: LaunchResult = static_check(task, b, limits)
+    steps.add("launch (static)", launch.status.value, launch.message)
+    if launch.status == LaunchStatus.ok and task.spec.device == "cuda" and torch_cuda_available():
+        launch = dynamic_check(task, b.lib_path or "", limits, launch)
+        steps.add("launch (trace)", launch.status.value, launch.message)
+    summary.launch = launch
+    if launch.status in (LaunchStatus.rejected, LaunchStatus.error):
+        return summary, steps
+
+    run_parity, why = _instrument("parity", "run_parity")
+    if run_parity is None:
+        steps.add("parity", "not available", why or "")
+        steps.add("bench", "not run", "parity did not run")
+        return summary, steps
+    try:
+        parity = run_parity(task, b.lib_path)
+    except Exception as e:  # noqa: BLE001 - the instrument's own bug: one line, not a traceback
+        steps.add("parity", "error", f"tools.parity raised {type(e).__name__}: {e}")
+        return summary, steps
+    summary.parity = parity
+    steps.add("parity", parity.status.value, parity.message or f"{len(parity.checks)} checks")
+    if parity.status != ParityStatus.ok:
+        return summary, steps
+
+    run_bench, why = _instrument("bench", "run_bench")
+    if run_bench is None:
+        steps.add("bench", "not available", why or "")
+        return summary, steps
+    try:
+        bench = run_bench(task, b.lib_path)
+    except Exception as e:  # noqa: BLE001
+        steps.add("bench", "error", f"tools.bench raised {type(e).__name__}: {e}")
+        return summary, steps
+    summary.bench = list(bench)
+    for r in summary.bench:
+        cand = r.timing("candidate")
+        label = ",".join(f"{k}={int(v)}" for k, v in r.shape.items())
+        detail = r.message or (f"{cand.median_ms:.4f} ms median" if cand else "")
+        if r.speedup_vs_reference is not None:
+            detail += f", {r.speedup_vs_reference:.2f}x vs reference"
+        steps.add(f"bench {label}", r.status.value, detail)
+    summary.ok = bool(summary.bench) and all(r.status == BenchStatus.ok for r in summary.bench)
+    return summary, steps
+
+
+def cmd_check(args) -> int:
+    task_path = Path(args.task) if args.task else default_task()
+    if task_path is None:
+        err.print("[red]no task fits this machine[/red] (kernels/*/task.toml with device "
+                  "'cuda' needs a GPU; add a cpu task or pass one)")
+        return 2
+    summary, steps = run_check(task_path, args.build_dir)
+    if args.json:
+        print(summary.model_dump_json())
+    else:
+        t = Table(title=f"agent check {summary.task}")
+        t.add_column("step")
+        t.add_column("status")
+        t.add_column("detail", overflow="fold")
+        colors = {"ok": "green", "not_applicable": "dim", "not available": "yellow", "not run": "dim"}
+        for step, status, detail in steps.rows:
+            c = colors.get(status, "red")
+            t.add_row(step, f"[{c}]{status}[/{c}]", detail)
+        out.print(t)
+        missing = [step for step, status, _ in steps.rows if status == "not available"]
+        if summary.ok:
+            out.print("[green]all checks passed[/green]")
+        elif missing:
+            out.print(f"[yellow]incomplete[/yellow]: {', '.join(missing)} not available here, so the task is not verified")
+        else:
+            out.print("[red]not ok[/red]: see the first failing step")
+    return 0 if summary.ok else 1
+
+
+# --- doctor ------------------------------------------------------------------------------------
+class DoctorRow(BaseModel):
+    name: str
+    status: Literal["ok", "warn", "missing"]
+    detail: str = ""
+    hint: str = ""
+    required: bool = False          # needed for the CPU path: missing -> exit code 1
+
+
+class DoctorReport(BaseModel):
+    rows: list[DoctorRow]
+    ok: bool                        # everything required for the CPU path is present
+
+
+def _first_line(argv: list[str]) -> str:
+    try:
+        res = subprocess.run(argv, capture_output=True, text=True, timeout=20)
+        return (res.stdout or res.stderr).strip().splitlines()[0] if res.returncode == 0 else ""
+    except (OSError, subprocess.TimeoutExpired, IndexError):
+        return ""
+
+
+def doctor(probe: bool = True) -> DoctorReport:
+    from tools import device
+    from tools.build import find_cxx, find_ninja, toolchain_hint
+
+    rows: list[DoctorRow] = []
+    py_ok = sys.version_info >= (3, 11)
+    rows.append(DoctorRow(name="python", status="ok" if py_ok else "missing", required=True,
+                          detail=f"{platform.python_version()} ({sys.executable})",
+                          hint="" if py_ok else "Python >= 3.11 is required"))
+
+    gpu = device.torch_cuda_available()
+    drv = device.driver_info()
+    if gpu:
+        lim = device.device_limits()
+        rows.append(DoctorRow(name="gpu", status="ok", detail=f"{lim.name}, {lim.arch}, {lim.sm_count} SMs, "
+                              f"{lim.max_smem_per_block_optin} B smem opt-in, driver {drv.version or '?'}"))
+    else:
+        detail = "no CUDA GPU visible" + (f" (nvidia-smi: {drv.detail})" if drv.path else "")
+        rows.append(DoctorRow(name="gpu", status="missing", detail=detail,
+                              hint="CPU tasks run fully; CUDA tasks compile and get the static launch check only"))
+
+    nv = device.nvcc_info()
+    rows.append(DoctorRow(name="nvcc", status="ok" if nv.found else "missing",
+                          detail=f"{nv.version or '?'} ({nv.path})" if nv.found else "",
+                          hint="" if nv.found else toolchain_hint("nvcc")))
+    cxx = find_cxx()
+    rows.append(DoctorRow(name="c++", status="ok" if cxx else "missing", required=True,
+                          detail=f"{_first_line([cxx, '--version'])} ({cxx})" if cxx else "",
+                          hint="" if cxx else toolchain_hint("c++")))
+    nj = find_ninja()
+    rows.append(DoctorRow(name="ninja", status="ok" if nj else "missing", required=True,
+                          detail=f"{_first_line([nj, '--version'])} ({nj})" if nj else "",
+                          hint="" if nj else toolchain_hint("ninja")))
+    git = shutil.which("git")
+    rows.append(DoctorRow(name="git", status="ok" if git else "missing", required=True,
+                          detail=_first_line([git, "--version"]) if git else "",
+                          hint="" if git else "apt-get install git (runs work in git worktrees)"))
+
+    ncu = device.ncu_info()
+    if not ncu.found:
+        rows.append(DoctorRow(name="ncu", status="warn" if not gpu else "missing", detail="not found",
+                              hint="install Nsight Compute (ships with the CUDA toolkit) and put ncu on PATH; "
+                                   "without it profiles fall back to the torch profiler trace and ptxas"))
+    else:
+        row = DoctorRow(name="ncu", status="ok", detail=f"{ncu.version or '?'} ({ncu.path})")
+        if gpu and probe:
+            pr = device.ncu_counter_probe()
+            row.detail += f"; counters: {pr.status}"
+            if pr.status != "ok":
+                row.status, row.hint = "warn", pr.message
+        elif gpu:
+            row.detail += "; counters not probed (--no-probe)"
+        rows.append(row)
+
+    rep = device.ncu_report_info(ncu.path)
+    rows.append(DoctorRow(name="ncu_report", status="ok" if rep.found else "warn",
+                          detail=f"{rep.detail} ({rep.path})" if rep.found else "not importable",
+                          hint="" if rep.found else "pip install ncu-report, or add <Nsight Compute>/extras/python "
+                                                    "to PYTHONPATH"))
+
+    try:
+        import torch
+        cuda_build = torch.version.cuda or "CPU-only build"
+        rows.append(DoctorRow(name="torch", status="ok", required=True,
+                              detail=f"{torch.__version__}, CUDA {cuda_build}, cuda available: {gpu}",
+                              hint="" if (gpu or not drv.found) else
+                              "a driver is present but torch sees no GPU: install a CUDA build of torch"))
+    except Exception as e:  # noqa: BLE001
+        rows.append(DoctorRow(name="torch", status="missing", required=True, detail=f"{type(e).__name__}: {e}",
+                              hint="pip install torch"))
+
+    base = next(((k, os.environ[k]) for k in ("AGENT_BASE_URL", "OPENAI_BASE_URL") if os.environ.get(k)), None)
+    key = bool(os.environ.get("OPENAI_API_KEY"))
+    if base or key:
+        detail = (f"{base[0]}={base[1]}" if base else "api.openai.com (default)") + \
+            f", OPENAI_API_KEY {'set' if key else 'not set'}"
+        rows.append(DoctorRow(name="llm endpoint", status="ok", detail=detail))
+    else:
+        rows.append(DoctorRow(name="llm endpoint", status="warn", detail="not configured",
+                              hint="set OPENAI_BASE_URL (or AGENT_BASE_URL) and OPENAI_API_KEY, "
+                                   "or use the offline heuristic proposer"))
+    ok = not any(r.required and r.status == "missing" for r in rows)
+    return DoctorReport(rows=rows, ok=ok)
+
+
+def cmd_doctor(args) -> int:
+    rep = doctor(probe=not args.no_probe)
+    if args.json:
+        print(rep.model_dump_json())
+    else:
+        t = Table(title="agent doctor")
+        for col in ("component", "status", "detail", "fix"):
+            t.add_column(col, overflow="fold")
+        for r in rep.rows:
+            c = {"ok": "green", "warn": "yellow", "missing": "red" if r.required else "yellow"}[r.status]
+            t.add_row(r.name, f"[{c}]{r.status}[/{c}]", r.detail, r.hint)
+        out.print(t)
+        if not rep.ok:
+            out.print("[red]something the CPU path needs is missing[/red]")
+    return 0 if rep.ok else 1
