@@ -96,7 +96,7 @@ __device__ __forceinline__ float group_sum(float v, float* red) {
     return v;
 }
 
-__global__ void __launch_bounds__(THREADS)
+__global__ void __launch_bounds__(THREADS, 1)
 softmax_kernel(const __half* __restrict__ x, __half* __restrict__ y, int M, int N) {
     __shared__ float red[2][NUM_WARPS];
     const int gl = threadIdx.x % GROUP;

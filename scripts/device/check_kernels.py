@@ -245,7 +245,7 @@ def run_parity(task, cfgs: dict[str, dict], compiled: dict[str, dict], tmp: Path
         jf = tmp / f"{task.name}-jobs.json"
         jf.write_text(json.dumps(jobs))
         cmd = [sys.executable, __file__, "--worker", task.name, "--jobs-file", str(jf), "--quick-reps", str(quick_reps)]
-        current = None
+        current, progressed = None, False
         try:
             p = subprocess.run(cmd, capture_output=True, text=True, timeout=left - 10, start_new_session=True)
             lines, tail = p.stdout.splitlines(), p.stderr[-600:]
@@ -259,14 +259,14 @@ def run_parity(task, cfgs: dict[str, dict], compiled: dict[str, dict], tmp: Path
             except json.JSONDecodeError:
                 continue
             if "start" in msg:
-                current = msg["start"]
+                current, progressed = msg["start"], True
             elif "done" in msg:
                 out[msg.pop("done")] = msg
                 current = None
         if current is not None:     # crashed or hung in the middle of this configuration
             out[current] = {"ok": False, "error": f"{ended} while checking it: {tail.strip()[-300:]}"}
         todo = [i for i in todo if i not in out]
-        if todo and current is None:   # child ended without starting the rest (import error, ...)
+        if todo and not progressed:   # the child started nothing (import error, no device, ...)
             for i in todo:
                 out[i] = {"ok": False, "error": f"{ended} before this configuration ran: {tail.strip()[-300:]}"}
             break
