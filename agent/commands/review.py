@@ -69,7 +69,7 @@ def default_runs_dir(args) -> Path:
 
 
 def _fail(msg: str, code: int = 2) -> int:
-    err.print(f"[red]error[/red]: {msg}")
+    err.print(f"[red]error[/red]: {msg}", soft_wrap=True)
     return code
 
 
@@ -131,9 +131,9 @@ def cmd_cherry_pick(args) -> int:
     except (LogError, gitops.GitError) as e:
         return _fail(str(e))
     except CherryPickError as e:
-        err.print(f"[red]cherry-pick refused[/red]: {e}")
+        err.print(f"[red]cherry-pick refused[/red]: {e}", soft_wrap=True)
         return 1
-    out().print(res.message)
+    out().print(res.message, soft_wrap=True)
     return 0
 
 
@@ -151,5 +151,5 @@ def cmd_gate(args) -> int:
         print(res.model_dump_json(indent=2))
     else:
         color = "green" if res.passed else "red"
-        out().print(f"[{color}]gate {'passed' if res.passed else 'FAILED'}[/{color}]: {res.reason}")
+        out().print(f"[{color}]gate {'passed' if res.passed else 'FAILED'}[/{color}]: {res.reason}", soft_wrap=True)
     return 0 if res.passed else 1

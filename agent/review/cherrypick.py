@@ -159,16 +159,21 @@ def cherry_pick(run: Run, cwd: Path, iteration: int | None = None, onto: str | N
     recs = choose(run, iteration)
     picks = [Picked(r.iteration, verify_own(root, run, r)) for r in recs]
     old = _git(root, "rev-parse", f"refs/heads/{target}").stdout.strip()
+    missing = _not_yet_applied(root, old, picks[-1].sha)
     todo = []
     for p in picks:
-        if _git(root, "merge-base", "--is-ancestor", p.sha, old, check=False).returncode == 0:
-            p.note = f"already on {target}"
-        else:
+        if p.sha in missing:
             todo.append(p)
+        else:
+            p.note = f"already on {target}"
     if not todo:
         return CherryPickResult(target, old, old, picks, squash,
                                 f"nothing to do: {', '.join(_it(p) for p in picks)} already on {target}")
     new = _apply_in_temp_worktree(root, run, recs, todo, target, old, squash)
+    if new == old:
+        return CherryPickResult(target, old, old, picks, squash,
+                                f"nothing to do: the changes of {', '.join(_it(p) for p in todo)} are already on "
+                                f"{target}")
     if in_place:
         if _git(root, "rev-parse", "HEAD").stdout.strip() != old:
             raise CherryPickError(f"{target} moved while picking; nothing was changed, try again")
@@ -184,6 +189,13 @@ def cherry_pick(run: Run, cwd: Path, iteration: int | None = None, onto: str | N
     res.message = (f"{'squashed' if squash else 'picked'} {what} from run {run.id} onto {target}: "
                    f"{old[:10]} -> {new[:10]}" + "".join(f"; {_it(p)}: {p.note}" for p in skipped))
     return res
+
+
+def _not_yet_applied(root: Path, target_sha: str, tip: str) -> set[str]:
+    """Commits up to `tip` whose change is not on the target yet: neither an ancestor nor cherry-picked
+    before (same patch id), so that picking a series twice is a no-op rather than a conflict."""
+    out = _git(root, "rev-list", "--cherry-pick", "--right-only", "--no-merges", f"{target_sha}...{tip}").stdout
+    return set(out.split())
 
 
 def _it(p: Picked) -> str:
