@@ -1,0 +1,138 @@
+"""`agent report RUN`: runs/RUN/report.md with the summary, the ablation of kept commits, the rejected
+hypotheses with their reasons, the environment, and the plot runs/RUN/speedup.png embedded."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from agent.review.plot import PlotUnavailable, plot_speedup
+from agent.review.runs import Run
+from agent.review.show import env_pairs, us, xs
+from agent.runlog import Decision, IterationRecord
+
+PROFILE_KEYS = ("ctas", "sol_compute_pct", "sol_memory_pct", "dram_pct", "occupancy_achieved_pct", "registers")
+
+
+def _md(text: str) -> str:
+    """One table cell: no pipes, no newlines."""
+    return " ".join(text.split()).replace("|", "\\|")
+
+
+def initial_profile_summary(run: Run) -> dict | None:
+    p = run.dir / "initial" / "profile.json"
+    if not p.exists():
+        return None
+    try:
+        from agent.loop import _profile_summary
+        from tools.profile.model import ProfileReport
+        return _profile_summary(ProfileReport.model_validate_json(p.read_text()))
+    except (ImportError, ValueError):
+        return None
+
+
+def metric_deltas(before: dict | None, after: dict | None) -> str:
+    if not after:
+        return "-"
+    out = []
+    for k in PROFILE_KEYS:
+        a = after.get(k)
+        b = before.get(k) if before else None
+        if not isinstance(a, (int, float)):
+            continue
+        if isinstance(b, (int, float)) and b != a:
+            out.append(f"{k} {_num(b)}->{_num(a)}")
+        elif b is None:
+            out.append(f"{k} {_num(a)}")
+    if after.get("bottleneck") and (not before or before.get("bottleneck") != after.get("bottleneck")):
+        out.append(f"bottleneck {after['bottleneck']}")
+    return ", ".join(out) or "no change"
+
+
+def _num(v: float) -> str:
+    return f"{v:.0f}" if float(v).is_integer() else f"{v:.1f}"
+
+
+def ablation_rows(run: Run) -> list[dict]:
+    rows, cum, prev = [], 1.0, initial_profile_summary(run)
+    for r in run.kept():
+        ci = r.bench.speedup_vs_baseline if r.bench else None
+        if ci is not None:
+            cum *= ci.median
+        rows.append({"iteration": r.iteration, "sha": (r.commit_sha or "")[:10],
+                     "hypothesis": r.proposal.summary() if r.proposal else "-",
+                     "speedup": ci.median if ci else None, "low": ci.low if ci else None,
+                     "high": ci.high if ci else None, "cumulative": cum,
+                     "metrics": metric_deltas(prev, r.profile_summary)})
+        prev = r.profile_summary or prev
+    return rows
+
+
+def render(run: Run, plot_name: str | None, plot_note: str = "") -> str:
+    cfg, st = run.cfg, run.state
+    vi, vr = run.best_speedup("initial"), run.best_speedup("reference")
+    best = "the initial kernel" if st.best_iteration is None else f"iteration {st.best_iteration}"
+    L = [f"# Run {cfg.run_id}: {cfg.task}", "",
+         f"- **Result**: {vi.text() if vi else 'n/a'} vs the initial kernel, {vr.text() if vr else 'n/a'} vs the "
+         f"reference (target {cfg.target:g}x vs {cfg.baseline})" +
+         ("" if vi and vi.confirmed else "; est. = times measured apart, not interleaved"),
+         f"- **Best**: {best}, commit `{st.best_sha[:10]}` on branch `{cfg.branch}`: {us(st.best_ms)} "
+         f"(initial {us(st.initial_ms)}, reference {us(st.reference_ms)})",
+         f"- **Stopped**: {st.status}: {st.stop_reason or '-'}",
+         f"- **Iterations**: {len(run.records)} of {cfg.iters}, {len(run.kept())} kept; proposer {cfg.proposer}"
+         + (f" ({cfg.model})" if cfg.model else ""),
+         f"- **Started**: {cfg.started}" + (f", finished {st.finished}" if st.finished else ""),
+         f"- **LLM usage**: {st.usage.calls} calls, {st.usage.prompt_tokens + st.usage.completion_tokens} tokens, "
+         f"${st.usage.cost_usd:.4f}", ""]
+    if plot_name:
+        L += [f"![speedup per iteration]({plot_name})", ""]
+    elif plot_note:
+        L += [f"_Plot not drawn: {plot_note}_", ""]
+    L += ["## Ablation: the kept commits", ""]
+    rows = ablation_rows(run)
+    if rows:
+        L += ["| # | commit | hypothesis | speedup over parent (95% CI) | cumulative | profile metrics |",
+              "|---|---|---|---|---|---|"]
+        for a in rows:
+            sp = f"{a['speedup']:.3f}x ({a['low']:.3f}-{a['high']:.3f})" if a["speedup"] is not None else "-"
+            L.append(f"| {a['iteration']} | `{a['sha']}` | {_md(a['hypothesis'])} | {sp} | {a['cumulative']:.3f}x | "
+                     f"{_md(a['metrics'])} |")
+        L += ["", "Cumulative is the product of the kept ratios, each timed against its parent interleaved."]
+        if vi and vi.confirmed:
+            L.append(f"The confirmation bench timed the best against the initial kernel interleaved: "
+                     f"{vi.text()}.")
+    else:
+        L.append("No iteration was kept: the initial kernel is still the best.")
+    L += ["", "## Rejected hypotheses", ""]
+    rejected = [r for r in run.records if r.decision != Decision.kept]
+    if rejected:
+        L += ["| # | outcome | hypothesis | speedup over best | reason |", "|---|---|---|---|---|"]
+        for r in rejected:
+            L.append(f"| {r.iteration} | {r.outcome.value} | {_md(_hyp(r))} | {xs(r.speedup_vs_best)} | "
+                     f"{_md(r.reason)} |")
+    else:
+        L.append("None.")
+    L += ["", "## Environment", "", "| | |", "|---|---|"]
+    L += [f"| {k} | {_md(v)} |" for k, v in env_pairs(run)]
+    L += ["", "## Configuration", "", "```json",
+          json.dumps({k: v for k, v in cfg.model_dump(mode="json").items() if k != "env"}, indent=2), "```", ""]
+    return "\n".join(L)
+
+
+def _hyp(r: IterationRecord) -> str:
+    return r.proposal.summary() if r.proposal else (r.proposal_error or "-")
+
+
+def write_report(run: Run) -> tuple[Path, Path | None, str]:
+    """Write report.md (and speedup.png). Returns (report, plot or None, a note when the plot is missing)."""
+    png, note = run.dir / "speedup.png", ""
+    try:
+        plot_speedup(run, png)
+    except PlotUnavailable as e:
+        png, note = None, str(e)
+    md = run.dir / "report.md"
+    md.write_text(render(run, png.name if png else None, note))
+    return md, png, note
+
+
+__all__ = ["write_report", "render", "ablation_rows", "metric_deltas"]

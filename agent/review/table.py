@@ -1,0 +1,64 @@
+"""`agent runs`: one row per run, newest first, as a rich table or JSON."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel
+from rich.table import Table
+from rich.text import Text
+
+from agent.review.runs import Run, Unreadable
+
+
+class RunRow(BaseModel):
+    id: str
+    readable: bool = True
+    reason: str = ""                   # why it cannot be read (readable=False)
+    task: str = ""
+    started: str = ""
+    proposer: str = ""
+    iterations: int = 0
+    iters_max: int = 0
+    kept: int = 0
+    baseline: str = ""                 # what --target was measured against
+    target: float | None = None
+    best_vs_initial: float | None = None
+    best_vs_reference: float | None = None
+    confirmed: bool = False            # the speedups come from the interleaved confirmation bench
+    status: str = ""
+    stop_reason: str = ""
+
+
+def row(r: Run | Unreadable) -> RunRow:
+    if isinstance(r, Unreadable):
+        return RunRow(id=r.id, readable=False, reason=r.reason, status="unreadable")
+    vi, vr = r.best_speedup("initial"), r.best_speedup("reference")
+    proposer = r.cfg.proposer + (f"/{r.cfg.model}" if r.cfg.model else "")
+    return RunRow(id=r.id, task=r.cfg.task, started=r.cfg.started, proposer=proposer,
+                  iterations=len(r.records), iters_max=r.cfg.iters, kept=len(r.kept()), baseline=r.cfg.baseline,
+                  target=r.cfg.target, best_vs_initial=vi.value if vi else None,
+                  best_vs_reference=vr.value if vr else None, confirmed=bool(vi and vi.confirmed),
+                  status=r.state.status, stop_reason=r.state.stop_reason)
+
+
+_STATUS_STYLE = {"done": "green", "running": "cyan", "interrupted": "yellow", "failed": "red", "unreadable": "red",
+                 "unknown": "yellow"}
+
+
+def runs_table(rows: list[RunRow], title: str) -> Table:
+    t = Table(title=title)
+    for c, kw in (("run", {"no_wrap": True}), ("task", {}), ("started (UTC)", {"no_wrap": True}), ("proposer", {}),
+                  ("iters", {"justify": "right"}), ("kept", {"justify": "right"}),
+                  ("best vs initial", {"justify": "right"}), ("vs reference", {"justify": "right"}), ("status", {})):
+        t.add_column(c, **kw)
+    for r in rows:
+        if not r.readable:
+            reason = r.reason.split(": ", 1)[1] if r.reason.startswith("/") and ": " in r.reason else r.reason
+            t.add_row(r.id, "", "", "", "", "", "", "", Text(f"unreadable: {reason}", style="red"))
+            continue
+        mark = "" if r.confirmed else " (est.)"
+        t.add_row(r.id, r.task, r.started.replace("T", " ").removesuffix("+00:00"), r.proposer,
+                  f"{r.iterations}/{r.iters_max}", str(r.kept),
+                  (f"{r.best_vs_initial:.2f}x{mark}" if r.best_vs_initial is not None else "-"),
+                  (f"{r.best_vs_reference:.2f}x" if r.best_vs_reference is not None else "-"),
+                  f"[{_STATUS_STYLE.get(r.status, 'white')}]{r.status}[/]")
+    return t

@@ -1,0 +1,310 @@
+"""agent runs / show / report / cherry-pick / gate, on a real run of the real loop.
+
+One short heuristic run of a small-budget copy of kernels/matmul_cpu is made once per session in a
+temporary git repository (real compiler, real subprocesses, real git); every test reads it. Tests
+that change branches do so in their own `git worktree` of that repository (the user's checkout
+stand-in), so they do not disturb each other.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from agent.cli import main
+from agent.review.cherrypick import CherryPickError, cherry_pick
+from agent.review.runs import load_run
+from agent.runlog import Decision
+
+ROOT = Path(__file__).resolve().parent.parent
+TASK_REL = "kernels/matmul_cpu"
+RUN_ID = "review-test"
+
+# a smaller budget than the shipped task: fewer timing rounds, one parity seed, one hidden shape
+FAST = {"warmup_ms = 20": "warmup_ms = 5", "rep_ms = 60": "rep_ms = 15", "rounds = 8": "rounds = 4",
+        "input_sets = 2": "input_sets = 1", "seeds = 2": "seeds = 1", "hidden_shapes = 2": "hidden_shapes = 1"}
+
+
+def git(cwd: Path, *args: str) -> str:
+    return subprocess.run(["git", *args], cwd=cwd, check=True, capture_output=True, text=True).stdout.strip()
+
+
+@pytest.fixture(scope="session")
+def run_repo(tmp_path_factory):
+    repo = tmp_path_factory.mktemp("review") / "repo"
+    (repo / "kernels").mkdir(parents=True)
+    shutil.copytree(ROOT / TASK_REL, repo / TASK_REL, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(ROOT / "pyproject.toml", repo / "pyproject.toml")
+    toml = repo / TASK_REL / "task.toml"
+    text = toml.read_text()
+    for a, b in FAST.items():
+        assert a in text, f"the shipped task.toml changed: no {a!r}"
+        text = text.replace(a, b)
+    toml.write_text(text)
+    git(repo, "init", "-q", "-b", "main")
+    git(repo, "config", "user.name", "Test User")
+    git(repo, "config", "user.email", "user@example.com")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-qm", "init")
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "AGENT_BASE_URL": "", "AGENT_MODEL": ""}
+    p = subprocess.run([sys.executable, "-m", "agent", "optimize", TASK_REL, "--iters", "3", "--target", "100x",
+                        "--proposer", "heuristic", "--run-id", RUN_ID, "--quiet"],
+                       cwd=repo, env=env, capture_output=True, text=True, timeout=400)
+    assert p.returncode == 0, p.stdout + p.stderr
+    run = load_run(repo / "runs" / RUN_ID)
+    assert run.kept(), f"the LOOP_ORDER move should have been kept: {[r.reason for r in run.records]}"
+    return repo
+
+
+@pytest.fixture
+def cli(capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "200")
+
+    def call(*argv: str, cwd: Path) -> tuple[int, str, str]:
+        monkeypatch.chdir(cwd)
+        rc = main([str(a) for a in argv])
+        o = capsys.readouterr()
+        return rc, o.out, o.err
+    return call
+
+
+def user_checkout(repo: Path, tmp_path: Path, name: str, start: str = "main") -> Path:
+    """A checkout of the test repository on a new branch: what the user works in."""
+    wt = tmp_path / name
+    git(repo, "worktree", "add", "-q", "-b", name, str(wt), start)
+    return wt
+
+
+def snapshot(wt: Path) -> tuple[str, str, str, str]:
+    return (git(wt, "rev-parse", "HEAD"), git(wt, "symbolic-ref", "-q", "HEAD"),
+            git(wt, "status", "--porcelain", "--untracked-files=all"), git(wt, "diff", "HEAD"))
+
+
+# --- runs / show / report ---------------------------------------------------------------------
+def test_runs_lists_the_run_skips_non_runs_and_flags_another_schema(run_repo, cli, tmp_path):
+    runs = tmp_path / "runs"
+    (runs / RUN_ID).mkdir(parents=True)
+    for f in ("run.json", "state.json", "iterations.jsonl"):
+        shutil.copy(run_repo / "runs" / RUN_ID / f, runs / RUN_ID / f)
+    (runs / "sweep-matmul_cpu-20260101-000000").mkdir()
+    (runs / "sweep-matmul_cpu-20260101-000000" / "sweep.json").write_text("{}")
+    old = json.loads((run_repo / "runs" / RUN_ID / "run.json").read_text())
+    old.update(schema_version=0, run_id="old-run")
+    (runs / "old-run").mkdir()
+    (runs / "old-run" / "run.json").write_text(json.dumps(old))
+
+    rc, out, _ = cli("runs", "--runs-dir", runs, cwd=run_repo)
+    assert rc == 0
+    assert RUN_ID in out and "matmul_cpu" in out and "heuristic" in out and "3/3" in out
+    assert "sweep-" not in out
+    assert "old-run" in out and "unreadable: written by log schema version 0" in out
+
+    rc, out, _ = cli("runs", "--runs-dir", runs, "--json", cwd=run_repo)
+    rows = {r["id"]: r for r in json.loads(out)}
+    assert set(rows) == {RUN_ID, "old-run"}
+    run = load_run(run_repo / "runs" / RUN_ID)
+    good = rows[RUN_ID]
+    assert good["readable"] and good["iterations"] == 3 and good["kept"] == len(run.kept())
+    assert good["best_vs_initial"] == pytest.approx(run.best_speedup("initial").value)
+    assert good["status"] == "done"
+    assert not rows["old-run"]["readable"] and "schema version 0" in rows["old-run"]["reason"]
+
+    rc, out, err = cli("show", "old-run", "--runs-dir", runs, cwd=run_repo)
+    assert rc == 2 and out == ""
+    assert len(err.strip().splitlines()) == 1 and "schema version 0" in err and "Traceback" not in err
+
+
+def test_show_summary_and_one_iteration(run_repo, cli):
+    run = load_run(run_repo / "runs" / RUN_ID)
+    first = run.records[0]
+    rc, out, _ = cli("show", RUN_ID, cwd=run_repo)
+    assert rc == 0
+    assert first.proposal.summary()[:40] in out
+    assert "3 iterations done" in out and run.state.best_sha[:10] in out
+
+    rc, out, _ = cli("show", RUN_ID[:8], "--iter", "1", cwd=run_repo)   # a unique prefix works
+    assert rc == 0
+    assert "hypothesis" in out and "#define LOOP_ORDER 1" in out and "max abs err" in out and "parity: ok" in out
+
+    rc, out, _ = cli("show", RUN_ID, "--iter", "1", "--json", cwd=run_repo)
+    data = json.loads(out)
+    assert data["iteration"] == 1 and data["proposal"]["hypothesis"] == first.proposal.hypothesis
+    assert data["build"]["status"] == "ok" and data["parity"]["status"] == "ok"
+    shapes = {e["shape"] for e in data["parity_by_shape"]}
+    assert "M=131,N=67,K=97" in shapes and all(e["max_abs_err"] is not None for e in data["parity_by_shape"])
+    assert any(a.endswith("patch.diff") for a in data["artifacts"])
+
+    rc, _, err = cli("show", RUN_ID, "--iter", "99", cwd=run_repo)
+    assert rc == 2 and "no iteration 99" in err
+
+
+def test_report_writes_markdown_and_a_real_png(run_repo, cli):
+    rc, out, _ = cli("report", RUN_ID, cwd=run_repo)
+    assert rc == 0
+    d = run_repo / "runs" / RUN_ID
+    md = (d / "report.md").read_text()
+    run = load_run(d)
+    kept = run.kept()
+    assert "![speedup per iteration](speedup.png)" in md
+    assert "## Ablation" in md and f"`{kept[0].commit_sha[:10]}`" in md
+    ci = kept[0].bench.speedup_vs_baseline
+    assert f"{ci.median:.3f}x ({ci.low:.3f}-{ci.high:.3f})" in md
+    for r in run.records:
+        if r.decision != Decision.kept:
+            assert r.reason.split()[0] in md and f"| {r.iteration} | {r.outcome.value} |" in md
+    assert "## Environment" in md and run.cfg.env.cxx in md
+
+    png = d / "speedup.png"
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    import matplotlib.image
+    img = matplotlib.image.imread(png)
+    assert img.shape[0] >= 500 and img.shape[1] >= 800
+    assert img[..., :3].std() > 0.05        # not a blank canvas
+
+
+# --- cherry-pick ------------------------------------------------------------------------------
+def test_cherry_pick_best_onto_the_users_branch_builds_and_passes_parity(run_repo, cli, tmp_path):
+    from tools.build import build
+    from tools.parity import run_parity
+    from tools.results import BuildStatus, ParityStatus
+    from tools.task import load_task
+
+    wt = user_checkout(run_repo, tmp_path, "user-best")
+    before = git(wt, "rev-parse", "HEAD")
+    run = load_run(run_repo / "runs" / RUN_ID)
+    rc, out, err = cli("cherry-pick", RUN_ID, "--best", "--runs-dir", run_repo / "runs", cwd=wt)
+    assert rc == 0, err
+    assert "onto user-best" in out
+    assert git(wt, "symbolic-ref", "--short", "HEAD") == "user-best"
+    picked = git(wt, "rev-list", f"{before}..HEAD").split()
+    assert len(picked) == len(run.kept())
+    msg = git(wt, "show", "-s", "--format=%B", picked[0])
+    assert f"Agent-Run: {RUN_ID}" in msg and "Speedup:" in msg
+    assert git(wt, "status", "--porcelain", "--untracked-files=no") == ""
+    # the user's branch now holds the best's task sources
+    assert git(wt, "diff", run.state.best_sha, "HEAD", "--", TASK_REL) == ""
+
+    task = load_task(wt / TASK_REL)
+    b = build(task, tmp_path / "build")
+    assert b.status == BuildStatus.ok, b.message
+    par = run_parity(task, Path(b.lib_path))
+    assert par.status == ParityStatus.ok, par.message
+
+    rc, out, err = cli("cherry-pick", RUN_ID, "--runs-dir", run_repo / "runs", cwd=wt)   # again: nothing to do
+    assert rc == 0, err
+    assert "nothing to do" in out and git(wt, "rev-list", f"{before}..HEAD").split() == picked
+
+
+def test_cherry_pick_squash_onto_another_branch_leaves_the_checkout_alone(run_repo, cli, tmp_path):
+    wt = user_checkout(run_repo, tmp_path, "user-here")
+    git(run_repo, "branch", "release", "main")
+    here = snapshot(wt)
+    rc, out, err = cli("cherry-pick", RUN_ID, "--onto", "release", "--squash", "--runs-dir", run_repo / "runs",
+                       cwd=wt)
+    assert rc == 0, err
+    assert snapshot(wt) == here                      # not switched, not touched
+    log = git(run_repo, "rev-list", "main..release").split()
+    assert len(log) == 1
+    msg = git(run_repo, "show", "-s", "--format=%B", "release")
+    run = load_run(run_repo / "runs" / RUN_ID)
+    assert f"Agent-Run: {RUN_ID}" in msg
+    for r in run.kept():
+        assert f"Agent-Iteration: {r.iteration}" in msg and r.proposal.summary()[:40] in msg
+    assert git(run_repo, "diff", run.state.best_sha, "release", "--", TASK_REL) == ""
+    assert "agent-cherry-pick" not in git(run_repo, "worktree", "list")
+
+
+def test_cherry_pick_refuses_a_dirty_tree_and_changes_nothing(run_repo, cli, tmp_path):
+    wt = user_checkout(run_repo, tmp_path, "user-dirty")
+    src = wt / TASK_REL / "matmul.cpp"
+    src.write_text(src.read_text() + "\n// work in progress\n")
+    before = snapshot(wt)
+    rc, out, err = cli("cherry-pick", RUN_ID, "--runs-dir", run_repo / "runs", cwd=wt)
+    assert rc == 1 and out == ""
+    assert "uncommitted changes" in err and "matmul.cpp" in err
+    assert snapshot(wt) == before
+    assert git(run_repo, "rev-parse", "user-dirty") == git(run_repo, "rev-parse", "main")
+
+
+def test_cherry_pick_conflict_leaves_no_half_applied_state(run_repo, cli, tmp_path):
+    wt = user_checkout(run_repo, tmp_path, "user-conflict")
+    src = wt / TASK_REL / "matmul.cpp"
+    src.write_text(src.read_text().replace("#define LOOP_ORDER 0", "#define LOOP_ORDER 0  // chosen by hand"))
+    git(wt, "commit", "-qam", "pin the loop order")
+    before = snapshot(wt)
+    rc, out, err = cli("cherry-pick", RUN_ID, "--runs-dir", run_repo / "runs", cwd=wt)
+    assert rc == 1
+    assert re.search(r"iteration \d+ \([0-9a-f]{10}\) does not apply on user-conflict: conflicts in "
+                     r"kernels/matmul_cpu/matmul.cpp", err), err
+    assert "Nothing was changed" in err
+    assert snapshot(wt) == before
+    gitdir = Path(git(wt, "rev-parse", "--absolute-git-dir"))
+    assert not (gitdir / "CHERRY_PICK_HEAD").exists()
+    assert "agent-cherry-pick" not in git(run_repo, "worktree", "list")
+
+
+def test_cherry_pick_refuses_what_is_not_the_runs_kept_commit(run_repo, tmp_path):
+    wt = user_checkout(run_repo, tmp_path, "user-refuse")
+    run = load_run(run_repo / "runs" / RUN_ID)
+    not_kept = [r for r in run.records if r.decision != Decision.kept]
+    if not_kept:
+        with pytest.raises(CherryPickError, match=f"iteration {not_kept[0].iteration} .* was not kept"):
+            cherry_pick(run, wt, iteration=not_kept[0].iteration)
+    # a log whose kept iteration points at a commit the run did not make (the user's own)
+    run.kept()[0].commit_sha = run.cfg.base_sha
+    before = snapshot(wt)
+    with pytest.raises(CherryPickError, match="not run review-test's iteration"):
+        cherry_pick(run, wt, iteration=run.kept()[0].iteration)
+    assert snapshot(wt) == before
+
+
+# --- gate -------------------------------------------------------------------------------------
+PLANTED = '''
+// planted regression: the whole product is computed twice (same result, twice the work)
+extern "C" void matmul(const float* __restrict__ A, const float* __restrict__ B, float* __restrict__ C,
+                       int M, int N, int K) {
+    volatile int reps = 2;
+    for (int r = 0; r < reps; ++r) matmul_once(A, B, C, M, N, K);
+}
+'''
+
+
+def test_gate_passes_on_the_recorded_best_and_fails_on_a_planted_regression(run_repo, cli, tmp_path):
+    run = load_run(run_repo / "runs" / RUN_ID)
+    wt = user_checkout(run_repo, tmp_path, "user-gate", start=run.state.best_sha)
+    runs = run_repo / "runs"
+
+    rc, out, err = cli("gate", wt / TASK_REL, "--runs-dir", runs, cwd=wt)    # default: the newest finished run
+    assert rc == 0, out + err
+    assert out.startswith("gate passed") and f"run {RUN_ID} best" in out and len(out.strip().splitlines()) == 1
+
+    src = wt / TASK_REL / "matmul.cpp"
+    src.write_text(src.read_text().replace('extern "C" void matmul(', "static void matmul_once(") + PLANTED)
+    rc, out, err = cli("gate", wt / TASK_REL, "--against", RUN_ID, "--runs-dir", runs, "--max-regression", "5%",
+                       "--json", cwd=wt)
+    assert rc == 1, out + err
+    res = json.loads(out)
+    assert res["status"] == "regression" and not res["passed"]
+    assert res["parity"]["status"] == "ok"                   # still correct, only slower
+    assert res["speedup"]["high"] < 0.95
+    assert res["current_ms"] / res["baseline_ms"] > 1.3      # the planted slowdown, as measured
+    assert res["against_sha"] == run.state.best_sha
+
+
+def test_gate_fails_on_parity_and_refuses_an_unknown_baseline(run_repo, cli, tmp_path):
+    wt = user_checkout(run_repo, tmp_path, "user-gate-bad")
+    src = wt / TASK_REL / "matmul.cpp"
+    src.write_text(src.read_text().replace("acc += A[(size_t)i * K + k] * B[(size_t)k * N + j];",
+                                           "acc += A[(size_t)i * K + k] * B[(size_t)k * N + j] * 1.001f;"))
+    rc, out, _ = cli("gate", wt / TASK_REL, "--against", "main", "--runs-dir", run_repo / "runs", cwd=wt)
+    assert rc == 1 and out.startswith("gate FAILED") and "parity mismatch" in out
+
+    rc, out, err = cli("gate", wt / TASK_REL, "--against", "no-such-thing", "--runs-dir", run_repo / "runs", cwd=wt)
+    assert rc == 2 and "neither a run" in err
