@@ -66,9 +66,9 @@ def check_against_ncu(name: str):
     assert k.ctas == int(num(row["launch__grid_size"]))
     assert k.block[0] * k.block[1] * k.block[2] == int(num(row["launch__block_size"]))
     assert k.registers_per_thread == int(num(row["launch__registers_per_thread"]))
-    assert k.sol_memory_pct == pytest.approx(num(row["gpu__compute_memory_throughput.avg.pct_of_peak_sustained_elapsed"]), rel=2e-3)
-    assert k.sol_compute_pct == pytest.approx(num(row["sm__throughput.avg.pct_of_peak_sustained_elapsed"]), rel=2e-3)
-    assert k.occupancy_achieved_pct == pytest.approx(num(row["sm__warps_active.avg.pct_of_peak_sustained_active"]), rel=2e-3)
+    assert k.sol_memory_pct == pytest.approx(num(row["gpu__compute_memory_throughput.avg.pct_of_peak_sustained_elapsed"]), rel=2e-3, abs=0.006)
+    assert k.sol_compute_pct == pytest.approx(num(row["sm__throughput.avg.pct_of_peak_sustained_elapsed"]), rel=2e-3, abs=0.006)
+    assert k.occupancy_achieved_pct == pytest.approx(num(row["sm__warps_active.avg.pct_of_peak_sustained_active"]), rel=2e-3, abs=0.006)
     assert rep.env.sm_count == int(num(row["device__attribute_multiprocessor_count"]))
     assert k.occupancy_limiter in {"registers", "shared_memory", "warps", "blocks"}
     assert k.rules, "ncu always runs the section rules"
@@ -97,7 +97,9 @@ def test_small_grid_rule_and_class():
     assert k.bottleneck == Bottleneck.small_grid and "2 CTAs" in k.bottleneck_reason
     small = [r for r in k.rules if r.title == "Small Grid"]
     assert small, [(r.id, r.title) for r in k.rules]
-    assert small[0].id and "2 blocks" in small[0].message
+    assert small[0].id and "too small to fill" in small[0].message
+    # ncu's launch-statistics text names the grid: "configured to execute only 2 blocks"
+    assert any("only 2 blocks" in r.message for r in k.rules), [r.message[:80] for r in k.rules]
     assert "small_grid" in compact(rep) and "Small Grid" in compact(rep)
 
 

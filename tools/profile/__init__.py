@@ -8,6 +8,6 @@
 from tools.profile.compact import compact
 from tools.profile.model import ProfileReport, ProfileStatus
 from tools.profile.ncu import profile_task
-from tools.profile.reader import read_report
+from tools.profile.reader import read_report_isolated as read_report
 
 __all__ = ["ProfileReport", "ProfileStatus", "compact", "profile_task", "read_report"]

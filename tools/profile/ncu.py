@@ -28,7 +28,7 @@ from pathlib import Path
 
 from tools.profile.classify import HINTS, classify_failure, missing_metric
 from tools.profile.model import ProfileEnv, ProfileReport, ProfileStatus
-from tools.profile.reader import read_report
+from tools.profile.reader import read_report_isolated as read_report
 from tools.sandbox import REPO_ROOT, ProcResult, run_isolated
 from tools.task import Task
 

@@ -261,3 +261,25 @@ def read_report(path: str | Path, source: str = "report") -> ProfileReport:
         return fail(f"{p}: a kernel's metrics could not be read: {type(e).__name__}: {e}")
     return ProfileReport(status=ProfileStatus.ok, source=source, kernels=kernels,
                          env=ProfileEnv(gpu=str(gpu) if gpu is not None else None, sm_count=sm_count))
+
+
+def read_report_isolated(path: str | Path, source: str = "report", timeout_s: float = 120.0) -> ProfileReport:
+    """read_report in a child process: ncu_report is native code, and a crash in it (seen once on
+    the device, inside a process that had torch and two ncu_report builds loaded) must not take
+    the agent down. The child prints the report as one JSON line."""
+    from tools.sandbox import ProcStatus, run_python_json
+    res, data = run_python_json("tools.profile.reader", [str(path), "--source", source], timeout_s)
+    if data is not None:
+        return ProfileReport.model_validate(data)
+    status = ProfileStatus.timeout if res.status == ProcStatus.timeout else ProfileStatus.report_unreadable
+    return ProfileReport(status=status, source=source, message=f"{path}: the report reader {res.reason()}",
+                         hint=HINTS[status])
+
+
+if __name__ == "__main__":
+    import argparse
+    ap = argparse.ArgumentParser(description="read a .ncu-rep into the profile JSON (one line)")
+    ap.add_argument("path")
+    ap.add_argument("--source", default="report")
+    a = ap.parse_args()
+    print(read_report(a.path, source=a.source).model_dump_json())
