@@ -88,7 +88,7 @@ class Evaluator:
         try:
             res = launch_tool.static_check(self.task, build, self.limits, parent)
             if res.status == LaunchStatus.ok and self.limits.source == "device":
-                res = launch_tool.dynamic_check(self.task, Path(build.lib_path), self.limits, res, parent)
+                res = launch_tool.dynamic_check(self.task, build.lib_path, self.limits, res)
         finally:
             times.launch += time.monotonic() - t0
         if res.status != LaunchStatus.ok:

@@ -1,0 +1,57 @@
+"""The loop's evaluation pipeline on the CUDA tasks: compile-only (static launch check) on CI, the
+real loop for two iterations on a GPU."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from agent.evaluate import Evaluator, LaunchRejected
+from agent.runlog import StageTimes, read_iterations, read_state
+from tests.userrepo import REPO, agent, git
+from tools.device import device_limits
+from tools.results import LaunchStatus
+from tools.task import load_task
+
+needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not installed")
+
+
+@needs_nvcc
+@pytest.mark.nvcc
+def test_static_launch_check_through_the_evaluator(tmp_path):
+    task = load_task(REPO / "kernels" / "attention_fwd")
+    ev = Evaluator(task, tmp_path / "build", device_limits("sm_90"))
+    times = StageTimes()
+    b = ev.build(times)
+    res = ev.launch(b, None, times)
+    assert res.status == LaunchStatus.ok and res.main_ctas == 2048   # 32*8*512/64 query tiles
+    # a parent with 8x the CTAs (the rule: below 0.25 x the parent): this candidate collapsed the grid
+    parent = res.model_copy(update={"main_ctas": 8 * 2048,
+                                    "launches": [l.model_copy(update={"grid": (8 * 2048, 1, 1)}) for l in res.launches]})
+    with pytest.raises(LaunchRejected, match="collapse|CTA"):
+        ev.launch(b, parent, times)
+
+
+def _cuda() -> bool:
+    try:
+        import torch
+        return torch.cuda.is_available()
+    except Exception:
+        return False
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _cuda(), reason="needs a CUDA GPU")
+def test_two_iterations_on_softmax(tmp_path):
+    root = tmp_path / "user"
+    shutil.copytree(REPO / "kernels" / "softmax", root / "kernels" / "softmax")
+    git(root, "init", "-q", "-b", "main")
+    git(root, "add", "-A")
+    git(root, "commit", "-qm", "init")
+    res = agent(root, "optimize", "kernels/softmax", "--iters", "2", "--target", "100x", "--quiet", "--run-id", "g")
+    assert res.returncode == 0, res.stderr[-3000:]
+    recs = read_iterations(root / "runs" / "g")
+    assert len(recs) == 2 and read_state(root / "runs" / "g").status == "done"
+    assert all(r.launch is None or r.launch.status.value in ("ok", "rejected") for r in recs)
