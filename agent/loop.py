@@ -381,6 +381,7 @@ class Loop:
         times.git += time.monotonic() - t0
         self.task = self._load_task()
         self.evaluator.task = self.task
+        _keep_failed_result(d, e, rec)
         if decision is None:
             decision = Decision.reverted if commit_sha is not None else Decision.skipped
         bench = rec.get("bench")
@@ -432,6 +433,24 @@ class _StopRun(Exception):
 
 class _Interrupted(IterationEnded):
     outcome = Outcome.interrupted
+
+
+# The typed result of the stage that failed goes into the record and its artifact (verification suite:
+# the log must show WHICH check rejected a candidate - rec.parity.status, rec.bench.message, ...).
+_FAILED_STAGE = {Outcome.compile_failed: ("build", None), Outcome.launch_rejected: ("launch", None),
+                 Outcome.parity_failed: ("parity", "parity.json"), Outcome.bench_failed: ("bench", "bench.json")}
+
+
+def _keep_failed_result(d: Path, e: IterationEnded, rec: dict) -> None:
+    field, artifact = _FAILED_STAGE.get(e.outcome, (None, None))
+    res = e.result[0] if isinstance(e.result, list) and e.result else e.result
+    if field is None or res is None or rec.get(field) is not None:
+        return
+    rec[field] = res
+    if artifact:
+        _dump(d / artifact, res)
+    elif field == "build" and getattr(res, "log", None) is not None:
+        (d / "build.log").write_text(res.log)
 
 
 def _device_limits(task: Task):
