@@ -425,7 +425,9 @@ class Loop:
         n = len(self.records)
         if head != self.state.best_sha:
             self.git.keep_ref("interrupted", n + 1, head)
-            self.git.reset_to(self.state.best_sha)
+        # reset even when HEAD is the best (verification suite): a SIGKILL between patch and commit left
+        # the candidate's edit uncommitted in the worktree, and the resumed run built on top of it
+        self.git.reset_to(self.state.best_sha)
         self.state.iterations_done = n
         self.state.status = "running"
         self.task = self._load_task()
@@ -446,13 +448,19 @@ class Loop:
 
 
 class _DeferSigint:
-    """Hold SIGINT for the duration of the block; `hit` says whether one arrived (main thread only)."""
+    """Hold SIGINT for the duration of the block; `hit` says whether one arrived (main thread only).
+
+    SIGINT is also blocked at the OS level, so that the git children of the block (the keep's amend, a
+    user's post-commit hook) inherit the mask and are not killed mid-commit by a terminal's Ctrl-C,
+    which goes to the whole foreground process group.
+    """
 
     def __enter__(self) -> "_DeferSigint":
         self.hit, self.prev = False, None
         try:
             self.prev = signal.signal(signal.SIGINT, self._held)
-        except ValueError:   # not the main thread: nothing to defer
+            signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+        except (ValueError, AttributeError):   # not the main thread / no sigmask: nothing to defer
             pass
         return self
 
@@ -461,6 +469,9 @@ class _DeferSigint:
 
     def __exit__(self, *exc) -> bool:
         if self.prev is not None:
+            if signal.SIGINT in signal.sigpending():
+                self.hit = True
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})   # a pending one goes to _held
             signal.signal(signal.SIGINT, self.prev)
         return False
 
