@@ -181,3 +181,39 @@ def test_cuda_cheats_and_faults_on_the_gpu(tmp_path):
     spec.loader.exec_module(mod)
     rows, ok = mod.run_all(tmp_path, out_dir=tmp_path)
     assert ok, "\n".join(f"{r['pattern']}: {r['outcome']} {r['status']} kept={r['kept']} {r['reason']}" for r in rows)
+
+
+@pytest.mark.nvcc
+@pytest.mark.slow
+def test_cuda_launch_faults_are_rejected_statically_without_a_gpu(tmp_path):
+    """The compile-only half of the CUDA launch faults (the device script runs them through the loop):
+    the patched softmax builds with nvcc, and the static launch check (the library's own plan + ptxas,
+    against the sm_90 table limits) rejects the 2048-thread block and the 300 KiB of shared memory."""
+    import importlib.util
+    import shutil
+    from tools.build import build, find_nvcc
+    from tools.device import table_limits
+    from tools.launch import static_check
+    from tools.task import load_task
+    if find_nvcc() is None:
+        pytest.skip("nvcc not installed")
+    path = Path(__file__).resolve().parent.parent / "scripts" / "device" / "verify_gpu.py"
+    spec = importlib.util.spec_from_file_location("verify_gpu", path)
+    vg = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(vg)
+    cases = {c[0]: c for c in vg.CASES}
+    limits = table_limits("sm_90")
+    for name, rule in (("threads_2048", "block_too_large"), ("smem_over_optin", "smem_over_optin")):
+        root = tmp_path / name
+        shutil.copytree(Path(__file__).resolve().parent.parent / "kernels" / "softmax", root,
+                        ignore=shutil.ignore_patterns("__pycache__"))
+        src = (root / "softmax.cu").read_text()
+        for search, replace in cases[name][3]:
+            assert src.count(search) == 1
+            src = src.replace(search, replace)
+        (root / "softmax.cu").write_text(src)
+        task = load_task(root)
+        b = build(task, tmp_path / f"build-{name}")
+        assert b.status.value == "ok", b.message
+        res = static_check(task, b, limits)
+        assert res.status.value == "rejected" and rule in {v.rule for v in res.violations}, res.message
