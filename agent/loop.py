@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import math
+import signal
 import time
 from datetime import datetime, timezone
 from pathlib import Path
@@ -27,7 +28,7 @@ from agent.runlog import (Decision, IterationRecord, LogError, Outcome, RunConfi
                           append_iteration, read_config, read_iterations, read_state, write_json_atomic)
 from agent.view import View
 from tools.results import BenchResult, LaunchResult, ParityResult
-from tools.task import Task, load_task, shape_label
+from tools.task import Task, TaskError, load_task, shape_label
 
 PATCH_REPAIRS = 2            # a patch that does not apply goes back to the proposer at most this often
 IMPLAUSIBLE_RATIO = 10.0     # a speedup above this over the parent is re-verified before it is kept
@@ -54,6 +55,7 @@ class Loop:
         self.limits = _device_limits(self.task)
         self.evaluator = Evaluator(self.task, run_dir / "build", self.limits)
         self.t_start = time.monotonic()
+        self._interrupt_after_keep = False
 
     # --- paths ------------------------------------------------------------------------------
     def _task_dir(self) -> Path:
@@ -136,6 +138,9 @@ class Loop:
                 self.state.usage = _add_usage(self.state.usage, rec.usage)
                 write_json_atomic(self.run_dir / "state.json", self.state)
                 self.view.done(rec, self.state)
+                if self._interrupt_after_keep:   # Ctrl-C arrived during a keep (deferred, see _keep)
+                    self._finish("interrupted", f"interrupted by the user; iteration {i} was kept first")
+                    break
         finally:
             self.view.close()
         return self.state
@@ -222,7 +227,13 @@ class Loop:
             self.task = self._load_task()
             self.evaluator.task = self.task
             result = self._evaluate(i, d, times, rec)
-            return self._keep(i, d, proposal, result, rec, times, usage)
+            # Ctrl-C during a keep is deferred until the kept record is written (verification suite:
+            # an interrupt between the state update and the record left state.best_sha on a commit that
+            # no record calls kept); SIGKILL there is repaired by prepare_resume
+            with _DeferSigint() as sig:
+                kept = self._keep(i, d, proposal, result, rec, times, usage)
+            self._interrupt_after_keep = sig.hit
+            return kept
         except IterationEnded as e:
             return self._reject(i, d, e, commit_sha, rec, times, usage)
         except KeyboardInterrupt:
@@ -257,9 +268,17 @@ class Loop:
             t0 = time.monotonic()
             res = apply_edits(proposal.edits, self._task_dir(), self.task.spec.editable)
             times.patch += time.monotonic() - t0
-            if res.ok:
+            broken = _task_error(self._task_dir()) if res.ok else None
+            if res.ok and broken is None:
                 return proposal, res.message
             self.git.reset_to(self.state.best_sha)   # all-or-nothing, but never trust a half state
+            if broken is not None:
+                # verification suite: a rewrite that drops a knob's #define made the task unloadable and
+                # ended the whole run; now it is a patch that does not apply, with the reason
+                feedback, kind = f"Your edit breaks the task: {broken}", "patch_did_not_apply"
+                if attempt == PATCH_REPAIRS or not getattr(self.proposer, "can_repair", True):
+                    raise PatchDidNotApply(f"the edit breaks the task: {broken}")
+                continue
             if res.status == PatchStatus.outside_editable:
                 raise EditOutsideEditable(res.message)
             if res.status == PatchStatus.no_change:
@@ -381,6 +400,7 @@ class Loop:
         times.git += time.monotonic() - t0
         self.task = self._load_task()
         self.evaluator.task = self.task
+        _keep_failed_result(d, e, rec)
         if decision is None:
             decision = Decision.reverted if commit_sha is not None else Decision.skipped
         bench = rec.get("bench")
@@ -405,15 +425,18 @@ class Loop:
         n = len(self.records)
         if head != self.state.best_sha:
             self.git.keep_ref("interrupted", n + 1, head)
-            self.git.reset_to(self.state.best_sha)
+        # reset even when HEAD is the best (verification suite): a SIGKILL between patch and commit left
+        # the candidate's edit uncommitted in the worktree, and the resumed run built on top of it
+        self.git.reset_to(self.state.best_sha)
         self.state.iterations_done = n
         self.state.status = "running"
         self.task = self._load_task()
         self.evaluator.task = self.task
         times = StageTimes()
-        if not self.best_lib.exists():
-            b = self.evaluator.build(times)
-            snapshot_lib(b.lib_path, self.best_lib)
+        # always rebuilt (verification suite): a SIGKILL during a keep may have left the candidate's
+        # library at best/ while state.json still names the parent as the best
+        b = self.evaluator.build(times)
+        snapshot_lib(b.lib_path, self.best_lib)
         last = next((self.run_dir / f"iter-{r.iteration}" for r in reversed(self.records)
                      if r.decision == Decision.kept), self.run_dir / "initial")
         prof = last / "profile.json"
@@ -424,6 +447,35 @@ class Loop:
         write_json_atomic(self.run_dir / "state.json", self.state)
 
 
+class _DeferSigint:
+    """Hold SIGINT for the duration of the block; `hit` says whether one arrived (main thread only).
+
+    SIGINT is also blocked at the OS level, so that the git children of the block (the keep's amend, a
+    user's post-commit hook) inherit the mask and are not killed mid-commit by a terminal's Ctrl-C,
+    which goes to the whole foreground process group.
+    """
+
+    def __enter__(self) -> "_DeferSigint":
+        self.hit, self.prev = False, None
+        try:
+            self.prev = signal.signal(signal.SIGINT, self._held)
+            signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+        except (ValueError, AttributeError):   # not the main thread / no sigmask: nothing to defer
+            pass
+        return self
+
+    def _held(self, signum, frame) -> None:
+        self.hit = True
+
+    def __exit__(self, *exc) -> bool:
+        if self.prev is not None:
+            if signal.SIGINT in signal.sigpending():
+                self.hit = True
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})   # a pending one goes to _held
+            signal.signal(signal.SIGINT, self.prev)
+        return False
+
+
 class _StopRun(Exception):
     def __init__(self, reason: str):
         super().__init__(reason)
@@ -432,6 +484,33 @@ class _StopRun(Exception):
 
 class _Interrupted(IterationEnded):
     outcome = Outcome.interrupted
+
+
+# The typed result of the stage that failed goes into the record and its artifact (verification suite:
+# the log must show WHICH check rejected a candidate - rec.parity.status, rec.bench.message, ...).
+_FAILED_STAGE = {Outcome.compile_failed: ("build", None), Outcome.launch_rejected: ("launch", None),
+                 Outcome.parity_failed: ("parity", "parity.json"), Outcome.bench_failed: ("bench", "bench.json")}
+
+
+def _keep_failed_result(d: Path, e: IterationEnded, rec: dict) -> None:
+    field, artifact = _FAILED_STAGE.get(e.outcome, (None, None))
+    res = e.result[0] if isinstance(e.result, list) and e.result else e.result
+    if field is None or res is None or rec.get(field) is not None:
+        return
+    rec[field] = res
+    if artifact:
+        _dump(d / artifact, res)
+    elif field == "build" and getattr(res, "log", None) is not None:
+        (d / "build.log").write_text(res.log)
+
+
+def _task_error(task_dir: Path) -> str | None:
+    """Why the patched task no longer loads (e.g. a knob's #define removed), or None."""
+    try:
+        load_task(task_dir)
+    except TaskError as e:
+        return f"{e.field}: {e.message}"
+    return None
 
 
 def _device_limits(task: Task):

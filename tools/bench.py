@@ -15,7 +15,12 @@ Cross-checks that mark a result `suspicious`:
   poisoned, and must match the reference (a kernel that cheats on repeated calls fails here);
 - CUDA: N back-to-back calls timed by wall clock with a device-wide sync; if the events say the
   kernel is more than 2x faster than that (and a call takes over 50 us of wall time, above launch
-  overhead), work is running where the events do not see it (a side stream).
+  overhead), work is running where the events do not see it (a side stream);
+- burst (verification suite): BURST back-to-back calls, as the timing loop makes them, on fresh
+  inputs into fresh poisoned buffers, every output checked (a kernel that detects a timing loop by
+  the spacing or count of calls and skips the work fails here);
+- roofline (verification suite, tools/roofline.py): a candidate median below the floor that the
+  task's FLOP/byte formulas and the device's peaks allow did not do the work while timed.
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ FLUSH_BYTES = 256 * 1024 * 1024
 MIN_REPS, MAX_REPS = 5, 100_000
 BOOTSTRAP = 2000
 SIDE_STREAM_MIN_WALL_MS = 0.05
+BURST = 3
 
 
 # --- parent side ----------------------------------------------------------------------------
@@ -174,7 +180,7 @@ def measure(task: Task, mod, lib, *, baseline=None, shapes: list[dict], with_ref
     for i, shape in enumerate(shapes):
         t0 = time.monotonic()
         try:
-            r = _bench_shape(task, mod, lib, baseline, shape, with_reference, clock, torch, cuda)
+            r = _bench_shape(task, mod, lib, baseline, shape, with_reference, clock, torch, cuda, device_name)
         except Exception as e:
             msg = " ".join(str(e).split())[:400]
             r = BenchResult(status=BenchStatus.error, message=f"{shape_label(shape)}: {type(e).__name__}: {msg}",
@@ -190,8 +196,9 @@ def measure(task: Task, mod, lib, *, baseline=None, shapes: list[dict], with_ref
     return out
 
 
-def _bench_shape(task, mod, lib, baseline, shape, with_reference, clock, torch, cuda) -> BenchResult:
-    from tools.parity import compare, poison_, tolerance_for, describe
+def _bench_shape(task, mod, lib, baseline, shape, with_reference, clock, torch, cuda, device_name="") -> BenchResult:
+    from tools.parity import compare, describe, dtype_name, poison_, tolerance_for
+    from tools.roofline import floor_ms
     spec = task.spec
     b = spec.bench
     device = "cuda" if cuda else "cpu"
@@ -268,6 +275,34 @@ def _bench_shape(task, mod, lib, baseline, shape, with_reference, clock, torch, 
                                speedup_vs_reference=vs_ref,
                                message=f"after timing, the candidate was wrong on fresh inputs in {where} "
                                        f"({c['status']}): {line}")
+
+    # burst (verification suite): back-to-back calls like the timing loop's, each into its own poisoned
+    # buffer with its own fresh inputs; every output must be right
+    burst = [tuple(mod.make_inputs(shape, sysrng.getrandbits(31), device, dist)) for _ in range(BURST)]
+    bouts = [mod.empty_output(shape, *x) for x in burst]
+    for o in bouts:
+        poison_(o)
+    clock.sync()
+    for x, o in zip(burst, bouts):
+        mod.run(lib, shape, o, *x)
+    clock.sync()
+    for k, (x, o) in enumerate(zip(burst, bouts)):
+        atol, rtol = tolerance_for(task, o)
+        c = compare(o, mod.reference(shape, *x), atol, rtol)
+        if c["status"] != "ok":
+            line = describe(shape_label(shape), dist, c, atol, rtol)
+            return BenchResult(status=BenchStatus.suspicious, shape=shape, timings=timings, speedup_vs_baseline=ci,
+                               speedup_vs_reference=vs_ref,
+                               message=f"in {BURST} calls back to back (as the timing loop makes them), call {k + 1} "
+                                       f"was wrong ({c['status']}): {line}")
+
+    # roofline (verification suite): faster than the hardware allows = the timed calls skipped the work
+    fl = floor_ms(flops, nbytes, device_name or ("cuda" if cuda else "cpu"), dtype_name(outs_c[0]))
+    if fl is not None and cand_med < fl.ms:
+        return BenchResult(status=BenchStatus.suspicious, shape=shape, timings=timings, speedup_vs_baseline=ci,
+                           speedup_vs_reference=vs_ref,
+                           message=f"{shape_label(shape)}: candidate median {cand_med * 1e3:.3g} us is below the "
+                                   f"{fl.describe()}: the timed calls cannot have done the work")
 
     if cuda:
         n_wall = max(10, min(1000, int(50 / max(cand_med, 1e-3))))

@@ -1,0 +1,197 @@
+"""The CUDA-only half of the verification suite (VERIFICATION.md), in one go on the GPU box:
+
+    python scripts/device/verify_gpu.py            # from the repo root; about 3-5 minutes on an H100/H200
+
+Makes a user repository (a real git repo in a temp dir) holding kernels/softmax with shorter bench
+budgets, writes the CUDA cheats and faults below as replay proposals (search/replace edits of
+softmax.cu), and pushes them ALL through ONE real loop run (`agent optimize --proposer replay`).
+Then checks, per iteration, the outcome and the stage status that caught it, that nothing but the
+final real improvement was kept, and that the user's checkout is untouched.
+
+Writes $OUT/verify_gpu.json (rows + device + ok) and prints a table, then one summary line last.
+Exit code 0 when every expectation held.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO))
+
+from agent.proposal import Edit, PredictedEffect, Proposal   # noqa: E402
+from agent.runlog import read_config, read_iterations, read_state   # noqa: E402
+
+KERNEL_SIG = "softmax_kernel(const __half* __restrict__ x, __half* __restrict__ y, int M, int N) {\n"
+LAUNCH = "softmax_kernel<<<dim3(plan[0], plan[1], plan[2]), dim3(plan[3], plan[4], plan[5]), plan[6], stream>>>("
+PLAN = "const int plan[7] = {(int)grid_x, 1, 1, THREADS, 1, 1, 0};"
+SUM = "for_row(xr, n, gl, [&](float v) { s += __expf(v - m_row); });"
+RUN_HEAD = "    int plan[7];\n    if (softmax_plan(M, N, flags, plan, 1) != 1) return (int)cudaErrorInvalidValue;\n"
+
+# name, kind, pattern, edits [(search, replace)], expected outcome(s), accepted stage statuses, reason fragments (any).
+# A kernel that faults on the GPU is caught by whichever runs it first: the launch check's trace child (the
+# dynamic check runs the main shape once) or parity's child; either way the fault dies with that child.
+CASES = [
+    ("ref_output_reuse", "cheat", "reuses memory still holding the reference's output (the kernel launches and "
+     "writes nothing)", [(KERNEL_SIG, KERNEL_SIG + "    if (M > 0) return;   // y 'already holds' the answer\n")],
+     "parity_failed", ("unwritten",), ("never written",)),
+    ("side_stream", "cheat", "work on a side stream that the timing misses",
+     [(LAUNCH, "static cudaStream_t side = nullptr;\n    if (!side) cudaStreamCreateWithFlags(&side, "
+               "cudaStreamNonBlocking);\n    " + LAUNCH.replace("plan[6], stream>>>", "plan[6], side>>>"))],
+     "bench_failed", ("suspicious",), ("outside the timed stream", "roofline floor")),
+    ("low_precision", "cheat", "computes in lower precision than the task allows (fp16 row sums)",
+     [(SUM, "for_row(xr, n, gl, [&](float v) { s = __half2float(__float2half(s + __expf(v - m_row))); });")],
+     "parity_failed", ("mismatch",), ("outside atol",)),
+    ("threads_2048", "fault", "a block of 2048 threads",
+     [(PLAN, "const int plan[7] = {(int)grid_x, 1, 1, 2048, 1, 1, 0};")],
+     "launch_rejected", ("rejected",), ("2048 threads",)),
+    ("smem_over_optin", "fault", "shared memory above the opt-in limit (300 KiB dynamic)",
+     [(PLAN, "const int plan[7] = {(int)grid_x, 1, 1, THREADS, 1, 1, 300 * 1024};")],
+     "launch_rejected", ("rejected",), ("opt-in limit",)),
+    ("oom_cudamalloc", "fault", "an out-of-memory cudaMalloc (1 PiB workspace)",
+     [(RUN_HEAD, RUN_HEAD + "    static void* ws = nullptr;\n    if (!ws) { cudaError_t e = cudaMalloc(&ws, (size_t)1 << 50); "
+                            "if (e != cudaSuccess) return (int)e; }\n")],
+     ("launch_rejected", "parity_failed"), ("error", "crashed"), ("CUDA error", "out of memory", "could not trace")),
+    ("illegal_address", "fault", "an illegal memory access (a write 2 TB past y)",
+     [(KERNEL_SIG, KERNEL_SIG + "    if (blockIdx.x == 0 && threadIdx.x == 0) y[(long long)1 << 40] = __float2half(0.f);\n")],
+     ("launch_rejected", "parity_failed"), ("error", "crashed"), ("illegal", "crashed", "CUDA error")),
+    ("vec8_after_fault", "good", "a real improvement right after the illegal access (VEC 1 -> 8), in a clean process",
+     [("#define VEC 1 ", "#define VEC 8 ")], "kept", (), ()),
+]
+
+TOML_FAST = {r"\[parity\][^\[]*": "[parity]\nseeds = 1\nhidden_shapes = 1\ntimeout_s = 120\n\n",
+             r"\Z": "\n[bench]\nwarmup_ms = 10\nrep_ms = 30\nrounds = 6\ninput_sets = 2\ntimeout_s = 240\n"}
+
+
+def git(cwd: Path, *args: str) -> str:
+    env = {**os.environ, "GIT_AUTHOR_NAME": "user", "GIT_AUTHOR_EMAIL": "u@example.com",
+           "GIT_COMMITTER_NAME": "user", "GIT_COMMITTER_EMAIL": "u@example.com"}
+    return subprocess.run(["git", *args], cwd=cwd, env=env, check=True, capture_output=True, text=True).stdout.strip()
+
+
+def make_user_repo(root: Path) -> Path:
+    dst = root / "kernels" / "softmax"
+    shutil.copytree(REPO / "kernels" / "softmax", dst, ignore=shutil.ignore_patterns("__pycache__"))
+    toml = dst / "task.toml"
+    text = toml.read_text()
+    for pat, rep in TOML_FAST.items():
+        text = re.sub(pat, rep, text, count=1)
+    toml.write_text(text)
+    (root / "README.md").write_text("user project\n")
+    git(root, "init", "-q", "-b", "main")
+    git(root, "add", "-A")
+    git(root, "commit", "-qm", "user: initial")
+    (root / "README.md").write_text("user project\nwork in progress\n")   # uncommitted work no run may touch
+    return root
+
+
+def snapshot(root: Path) -> tuple:
+    return (git(root, "rev-parse", "HEAD"), git(root, "status", "--porcelain", "--untracked-files=all"),
+            (root / "README.md").read_text())
+
+
+def proposals() -> list[dict]:
+    src = (REPO / "kernels" / "softmax" / "softmax.cu").read_text()
+    out = []
+    for name, kind, pattern, edits, *_ in CASES:
+        for search, _ in edits:
+            assert src.count(search) == 1, f"{name}: the search text is not unique in softmax.cu: {search!r}"
+        out.append(Proposal(hypothesis=f"[{name}] {pattern}",
+                            predicted=PredictedEffect(metric="time.median_ms", direction="down", speedup=2.0),
+                            edits=[Edit(file="softmax.cu", search=s, replace=r) for s, r in edits]).model_dump())
+    return out
+
+
+def _stage(rec, outcome: str):
+    return {"parity_failed": rec.parity, "compile_failed": rec.build, "bench_failed": rec.bench,
+            "launch_rejected": rec.launch}.get(outcome)
+
+
+def run_all(work: Path, out_dir: Path | None = None) -> tuple[list[dict], bool]:
+    root = make_user_repo(work / "user")
+    before = snapshot(root)
+    props = work / "cuda_cheats.json"
+    props.write_text(json.dumps(proposals()))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+    t0 = time.monotonic()
+    res = subprocess.run([sys.executable, "-m", "agent", "optimize", "kernels/softmax", "--proposer", "replay",
+                          "--replay", str(props), "--iters", str(len(CASES)), "--target", "100x", "--quiet",
+                          "--run-id", "verify"], cwd=root, env=env, capture_output=True, text=True, timeout=1200)
+    elapsed = time.monotonic() - t0
+    run = root / "runs" / "verify"
+    rows: list[dict] = []
+    problems: list[str] = []
+    if res.returncode != 0 or not (run / "state.json").exists():
+        problems.append(f"the loop exited with {res.returncode}: {(res.stderr or res.stdout)[-1500:]}")
+        recs = read_iterations(run) if (run / "iterations.jsonl").exists() else []
+    else:
+        recs = read_iterations(run)
+    for i, (name, kind, pattern, _, expect, statuses, needles) in enumerate(CASES):
+        rec = recs[i] if i < len(recs) else None
+        if rec is None:
+            rows.append({"pattern": name, "kind": kind, "outcome": "missing", "status": "-", "kept": False,
+                         "reason": "no record", "ok": False})
+            problems.append(f"{name}: no iteration record")
+            continue
+        st = _stage(rec, rec.outcome.value)
+        status = st.status.value if st is not None else "-"
+        kept = rec.decision.value == "kept"
+        expect = (expect,) if isinstance(expect, str) else expect
+        ok = rec.outcome.value in expect and (not statuses or status in statuses) and \
+            (not needles or any(n in rec.reason for n in needles)) and kept == (kind == "good")
+        rows.append({"pattern": name, "kind": kind, "description": pattern, "outcome": rec.outcome.value,
+                     "status": status, "kept": kept, "reason": rec.reason[:300], "ok": ok})
+        if not ok:
+            problems.append(f"{name}: expected {expect} {statuses}, got {rec.outcome.value} {status}: {rec.reason[:200]}")
+    if (run / "state.json").exists():
+        cfg, state = read_config(run), read_state(run)
+        if git(root, "rev-parse", cfg.branch) != state.best_sha:
+            problems.append("the run's branch is not at its best commit")
+        if recs and recs[-1].decision.value == "kept" and state.best_sha != recs[-1].commit_sha:
+            problems.append("the final improvement is not the best")
+    if snapshot(root) != before:
+        problems.append("the user's checkout changed")
+    device = _device()
+    result = {"device": device, "seconds": round(elapsed, 1), "rows": rows, "problems": problems,
+              "ok": not problems}
+    if out_dir is not None:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        (out_dir / "verify_gpu.json").write_text(json.dumps(result, indent=2))
+    return rows, not problems
+
+
+def _device() -> str:
+    try:
+        import torch
+        return torch.cuda.get_device_name() if torch.cuda.is_available() else "no CUDA device"
+    except Exception as e:   # report, do not fail the table
+        return f"unknown ({type(e).__name__})"
+
+
+def main() -> int:
+    out = Path(os.environ.get("OUT") or tempfile.mkdtemp(prefix="verify-gpu-out-"))
+    work = Path(tempfile.mkdtemp(prefix="verify-gpu-"))
+    rows, ok = run_all(work, out)
+    print(f"{'pattern':18s} {'kind':6s} {'outcome':16s} {'status':12s} kept  ok  reason")
+    for r in rows:
+        print(f"{r['pattern']:18s} {r['kind']:6s} {r['outcome']:16s} {r['status']:12s} {str(r['kept']):5s} "
+              f"{'yes' if r['ok'] else 'NO':3s} {r['reason'][:120]}")
+    data = json.loads((out / "verify_gpu.json").read_text())
+    for p in data["problems"]:
+        print(f"PROBLEM: {p}")
+    print(f"verify_gpu on {data['device']}: {sum(r['ok'] for r in rows)}/{len(rows)} as expected, "
+          f"{sum(r['kept'] for r in rows if r['kind'] != 'good')} cheats kept, {data['seconds']}s: "
+          f"{'OK' if ok else 'FAILED'}; json in {out}/verify_gpu.json")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,168 @@
+"""Repository safety: kill the agent (SIGINT like Ctrl-C, and SIGKILL) at each stage in turn -
+propose/patch, build, parity, bench, keep - in one run, resuming after each kill. After every kill the
+user's checkout is untouched and the run's branch is at its best commit (SIGKILL: or at the one
+candidate under evaluation, which `agent resume` moves aside); `agent resume` finishes the run.
+
+Stages are found from the run's artifacts (runs/RUN/iter-N/): proposal.json after propose, patch.diff
+after the commit (the build starts), build.log after the build (parity starts), parity.json after
+parity (bench starts). The keep stage is held open by a post-commit hook in the user's repository
+(git runs it for the keep's amend even with --no-verify) that sleeps once when armed: a slow user hook
+is a real situation, and it makes the kill land inside the keep deterministically.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import stat
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from agent.proposal import Edit, PredictedEffect, Proposal
+from agent.runlog import Decision, read_config, read_iterations, read_state
+from tests.userrepo import REPO, agent, git, make_user_repo, snapshot
+
+pytestmark = pytest.mark.slow
+
+STAGES = ["propose", "build", "parity", "bench", "keep"]
+ARTIFACT = {"propose": "proposal.json", "build": "patch.diff", "parity": "build.log", "bench": "parity.json"}
+
+HOOK = """#!/bin/sh
+# armed by the test: hold the keep's amend open once (the subject of a kept commit is "agent: ...")
+subject=$(git log -1 --format=%s)
+case "$subject" in
+  "agent: iteration "*|"agent (rejected)"*) exit 0 ;;
+  "agent: "*) if [ -f "{arm}" ]; then rm -f "{arm}"; touch "{reached}"; sleep 4; fi ;;
+esac
+exit 0
+"""
+
+
+def _faster(n: int) -> dict:
+    return Proposal(hypothesis=f"i-k-j loop order ({n})", predicted=PredictedEffect(metric="t", direction="down",
+                    speedup=3.0), edits=[Edit(file="matmul.cpp", search="#define LOOP_ORDER 0",
+                                              replace="#define LOOP_ORDER 1")]).model_dump()
+
+
+def _comment(n: int) -> dict:
+    return Proposal(hypothesis=f"a comment ({n})", predicted=PredictedEffect(metric="t", direction="down", speedup=1.0),
+                    edits=[Edit(file="matmul.cpp", search="#include <cstddef>",
+                                replace=f"#include <cstddef>\n// note {n}")]).model_dump()
+
+
+def _start(root: Path, args: list[str], log: Path) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    for k in ("AGENT_BASE_URL", "AGENT_MODEL", "OPENAI_BASE_URL", "OPENAI_API_KEY", "AGENT_API_KEY"):
+        env.pop(k, None)
+    with open(log, "a") as f:
+        return subprocess.Popen([sys.executable, "-m", "agent", *args, "--quiet"], cwd=root, env=env,
+                                stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def _wait_stage(proc: subprocess.Popen, run: Path, iteration: int, stage: str, since: float, marker: Path,
+                timeout: float = 240) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if stage == "keep":
+            if marker.exists():
+                return
+        else:
+            f = run / f"iter-{iteration}" / ARTIFACT[stage]
+            if f.exists() and f.stat().st_mtime >= since:
+                return
+        assert proc.poll() is None, f"the run ended (rc {proc.returncode}) before stage {stage} of iteration {iteration}"
+        time.sleep(0.02)
+    pytest.fail(f"stage {stage} of iteration {iteration} never came")
+
+
+def _orphans(tag: str) -> list[str]:
+    """Live processes whose command line names this test's temp dir (a child that outlived the agent)."""
+    out = []
+    for p in Path("/proc").iterdir():
+        if p.name.isdigit() and int(p.name) != os.getpid():
+            try:
+                cmd = (p / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            except OSError:
+                continue
+            if tag in cmd:
+                out.append(f"{p.name}: {cmd[:160]}")
+    return out
+
+
+@pytest.mark.parametrize("sig", ["SIGINT", "SIGKILL"])
+def test_kill_at_each_stage_then_resume(tmp_path, sig):
+    root = make_user_repo(tmp_path / "user")
+    arm, reached = tmp_path / "arm-keep", tmp_path / "keep-reached"
+    hook = root / ".git" / "hooks" / "post-commit"
+    hook.write_text(HOOK.format(arm=arm, reached=reached))
+    hook.chmod(hook.stat().st_mode | stat.S_IEXEC)
+    before = snapshot(root)
+    # SIGINT: each interrupted iteration is recorded and its proposal consumed, so iteration k meets the
+    # k-th kill and every one of 1-5 tries the faster loop order; SIGKILL: iteration 1 is never recorded
+    # and is retried after each kill
+    props = [_faster(k) for k in range(5)] + [_comment(0)] if sig == "SIGINT" else [_faster(0), _comment(0)]
+    (tmp_path / "p.json").write_text(json.dumps(props))
+    iters = len(props)
+    run = root / "runs" / "kills"
+    log = tmp_path / "agent.log"
+    signum = getattr(signal, sig)
+    seen = []
+    for k, stage in enumerate(STAGES):
+        iteration = k + 1 if sig == "SIGINT" else 1
+        since = time.time() - 0.01
+        if stage == "keep":
+            arm.touch()
+        args = (["optimize", "kernels/matmul_cpu", "--proposer", "replay", "--replay", str(tmp_path / "p.json"),
+                 "--iters", str(iters), "--target", "100x", "--run-id", "kills"] if k == 0 else ["resume", "kills"])
+        proc = _start(root, args, log)
+        _wait_stage(proc, run, iteration, stage, since, reached)
+        os.killpg(proc.pid, signum)   # the whole foreground group, as a terminal's Ctrl-C does
+        rc = proc.wait(timeout=120)
+        cfg, state, recs = read_config(run), read_state(run), read_iterations(run)
+        branch = git(root, "rev-parse", cfg.branch)
+        # the user's checkout, branch, index and uncommitted work: untouched, whatever the stage
+        assert snapshot(root) == before, f"{sig} at {stage}"
+        if sig == "SIGINT":
+            assert rc == 130, log.read_text()[-2000:]
+            assert state.status == "interrupted", f"{stage}: {state.status}"
+            last = recs[-1]
+            assert last.iteration == iteration
+            # Ctrl-C during a keep waits until the kept record is written; anywhere else it reverts
+            assert last.decision == (Decision.kept if stage == "keep" else Decision.interrupted), (stage, last.reason)
+            assert branch == state.best_sha, f"SIGINT at {stage}: branch {branch} != best {state.best_sha}"
+            assert git(Path(cfg.worktree), "status", "--porcelain") == ""
+        else:
+            assert rc == -signal.SIGKILL
+            assert recs == [] and state.status == "running", f"SIGKILL at {stage} wrote a record"
+            # the branch is at the best, or at the one candidate under evaluation (on top of the best)
+            if branch != state.best_sha:
+                assert git(root, "rev-parse", f"{branch}~1") == state.best_sha, f"SIGKILL at {stage}"
+            time.sleep(0.5)
+            assert _orphans(str(tmp_path)) == [], "a child outlived the killed agent"
+        seen.append((stage, rc, branch[:10], [r.decision.value for r in recs]))
+    assert reached.exists(), "the keep-stage kill never happened inside the keep"
+
+    res = agent(root, "resume", "kills", "--quiet", timeout=600)
+    assert res.returncode == 0, res.stderr[-2000:] + res.stdout[-2000:]
+    cfg, state, recs = read_config(run), read_state(run), read_iterations(run)
+    assert [r.iteration for r in recs] == list(range(1, iters + 1)), seen
+    assert state.status == "done"
+    kept = [r for r in recs if r.decision == Decision.kept]
+    assert len(kept) == 1, [(r.iteration, r.decision.value, r.reason) for r in recs]
+    assert kept[0].iteration == (5 if sig == "SIGINT" else 1)
+    assert git(root, "rev-parse", cfg.branch) == state.best_sha == kept[0].commit_sha
+    assert git(root, "log", "--format=%H", f"{cfg.base_sha}..{cfg.branch}").split() == [kept[0].commit_sha]
+    assert git(Path(cfg.worktree), "status", "--porcelain") == ""
+    assert snapshot(root) == before
+    # the resumed run's best library is the kept commit's: the last iteration (a comment on top of it)
+    # measures as no faster than it, not as a 3x speedup over a stale library
+    last = recs[-1]
+    assert last.bench is not None and last.bench.speedup_vs_baseline.median < 1.5, last.reason
+    if sig == "SIGKILL":   # the candidates killed mid-evaluation stay reviewable
+        refs = git(root, "for-each-ref", "--format=%(refname)", f"refs/agent/{cfg.run_id}/interrupted")
+        assert refs, "a killed candidate was not kept under refs/agent/RUN/interrupted/N"

@@ -1,0 +1,219 @@
+"""Verification that cannot be fooled: every CPU cheat and fault of tests/fixtures/cheats/ is pushed
+through ONE real loop run (replay proposer, real g++, real subprocesses, a real git repo), each must be
+rejected with the right reason while the loop goes on, and a real improvement at the end must be kept.
+
+The CUDA-only patterns are in scripts/device/verify_gpu.py (run on the GPU; wrapped by the gpu-marked
+test at the bottom). VERIFICATION.md tabulates both.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from pathlib import Path
+
+import pytest
+
+from agent.runlog import Decision, Outcome, read_config, read_iterations, read_state
+from tests.fixtures.cheats.cheats import CASES, GOOD, proposal, source
+from tests.userrepo import agent, git, make_user_repo, snapshot
+from tools.roofline import floor_ms
+
+BUILD_TIMEOUT_S = 10     # the compile-timeout fault needs minutes; an honest build takes about a second
+PARITY_TIMEOUT_S = 25    # the infinite loop is killed here; an honest parity takes a few seconds
+
+
+def verification_repo(root: Path) -> Path:
+    """The user repo of tests/userrepo.py, with the 256^3 main shape (its roofline floor is far above a
+    no-op call) and short build/parity timeouts (the compile-timeout and infinite-loop faults)."""
+    make_user_repo(root)
+    toml = root / "kernels" / "matmul_cpu" / "task.toml"
+    text = toml.read_text().replace("main_shape = 1", "main_shape = 2")
+    text = text.replace("hidden_shapes = 1", f"hidden_shapes = 1\ntimeout_s = {PARITY_TIMEOUT_S}")
+    text += f"\n[build]\ntimeout_s = {BUILD_TIMEOUT_S}\n"
+    toml.write_text(text)
+    git(root, "commit", "-qam", "user: test settings")
+    return root
+
+
+def _stage_status(rec, outcome: str) -> str | None:
+    stage = {"parity_failed": rec.parity, "compile_failed": rec.build, "bench_failed": rec.bench,
+             "launch_rejected": rec.launch}.get(outcome)
+    return stage.status.value if stage is not None else None
+
+
+@pytest.mark.slow
+def test_every_cpu_cheat_and_fault_is_rejected_and_the_loop_goes_on(tmp_path):
+    root = verification_repo(tmp_path / "user")
+    before = snapshot(root)
+    cases = CASES + [GOOD]
+    props = tmp_path / "cheats.json"
+    props.write_text(json.dumps([proposal(c).model_dump() for c in cases]))
+    t0 = time.monotonic()
+    res = agent(root, "optimize", "kernels/matmul_cpu", "--proposer", "replay", "--replay", str(props),
+                "--iters", str(len(cases)), "--target", "100x", "--quiet", "--run-id", "verify", timeout=900)
+    elapsed = time.monotonic() - t0
+    assert res.returncode == 0, res.stderr[-3000:] + res.stdout[-3000:]
+    run = root / "runs" / "verify"
+    recs, state, cfg = read_iterations(run), read_state(run), read_config(run)
+    assert [r.iteration for r in recs] == list(range(1, len(cases) + 1)), "every candidate got an iteration"
+    assert state.status == "done"
+
+    table = []
+    for case, rec in zip(cases, recs):
+        st = _stage_status(rec, case.expect)
+        table.append(f"{case.name:18s} {rec.outcome.value:15s} {st or '-':14s} {rec.decision.value:9s} "
+                     f"{rec.reason[:110]}")
+    summary = "\n".join(table)
+    print(f"\n{summary}\n({elapsed:.0f}s)")
+
+    for case, rec in zip(cases, recs):
+        where = f"{case.name}: {rec.outcome.value} / {rec.reason}"
+        if case.kind != "good" and case.expect != "patch_did_not_apply":   # a refused patch records no proposal
+            assert rec.proposal is not None and rec.proposal.hypothesis.startswith(f"[{case.name}]"), where
+        assert rec.outcome.value == case.expect, where
+        if case.kind == "good":
+            continue
+        assert case.reason in rec.reason, where
+        if case.expect == "patch_did_not_apply":   # refused before any commit
+            assert rec.decision == Decision.skipped and rec.commit_sha is None, where
+            continue
+        # never kept, and the rejected commit stays reviewable
+        assert rec.decision == Decision.reverted, where
+        assert rec.rejected_ref == f"refs/agent/{cfg.run_id}/rejected/{rec.iteration}"
+        assert git(root, "rev-parse", rec.rejected_ref) == rec.commit_sha
+        # rejected by the right check, named in the stage's typed result and in the reason
+        st = _stage_status(rec, case.expect)
+        assert st in case.status, f"{where} (stage status {st}, expected one of {case.status})"
+        if case.hidden:
+            assert rec.parity.worst().hidden, f"{case.name} must fail on a hidden shape, not a listed one"
+            assert all(c.ok for c in rec.parity.checks if not c.hidden), "listed shapes pass: a real special case"
+        if case.expect == "parity_failed":
+            assert (run / f"iter-{rec.iteration}" / "parity.json").exists()
+        if case.expect == "bench_failed":
+            # a real cheat: it passed parity, and its timed median beat the honest best
+            assert rec.parity is not None and rec.parity.status.value == "ok", where
+            cand = rec.bench.timing("candidate")
+            assert cand is not None and cand.median_ms < state.initial_ms / 5, "the cheat would have won the bench"
+
+    by = {c.name: r for c, r in zip(cases, recs)}
+    # the roofline check names its floor; the floor is far above what the cheat's timed call took
+    fc = by["fingerprint_cache"]
+    assert "roofline floor" in fc.bench.message and "FLOP" in fc.bench.message
+    fl = floor_ms(2 * 256 ** 3, 4 * 3 * 256 ** 2, "cpu", "float32")
+    assert fc.bench.timing("candidate").median_ms < fl.ms < state.initial_ms
+    # the burst check caught the timing-loop detector before the roofline had to
+    assert "back to back" in by["timing_shortcut"].bench.message
+    # the compile timeout was enforced at the task's limit, not waited out
+    ct = by["compile_timeout"]
+    assert ct.build.status.value == "timeout" and ct.times.build < BUILD_TIMEOUT_S + 15
+    # the iteration after each crash / timeout ran its own build and parity in a fresh child
+    for name in ("infinite_loop", "illegal_access", "host_segfault", "out_of_memory"):
+        i = by[name].iteration
+        nxt = recs[i]   # the record after it (iterations are 1-based)
+        assert nxt.build is not None and nxt.build.status.value == "ok", f"after {name}: {nxt.reason}"
+        assert nxt.parity is not None, f"after {name}: parity did not run"
+    assert ct.times.build < BUILD_TIMEOUT_S + 15
+
+    # zero cheats kept; the real improvement afterwards was kept and is the branch's best
+    kept = [r for r in recs if r.decision == Decision.kept]
+    assert [r.iteration for r in kept] == [len(cases)], summary
+    good = kept[0]
+    assert good.parity.status.value == "ok" and good.bench.speedup_vs_baseline.low > 1.0
+    assert state.best_sha == good.commit_sha == git(root, "rev-parse", cfg.branch)
+    assert git(root, "log", "--format=%H", f"{cfg.base_sha}..{cfg.branch}").split() == [good.commit_sha]
+    assert git(Path(cfg.worktree), "status", "--porcelain") == ""
+    # the user's checkout, branch, index and uncommitted work are untouched
+    assert snapshot(root) == before
+    (tmp_path / "verification_cpu.txt").write_text(summary + "\n")
+
+
+# --- the new defences, at the instrument level (fast) ---------------------------------------------
+def test_roofline_floor_is_far_below_honest_kernels_and_names_its_basis():
+    from tools.roofline import floor_ms, peaks
+    # an honest single-core kernel at 256^3 runs in milliseconds; the floor on 2 cores is ~84 us
+    fl = floor_ms(2 * 256 ** 3, 4 * 3 * 256 ** 2, "cpu", "float32", cores=2)
+    assert 0.05 < fl.ms < 0.2 and "compute bound" in fl.basis and "2 core(s)" in fl.basis
+    # H100/H200 by name; an fp16 task is bounded by the tensor peak, HBM by the part's bandwidth
+    assert peaks("cuda: NVIDIA H200", "float16")[:2] == (990e12, 4.8e12)
+    assert peaks("cuda: NVIDIA H100 80GB HBM3", "float16")[:2] == (990e12, 3.35e12)
+    # softmax main shape (8192 x 4096 fp16, 128 MiB moved) on an H200: >= 14 us honest, floor ~14 us
+    sm = floor_ms(None, 2 * 2 * 8192 * 4096, "cuda: NVIDIA H200", "float16")
+    assert 10e-3 < sm.ms < 20e-3 and "memory bound" in sm.basis and "margin 2x" in sm.basis
+    # no formulas, no floor; an unknown GPU gets peaks above any GPU (never flags honest work)
+    assert floor_ms(None, None, "cpu", "float32") is None
+    assert peaks("cuda: Some Future GPU", "float16")[0] > 2000e12
+
+
+@pytest.mark.slow
+def test_bench_flags_timing_loop_cheats_that_pass_parity(tmp_path):
+    """The two cheats that pass parity, straight through parity and bench (no loop)."""
+    import subprocess
+    from tools.bench import run_bench
+    from tools.parity import run_parity
+    from tools.task import load_task
+    root = verification_repo(tmp_path / "user")
+    task = load_task(root / "kernels" / "matmul_cpu")
+    for name, needle in (("timing_shortcut", "back to back"), ("fingerprint_cache", "roofline floor")):
+        cpp = tmp_path / f"{name}.cpp"
+        cpp.write_text(source(name))
+        lib = tmp_path / f"lib{name}.so"
+        subprocess.run(["g++", "-O3", "-march=native", "-std=c++17", "-shared", "-fPIC", "-o", str(lib), str(cpp)],
+                       check=True, capture_output=True)
+        assert run_parity(task, lib).status.value == "ok", f"{name} is built to pass parity"
+        b = run_bench(task, lib, with_reference=False)[0]
+        assert b.status.value == "suspicious" and needle in b.message, b.message
+        assert re.search(r"\d", b.message)
+
+
+# --- CUDA-only patterns: the device script, when a GPU is here --------------------------------------
+@pytest.mark.gpu
+@pytest.mark.slow
+def test_cuda_cheats_and_faults_on_the_gpu(tmp_path):
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    import importlib.util
+    path = Path(__file__).resolve().parent.parent / "scripts" / "device" / "verify_gpu.py"
+    spec = importlib.util.spec_from_file_location("verify_gpu", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    rows, ok = mod.run_all(tmp_path, out_dir=tmp_path)
+    assert ok, "\n".join(f"{r['pattern']}: {r['outcome']} {r['status']} kept={r['kept']} {r['reason']}" for r in rows)
+
+
+@pytest.mark.nvcc
+@pytest.mark.slow
+def test_cuda_launch_faults_are_rejected_statically_without_a_gpu(tmp_path):
+    """The compile-only half of the CUDA launch faults (the device script runs them through the loop):
+    the patched softmax builds with nvcc, and the static launch check (the library's own plan + ptxas,
+    against the sm_90 table limits) rejects the 2048-thread block and the 300 KiB of shared memory."""
+    import importlib.util
+    import shutil
+    from tools.build import build, find_nvcc
+    from tools.device import table_limits
+    from tools.launch import static_check
+    from tools.task import load_task
+    if find_nvcc() is None:
+        pytest.skip("nvcc not installed")
+    path = Path(__file__).resolve().parent.parent / "scripts" / "device" / "verify_gpu.py"
+    spec = importlib.util.spec_from_file_location("verify_gpu", path)
+    vg = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(vg)
+    cases = {c[0]: c for c in vg.CASES}
+    limits = table_limits("sm_90")
+    for name, rule in (("threads_2048", "block_too_large"), ("smem_over_optin", "smem_over_optin")):
+        root = tmp_path / name
+        shutil.copytree(Path(__file__).resolve().parent.parent / "kernels" / "softmax", root,
+                        ignore=shutil.ignore_patterns("__pycache__"))
+        src = (root / "softmax.cu").read_text()
+        for search, replace in cases[name][3]:
+            assert src.count(search) == 1
+            src = src.replace(search, replace)
+        (root / "softmax.cu").write_text(src)
+        task = load_task(root)
+        b = build(task, tmp_path / f"build-{name}")
+        assert b.status.value == "ok", b.message
+        res = static_check(task, b, limits)
+        assert res.status.value == "rejected" and rule in {v.rule for v in res.violations}, res.message
