@@ -80,21 +80,39 @@ class Evaluator:
             raise CompileFailed(f"{res.status.value}: {first_lines(res.message, 8)}", res)
         return res
 
-    def launch(self, build: BuildResult, parent: LaunchResult | None, times: StageTimes) -> LaunchResult:
+    def launch(self, build: BuildResult, parent: LaunchResult | None, times: StageTimes,
+               dynamic: bool = True) -> LaunchResult:
+        """The static check (the library's own plan + ptxas against the limits), then, on a GPU and
+        when `dynamic`, the real geometry from a profiler trace. The loop asks for the dynamic part
+        only for a candidate about to be kept (it costs a fresh torch process, 12-15 s on the H200)."""
         if self.task.spec.device == "cpu" or self.limits is None:
             return LaunchResult(status=LaunchStatus.not_applicable, message="CPU task: no launch geometry")
         from tools import launch as launch_tool
         t0 = time.monotonic()
         try:
             res = launch_tool.static_check(self.task, build, self.limits, parent)
-            if res.status == LaunchStatus.ok and self.limits.source == "device":
-                res = launch_tool.dynamic_check(self.task, build.lib_path, self.limits, res)
+            if res.status == LaunchStatus.ok and dynamic:
+                res = self._dynamic(build.lib_path, res)
         finally:
             times.launch += time.monotonic() - t0
-        if res.status != LaunchStatus.ok:
-            msgs = "; ".join(v.message for v in res.violations) or res.message
-            raise LaunchRejected(f"launch {res.status.value}: {msgs}", res)
-        return res
+        return _launch_ok(res)
+
+    def verify_launch(self, lib: Path, static: LaunchResult, times: StageTimes) -> LaunchResult:
+        """The dynamic part alone, for a candidate that passed everything else."""
+        if static.status != LaunchStatus.ok:
+            return static
+        t0 = time.monotonic()
+        try:
+            res = self._dynamic(str(lib), static)
+        finally:
+            times.launch += time.monotonic() - t0
+        return _launch_ok(res)
+
+    def _dynamic(self, lib_path: str, static: LaunchResult) -> LaunchResult:
+        if self.limits is None or self.limits.source != "device":
+            return static   # compile-only machine: the static check is all there is
+        from tools import launch as launch_tool
+        return launch_tool.dynamic_check(self.task, lib_path, self.limits, static)
 
     def parity(self, lib: Path, times: StageTimes, seed: int | None = None) -> ParityResult:
         from tools.parity import run_parity
@@ -115,6 +133,13 @@ class Evaluator:
         if bad is not None:
             raise BenchFailed(f"bench {bad.status.value}: {bad.message}", res)
         return res
+
+
+def _launch_ok(res: LaunchResult) -> LaunchResult:
+    if res.status not in (LaunchStatus.ok, LaunchStatus.not_applicable):
+        msgs = "; ".join(v.message for v in res.violations) or res.message
+        raise LaunchRejected(f"launch {res.status.value}: {msgs}", res)
+    return res
 
 
 def snapshot_lib(lib_path: str | Path, dest: Path) -> Path:

@@ -315,7 +315,7 @@ class Loop:
         rec["build"] = b
         (d / "build.log").write_text(b.log)
         self.view.stage(i, "launch")
-        rec["launch"] = self.evaluator.launch(b, self.best_launch, times)
+        rec["launch"] = self.evaluator.launch(b, self.best_launch, times, dynamic=False)
         lib = snapshot_lib(b.lib_path, d / self._lib_name())
         self.view.stage(i, "parity")
         rec["parity"] = self.evaluator.parity(lib, times)
@@ -333,6 +333,9 @@ class Loop:
             raise NotFaster(f"speedup {ci.median:.3f}x [{ci.low:.3f}, {ci.high:.3f}] over the best: "
                             + ("within noise" if not ci.excludes_one() else
                                "slower" if ci.high < 1 else f"below the {self.cfg.min_gain:.0%} minimum gain"))
+        # about to be kept: the real launch geometry (profiler trace) must match the plan and the limits
+        self.view.stage(i, "launch")
+        rec["launch"] = self.evaluator.verify_launch(lib, rec["launch"], times)
         return bench
 
     def _reverify(self, lib: Path, bench: BenchResult, times: StageTimes) -> None:
