@@ -1,0 +1,56 @@
+"""The heuristic proposer's rules, on real tasks and profiles parsed from real ncu reports."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from agent.proposers.base import Context, HistoryItem
+from agent.proposers.heuristic import HeuristicProposer
+from tools.profile.model import Bottleneck, KernelProfile, ProfileEnv, ProfileReport, ProfileStatus
+from tools.task import load_task
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _ctx(task, profile=None, history=()):
+    return Context(task=task, iteration=1, sources={f: task.path(f).read_text() for f in task.spec.editable},
+                   profile=profile, history=list(history), knobs=task.read_knobs(),
+                   measured_knobs=[{k: v for k, v in task.read_knobs().items()}])
+
+
+def _prof(ctas: int = 64, **kw) -> ProfileReport:
+    k = KernelProfile(name="attention_fwd_kernel", grid=(ctas, 1, 1), block=(128, 1, 1), ctas=ctas, **kw)
+    return ProfileReport(status=ProfileStatus.ok, env=ProfileEnv(sm_count=132), kernels=[k])
+
+
+def test_small_grid_raises_the_split_knob_and_names_the_metric():
+    task = load_task(REPO / "kernels" / "attention_fwd")
+    p, _ = HeuristicProposer(task).propose(_ctx(task, _prof(bottleneck=Bottleneck.small_grid)))
+    assert p.knobs["KV_SPLITS"] == 2 and "64 CTAs on 132 SMs" in p.hypothesis
+    assert p.edits[0].search.strip().startswith("#define KV_SPLITS 1")
+    assert any(e.metric == "launch.ctas" and e.value == "64" for e in p.evidence)
+
+
+def test_bank_conflicts_pad_and_idle_tensor_pipe_enables_tensor_cores():
+    task = load_task(REPO / "kernels" / "attention_fwd")
+    prof = _prof(2048, smem_bank_conflicts=470086736, bottleneck=Bottleneck.memory)
+    p, _ = HeuristicProposer(task).propose(_ctx(task, prof))
+    assert p.knobs["SMEM_PAD"] == 2 and "bank conflicts" in p.hypothesis
+    prof = _prof(2048, bottleneck=Bottleneck.compute, tensor_pipe_pct=0.0, sol_compute_pct=80.0)
+    p, _ = HeuristicProposer(task).propose(_ctx(task, prof))
+    assert p.knobs["USE_TENSOR_CORES"] == 1 and "tensor pipe" in p.hypothesis
+
+
+def test_exploration_tries_the_vector_knob_before_threads_and_never_repeats():
+    task = load_task(REPO / "kernels" / "softmax")
+    prop = HeuristicProposer(task)
+    p, _ = prop.propose(_ctx(task))
+    assert set(k for k, v in p.knobs.items() if v != task.read_knobs()[k]) == {"VEC"}
+    seen = [p.knobs]
+    hist = [HistoryItem(iteration=1, hypothesis=p.hypothesis, outcome="not_faster", reason="", knobs=p.knobs)]
+    for i in range(6):
+        q, _ = prop.propose(_ctx(task, history=hist))
+        assert q.knobs not in seen and q.knobs != task.read_knobs()
+        seen.append(q.knobs)
+        hist.append(HistoryItem(iteration=i + 2, hypothesis=q.hypothesis, outcome="not_faster", reason="",
+                                knobs=q.knobs))
