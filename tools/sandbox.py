@@ -8,6 +8,7 @@ the process it happens in; here that process is always a throwaway child.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import signal
@@ -56,7 +57,7 @@ class ProcResult(BaseModel):
         return "ok"
 
 
-def _child_setup() -> None:
+def _child_setup(parent: int | None = None) -> None:
     """In the child, before exec: its own session (process group), and death with the parent.
 
     If the agent itself is killed (SIGKILL cannot be caught, so no timeout can fire), the kernel
@@ -70,6 +71,14 @@ def _child_setup() -> None:
             libc.prctl(1, signal.SIGKILL)   # PR_SET_PDEATHSIG
         except OSError:
             pass
+    # verification suite (kill safety): the agent may have died between fork and prctl, when no death
+    # signal can come any more; such a child must not run on alone
+    if parent is not None and os.getppid() != parent:
+        os._exit(137)
+    # SIGINT was blocked by the parent around the fork (see run_isolated); the child, now in its own
+    # session, takes it normally again (a Ctrl-C that came in the window is the parent's, not ours)
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
 
 
 def run_isolated(argv: list[str], timeout_s: float, cwd: Path | str | None = None,
@@ -77,13 +86,23 @@ def run_isolated(argv: list[str], timeout_s: float, cwd: Path | str | None = Non
     """Run argv in a new session; kill its process group on timeout. Never raises for the child."""
     full_env = {**os.environ, **(env or {})}
     t0 = time.monotonic()
+    # verification suite (kill safety): a Ctrl-C to the agent's process group that lands between fork and
+    # setsid reached the child, not the agent, and was lost (the run went on). SIGINT is held around the
+    # fork and delivered to the agent right after it.
+    held = _hold_sigint()
     try:
         proc = subprocess.Popen(argv, cwd=cwd, env=full_env, stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                preexec_fn=_child_setup)
-    except (FileNotFoundError, PermissionError) as e:
-        return ProcResult(status=ProcStatus.not_started, seconds=0.0, stderr=str(e), argv=argv)
+                                preexec_fn=functools.partial(_child_setup, os.getpid()))
+    except BaseException as e:
+        if held:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+        if isinstance(e, (FileNotFoundError, PermissionError)):
+            return ProcResult(status=ProcStatus.not_started, seconds=0.0, stderr=str(e), argv=argv)
+        raise
     try:
+        if held:   # a held Ctrl-C is raised here, where the child's group is killed below
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
         out, err = proc.communicate(input=stdin, timeout=timeout_s)
     except subprocess.TimeoutExpired:
         _kill_group(proc)
@@ -106,6 +125,14 @@ def run_isolated(argv: list[str], timeout_s: float, cwd: Path | str | None = Non
     else:
         status, sig = ProcStatus.failed, None
     return ProcResult(status=status, returncode=rc, signal=sig, seconds=dt, stdout=out, stderr=err, argv=argv)
+
+
+def _hold_sigint() -> bool:
+    """Block SIGINT; True if this call blocked it (False: already blocked by the caller, or unsupported)."""
+    try:
+        return signal.SIGINT not in signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    except (AttributeError, ValueError, OSError):
+        return False
 
 
 def _kill_group(proc: subprocess.Popen, quiet: bool = False) -> None:
