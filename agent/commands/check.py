@@ -133,7 +133,7 @@ def run_check(task_path: Path, build_dir: Path | None = None) -> tuple[CheckSumm
         cand = r.timing("candidate")
         label = ",".join(f"{k}={int(v)}" for k, v in r.shape.items())
         detail = r.message or (f"{cand.median_ms:.4f} ms median" if cand else "")
-        if r.speedup_vs_reference is not None:
+        if r.speedup_vs_reference is not None and "vs reference" not in detail:
             detail += f", {r.speedup_vs_reference:.2f}x vs reference"
         steps.add(f"bench {label}", r.status.value, detail)
     summary.ok = bool(summary.bench) and all(r.status == BenchStatus.ok for r in summary.bench)
