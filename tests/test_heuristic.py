@@ -54,3 +54,17 @@ def test_exploration_tries_the_vector_knob_before_threads_and_never_repeats():
         seen.append(q.knobs)
         hist.append(HistoryItem(iteration=i + 2, hypothesis=q.hypothesis, outcome="not_faster", reason="",
                                 knobs=q.knobs))
+
+
+def test_a_rule_move_that_failed_is_not_retried_before_the_untried_ones():
+    task = load_task(REPO / "kernels" / "softmax")
+    prof = ProfileReport(status=ProfileStatus.ok, env=ProfileEnv(sm_count=132), kernels=[KernelProfile(
+        name="softmax_kernel", grid=(8192, 1, 1), block=(128, 1, 1), ctas=8192, bottleneck=Bottleneck.compute,
+        sol_compute_pct=73.0, sol_memory_pct=52.0, tensor_pipe_pct=None)])
+    prop = HeuristicProposer(task)
+    first, _ = prop.propose(_ctx(task, prof))
+    assert first.knobs["ROWS_PER_CTA"] == 2 and "Compute-bound" in first.hypothesis
+    failed = HistoryItem(iteration=1, hypothesis=first.hypothesis, outcome="not_faster", reason="slower",
+                         knobs=first.knobs)
+    second, _ = prop.propose(_ctx(task, prof, [failed]))
+    assert second.knobs["ROWS_PER_CTA"] == 1, second.hypothesis

@@ -56,7 +56,15 @@ class HeuristicProposer:
                                     "the heuristic proposer has nothing to move (use --proposer llm)")
         measured = {_key(h.knobs) for h in ctx.history if h.knobs} | {_key(c) for c in ctx.measured_knobs}
         measured.add(_key(current))
-        for move in self._rule_moves(ctx.profile, current) + self._explore_moves(current):
+        # a knob value that already failed (in a rejected configuration) is tried again only after
+        # everything else: on the H200 the same "compute-bound: larger tiles" move was retried three
+        # times from three configurations, each slower
+        failed = {(n, v) for h in ctx.history if h.knobs and h.outcome != "kept"
+                  for n, v in h.knobs.items() if current.get(n) != v}
+        rules = self._rule_moves(ctx.profile, current)
+        fresh = [m for m in rules if (m.knob, m.value) not in failed]
+        stale = [m for m in rules if (m.knob, m.value) in failed]
+        for move in fresh + self._explore_moves(current) + stale:
             cfg = {**current, move.knob: move.value}
             if _key(cfg) in measured or not self.task.spec.restriction_ok(cfg):
                 continue
