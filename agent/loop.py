@@ -210,8 +210,8 @@ class Loop:
         proposal: Proposal | None = None
         commit_sha: str | None = None
         try:
-            proposal, patch_msg = self._propose_and_patch(i, d, times, usage)
-            rec.update(proposal=proposal, patch_message=patch_msg)
+            proposal, patch_msg = self._propose_and_patch(i, d, times, usage, rec)
+            rec.update(patch_message=patch_msg)
             self.view.stage(i, "commit", proposal.summary())
             t0 = time.monotonic()
             diff = self.git.diff(self._rel(self.task.spec.editable))
@@ -244,7 +244,8 @@ class Loop:
             write_json_atomic(self.run_dir / "state.json", self.state)
             raise
 
-    def _propose_and_patch(self, i: int, d: Path, times: StageTimes, usage: Usage) -> tuple[Proposal, str]:
+    def _propose_and_patch(self, i: int, d: Path, times: StageTimes, usage: Usage,
+                           rec: dict) -> tuple[Proposal, str]:
         from agent.patch import PatchStatus, apply_edits
         feedback, kind = self._last_failure()
         for attempt in range(PATCH_REPAIRS + 1):
@@ -264,6 +265,9 @@ class Loop:
                 times.propose += time.monotonic() - t0
             _add_usage_into(usage, u)
             proposal.proposer = proposal.proposer or self.proposer.name
+            # in the record at once: an interrupt or a refused patch still says what was proposed
+            # (and a resumed replay counts it as consumed)
+            rec["proposal"] = proposal
             (d / f"proposal-{attempt}.json" if attempt else d / "proposal.json").write_text(proposal.model_dump_json(indent=2))
             t0 = time.monotonic()
             res = apply_edits(proposal.edits, self._task_dir(), self.task.spec.editable)
