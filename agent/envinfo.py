@@ -1,4 +1,6 @@
-"""The environment fingerprint written into run.json: what a number was measured on."""
+"""The environment fingerprint written into run.json: what a number was measured on.
+
+The toolchain probes are the doctor's (tools/device.py), so a run records what `agent doctor` shows."""
 
 from __future__ import annotations
 
@@ -8,27 +10,27 @@ import socket
 import subprocess
 
 from agent.runlog import EnvFingerprint
+from tools.device import driver_info, ncu_info, nvcc_info
 
 
-def _cmd(argv: list[str], timeout: float = 10.0) -> str | None:
+def _first_line(argv: list[str]) -> str | None:
     if shutil.which(argv[0]) is None:
         return None
     try:
-        out = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
+        out = subprocess.run(argv, capture_output=True, text=True, timeout=10)
     except (subprocess.TimeoutExpired, OSError):
         return None
     text = (out.stdout or out.stderr).strip()
-    return text or None
+    return text.splitlines()[0] if text else None
 
 
 def fingerprint(repo=None) -> EnvFingerprint:
     fp = EnvFingerprint(host=socket.gethostname(), python=platform.python_version())
-    nvcc = _cmd(["nvcc", "--version"])
-    fp.nvcc = nvcc.splitlines()[-1] if nvcc else None
-    cxx = _cmd(["c++", "--version"])
-    fp.cxx = cxx.splitlines()[0] if cxx else None
-    ncu = _cmd(["ncu", "--version"])
-    fp.ncu = ncu.splitlines()[-1] if ncu else None
+    nvcc, ncu, drv = nvcc_info(), ncu_info(), driver_info()
+    fp.nvcc = f"nvcc {nvcc.version}" if nvcc.found else None
+    fp.ncu = f"ncu {ncu.version}" if ncu.found else None
+    fp.driver = drv.version if drv.found else None
+    fp.cxx = _first_line(["c++", "--version"])
     try:
         import torch
         fp.torch = torch.__version__
@@ -37,12 +39,10 @@ def fingerprint(repo=None) -> EnvFingerprint:
             fp.gpu, fp.sm_count, fp.cuda_runtime = p.name, p.multi_processor_count, torch.version.cuda
     except Exception:   # a broken torch install must not stop the fingerprint
         pass
-    smi = _cmd(["nvidia-smi", "--query-gpu=driver_version,clocks.sm,clocks.max.sm", "--format=csv,noheader"])
-    if smi:
-        parts = [p.strip() for p in smi.splitlines()[0].split(",")]
-        fp.driver = parts[0]
-        if len(parts) >= 3:
-            fp.clocks = f"SM {parts[1]} (max {parts[2]}) at start; clocks left as found (ncu --clock-control none)"
+    if drv.found:
+        clocks = _first_line(["nvidia-smi", "--query-gpu=clocks.sm,clocks.max.sm", "--format=csv,noheader"])
+        if clocks:
+            fp.clocks = f"SM {clocks} (current, max) at start; clocks left as found (ncu --clock-control none)"
     if repo is not None:
         fp.git_sha = repo.head.commit.hexsha
         fp.git_dirty = repo.is_dirty(untracked_files=False)

@@ -15,7 +15,7 @@ from agent.loop import Loop, SetupFailed, load_run, now
 from agent.proposers.base import Proposer
 from agent.runlog import RunConfig, read_iterations, write_json_atomic
 from agent.view import View
-from tools.task import Task, find_tasks, load_task
+from tools.task import Task, first_fitting_task, load_task
 
 
 class UsageError(Exception):
@@ -54,24 +54,15 @@ def choose_task(arg: str | None, cwd: Path) -> tuple[Path, str]:
         if conf.get("task"):
             p = (root / conf["task"]) if "/" in conf["task"] else root / "kernels" / conf["task"]
             return p.resolve(), f"task {p.name} (from [tool.agent] in pyproject.toml)"
-    cuda = _cuda_available()
-    tasks = find_tasks(root / "kernels")
-    if not tasks:
-        raise UsageError(f"no task given and no kernels/*/task.toml under {root}")
-    for t in tasks:
-        dev = load_task(t).spec.device
-        if dev == ("cuda" if cuda else "cpu"):
-            why = "a GPU is present" if cuda else "no GPU here"
-            return t.resolve(), f"task {t.name} (first shipped {dev} task; {why})"
-    return tasks[0].resolve(), f"task {tasks[0].name} (first shipped task)"
-
-
-def _cuda_available() -> bool:
-    try:
-        import torch
-        return torch.cuda.is_available()
-    except Exception:
-        return False
+    from tools.device import torch_cuda_available
+    cuda = torch_cuda_available()
+    chosen = first_fitting_task(root / "kernels", cuda)
+    if chosen is None:
+        raise UsageError(f"no task given and no kernels/*/task.toml under {root} fits this machine "
+                         "(a cuda task needs a GPU)")
+    dev = load_task(chosen).spec.device
+    why = "a GPU is present" if cuda else "no GPU here"
+    return chosen.resolve(), f"task {chosen.name} (first shipped {dev} task; {why})"
 
 
 def make_proposer(kind: str, task: Task, cfg_extra: dict, repo_root: Path) -> Proposer:

@@ -122,7 +122,8 @@ def nvcc_info() -> ToolInfo:
 
 
 def find_ncu() -> str | None:
-    found = shutil.which("ncu")
+    """$NCU, else ncu on PATH, else the usual install places. The doctor and the profiler both use this."""
+    found = os.environ.get("NCU") or shutil.which("ncu")
     if found:
         return found
     cands = []
@@ -142,28 +143,13 @@ def ncu_info() -> ToolInfo:
     return ToolInfo(found=True, path=path, version=m.group(1) if m else None)
 
 
-def ncu_python_dirs(ncu_path: str | None) -> list[Path]:
-    """Where an installed Nsight Compute keeps its `ncu_report` module (extras/python)."""
-    if not ncu_path:
-        return []
-    real = Path(ncu_path).resolve()
-    out = []
-    for root in (real.parent, real.parent.parent, *(p for p in real.parents if "nsight-compute" in p.name)):
-        cand = root / "extras" / "python"
-        if (cand / "ncu_report.py").is_file() and cand not in out:
-            out.append(cand)
-    for g in sorted(glob.glob("/opt/nvidia/nsight-compute/*/extras/python"), reverse=True):
-        if Path(g, "ncu_report.py").is_file() and Path(g) not in out:
-            out.append(Path(g))
-    return out
-
-
 def ncu_report_info(ncu_path: str | None) -> ToolInfo:
     """Is `ncu_report` importable: installed (PyPI ncu-report) or from the Nsight Compute install?"""
     code = "import ncu_report, sys; print(getattr(ncu_report, '__file__', '?'))"
     out = _run([sys.executable, "-c", code])
     if out:
         return ToolInfo(found=True, path=out.strip().splitlines()[-1], detail="importable")
+    from tools.profile.reader import ncu_python_dirs   # the same search the profiler loads from
     for d in ncu_python_dirs(ncu_path):
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(d), os.environ.get("PYTHONPATH")]))}
         try:

@@ -262,6 +262,22 @@ def find_tasks(kernels_dir: Path) -> list[Path]:
     return sorted(p.parent for p in kernels_dir.glob("*/task.toml"))
 
 
+def first_fitting_task(kernels_dir: Path, cuda: bool) -> Path | None:
+    """The first valid task that fits the machine: a cuda task where a GPU is present (else a cpu one
+    there too), only a cpu task without one. Tasks that fail to load are skipped."""
+    devices: dict[Path, str] = {}
+    for path in find_tasks(kernels_dir):
+        try:
+            devices[path] = load_task(path).spec.device
+        except TaskError:
+            continue
+    for want in (["cuda", "cpu"] if cuda else ["cpu"]):
+        for path, dev in devices.items():
+            if dev == want:
+                return path
+    return None
+
+
 # --- a small, safe arithmetic evaluator for formulas and restrictions ------------------------
 _BIN = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
         ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod, ast.Pow: operator.pow}

@@ -3,7 +3,6 @@ the first failure. `agent doctor`: what this machine has for the CPU and GPU pat
 
 from __future__ import annotations
 
-import importlib
 import os
 import platform
 import shutil
@@ -39,33 +38,8 @@ def register(subparsers) -> None:
 def default_task(kernels_dir: Path = REPO_ROOT / "kernels") -> Path | None:
     """The first task in kernels/ that fits this machine: a cuda task with a GPU, else a cpu task."""
     from tools.device import torch_cuda_available
-    from tools.task import TaskError, find_tasks, load_task
-    fits = ["cuda", "cpu"] if torch_cuda_available() else ["cpu"]
-    devices: dict[Path, str] = {}
-    for path in find_tasks(kernels_dir):
-        try:
-            devices[path] = load_task(path).spec.device
-        except TaskError:
-            continue
-    for want in fits:  # a GPU machine prefers a cuda task, and can still run a cpu one
-        for path, dev in devices.items():
-            if dev == want:
-                return path
-    return None
-
-
-def _instrument(name: str, attr: str):
-    """tools.parity / tools.bench are optional in a checkout: (function, None) or (None, why not)."""
-    try:
-        mod = importlib.import_module(f"tools.{name}")
-    except ModuleNotFoundError as e:
-        if e.name == f"tools.{name}":
-            return None, f"tools.{name} is not in this checkout"
-        return None, f"tools.{name} cannot be imported: {e}"
-    except Exception as e:  # noqa: BLE001 - an instrument that fails to import is reported, not raised
-        return None, f"tools.{name} cannot be imported: {type(e).__name__}: {e}"
-    fn = getattr(mod, attr, None)
-    return (fn, None) if fn else (None, f"tools.{name} has no {attr}()")
+    from tools.task import first_fitting_task
+    return first_fitting_task(kernels_dir, torch_cuda_available())
 
 
 class _Steps:
@@ -81,7 +55,9 @@ class _Steps:
 def run_check(task_path: Path, build_dir: Path | None = None) -> tuple[CheckSummary, _Steps]:
     from tools.build import build, default_build_dir
     from tools.device import device_limits, torch_cuda_available
+    from tools.bench import run_bench
     from tools.launch import dynamic_check, static_check
+    from tools.parity import run_parity
     from tools.task import load_task
 
     task = load_task(task_path)
@@ -104,11 +80,6 @@ def run_check(task_path: Path, build_dir: Path | None = None) -> tuple[CheckSumm
     if launch.status in (LaunchStatus.rejected, LaunchStatus.error):
         return summary, steps
 
-    run_parity, why = _instrument("parity", "run_parity")
-    if run_parity is None:
-        steps.add("parity", "not available", why or "")
-        steps.add("bench", "not run", "parity did not run")
-        return summary, steps
     try:
         parity = run_parity(task, b.lib_path)
     except Exception as e:  # noqa: BLE001 - the instrument's own bug: one line, not a traceback
@@ -119,10 +90,6 @@ def run_check(task_path: Path, build_dir: Path | None = None) -> tuple[CheckSumm
     if parity.status != ParityStatus.ok:
         return summary, steps
 
-    run_bench, why = _instrument("bench", "run_bench")
-    if run_bench is None:
-        steps.add("bench", "not available", why or "")
-        return summary, steps
     try:
         bench = run_bench(task, b.lib_path)
     except Exception as e:  # noqa: BLE001

@@ -28,6 +28,7 @@ from pathlib import Path
 
 from tools.profile.classify import HINTS, classify_failure, missing_metric
 from tools.profile.model import ProfileEnv, ProfileReport, ProfileStatus
+from tools.device import find_ncu
 from tools.profile.reader import read_report_isolated as read_report
 from tools.sandbox import REPO_ROOT, ProcResult, run_isolated
 from tools.task import Task
@@ -43,10 +44,6 @@ EXTRA_METRICS = ["l1tex__t_sector_hit_rate.pct", "lts__t_sector_hit_rate.pct",
                  "l1tex__data_bank_conflicts_pipe_lsu_mem_shared.sum"]
 CLOCK_CONTROL = "none"
 _PASSES = re.compile(r"-\s*(\d+)\s+pass(?:es)?")
-
-
-def find_ncu() -> str | None:
-    return os.environ.get("NCU") or shutil.which("ncu")
 
 
 def ncu_version(ncu: str) -> str | None:

@@ -7,9 +7,7 @@ else from the PyPI `ncu-report` wheel, which reads reports on machines without a
 from __future__ import annotations
 
 import importlib
-import os
 import re
-import shutil
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -23,7 +21,8 @@ _MODULE: ModuleType | None = None
 
 def ncu_python_dirs(ncu: str | None = None) -> list[Path]:
     """extras/python folders of the Nsight Compute install that `ncu` belongs to."""
-    exe = ncu or os.environ.get("NCU") or shutil.which("ncu")
+    from tools.device import find_ncu
+    exe = ncu or find_ncu()
     if not exe:
         return []
     real = Path(exe).resolve()
