@@ -9,7 +9,6 @@ already ignored, so that the run folder never shows up in the user's `git status
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 from pathlib import Path
 
 import git
@@ -24,34 +23,12 @@ class GitError(Exception):
     pass
 
 
-@dataclass(frozen=True)
-class UserState:
-    """A snapshot of what must never change: HEAD, the branch, the index and the working tree status."""
-    head: str
-    branch: str | None
-    status: str
-    index_tree: str
-
-    def same_as(self, other: "UserState") -> bool:
-        return self == other
-
-
 def open_repo(path: Path) -> git.Repo:
     try:
         return git.Repo(path, search_parent_directories=True)
     except (git.InvalidGitRepositoryError, git.NoSuchPathError):
         raise GitError(f"{path} is not inside a git repository: the agent works on a branch of yours. "
                        "Run `git init && git add -A && git commit -m init` first.") from None
-
-
-def user_state(repo: git.Repo) -> UserState:
-    try:
-        branch = repo.active_branch.name
-    except TypeError:
-        branch = None   # detached HEAD
-    return UserState(head=repo.head.commit.hexsha, branch=branch,
-                     status=repo.git.status("--porcelain", "--untracked-files=all"),
-                     index_tree=repo.git.write_tree())
 
 
 def ensure_runs_ignored(repo: git.Repo, runs_dir: Path) -> bool:
@@ -132,11 +109,6 @@ class RunGit:
         self.wt.git.reset("-q", "--hard", sha)
         self.wt.git.clean("-q", "-fd")
 
-    def commit_diff(self, parent: str, sha: str, paths: list[str]) -> str:
-        return self.wt.git.diff(parent, sha, "--", *paths)
-
-    def remove_worktree(self) -> None:
-        self.repo.git.worktree("remove", "--force", str(self.worktree))
 
 
 class _env:

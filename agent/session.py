@@ -3,7 +3,6 @@ write run.json, measure the initial kernel; or re-attach to a run from its log a
 
 from __future__ import annotations
 
-import os
 import secrets
 import tomllib
 from datetime import datetime
@@ -172,12 +171,4 @@ def resume_run(run_dir: Path, view: View, extra: dict | None = None) -> Loop:
     return loop
 
 
-def pid_file(run_dir: Path) -> Path:
-    return run_dir / "agent.pid"
-
-
-def write_pid(run_dir: Path) -> None:
-    pid_file(run_dir).write_text(str(os.getpid()))
-
-
-__all__ = ["start_run", "resume_run", "choose_task", "parse_target", "UsageError", "write_json_atomic"]
+__all__ = ["start_run", "resume_run", "choose_task", "parse_target", "UsageError"]

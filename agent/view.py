@@ -3,7 +3,6 @@ current stage, speedup, decision) under a progress bar; plain lines when not on 
 
 from __future__ import annotations
 
-import sys
 from typing import Protocol
 
 from rich.console import Console, Group
@@ -119,6 +118,3 @@ class RichView:
             self.live.stop()
             self.live = None
 
-
-def plain_console() -> Console:
-    return Console(stderr=True, force_terminal=False) if not sys.stderr.isatty() else Console(stderr=True)
