@@ -127,6 +127,7 @@ class IterationRecord(BaseModel):
     launch: LaunchResult | None = None
     parity: ParityResult | None = None
     bench: BenchResult | None = None
+    confirm: BenchResult | None = None   # the second, independent bench a gain must survive to be kept
     profile_summary: dict | None = None  # compact profile of the new best (after a keep)
     decision: Decision
     outcome: Outcome

@@ -244,6 +244,10 @@ def _stages(rec: IterationRecord) -> list[RenderableType]:
         if be.message:
             line += f"; {be.message}"
         out.append(Text(line))
+    cf = rec.confirm.speedup_vs_baseline if rec.confirm is not None else None
+    if cf is not None:
+        out.append(Text(f"confirmation bench (a second, independent one): {cf.median:.3f}x "
+                        f"(95% CI {cf.low:.3f}-{cf.high:.3f}, {cf.rounds} rounds)"))
     if rec.profile_summary:
         t = _kv()
         t.add_row("profile", Text(", ".join(f"{k}={v}" for k, v in rec.profile_summary.items() if v is not None)))
