@@ -123,6 +123,31 @@ class Evaluator:
             raise ParityFailed(f"parity {res.status.value}: {res.message}", res)
         return res
 
+    def parity_and_bench(self, lib: Path, baseline: Path | None, times: StageTimes,
+                         rec: dict | None = None) -> BenchResult:
+        """Parity, then the main-shape bench against `baseline`, in one child (the loop's candidate
+        check). Each result goes into `rec` as soon as it exists; a failure ends like parity() or
+        bench() would. The child's start-up is charged to parity, where it happens."""
+        from tools.bench import run_parity_then_bench
+        t0 = time.monotonic()
+        par, bench = run_parity_then_bench(self.task, lib, baseline)
+        total = time.monotonic() - t0
+        b_secs = sum(b.seconds for b in bench) if bench else 0.0
+        times.bench += min(b_secs, total)
+        times.parity += max(total - b_secs, 0.0)
+        if rec is not None:
+            rec["parity"] = par
+        if par.status != ParityStatus.ok:
+            raise ParityFailed(f"parity {par.status.value}: {par.message}", par)
+        if not bench:
+            raise BenchFailed("bench: the child returned no result after parity passed", bench)
+        if rec is not None:
+            rec["bench"] = bench[0]
+        bad = next((r for r in bench if r.status != BenchStatus.ok), None)
+        if bad is not None:
+            raise BenchFailed(f"bench {bad.status.value}: {bad.message}", bench)
+        return bench[0]
+
     def bench(self, lib: Path, baseline: Path | None, times: StageTimes, with_reference: bool = False,
               shapes: list[dict] | None = None) -> list[BenchResult]:
         from tools.bench import run_bench

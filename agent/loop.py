@@ -321,13 +321,13 @@ class Loop:
         self.view.stage(i, "launch")
         rec["launch"] = self.evaluator.launch(b, self.best_launch, times, dynamic=False)
         lib = snapshot_lib(b.lib_path, d / self._lib_name())
-        self.view.stage(i, "parity")
-        rec["parity"] = self.evaluator.parity(lib, times)
-        _dump(d / "parity.json", rec["parity"])
-        self.view.stage(i, "bench")
-        bench = self.evaluator.bench(lib, self.best_lib, times)[0]
-        rec["bench"] = bench
-        _dump(d / "bench.json", bench)
+        self.view.stage(i, "parity+bench")
+        try:
+            bench = self.evaluator.parity_and_bench(lib, self.best_lib, times, rec)
+        finally:
+            for key, name in (("parity", "parity.json"), ("bench", "bench.json")):
+                if rec.get(key) is not None:
+                    _dump(d / name, rec[key])
         ci = bench.speedup_vs_baseline
         if ci is None:
             raise NotFaster("bench returned no candidate-vs-best ratio")
@@ -364,7 +364,11 @@ class Loop:
         _dump(self._iter_dir(rec["iteration"]) / "confirm-bench.json", again)
         a = again.speedup_vs_baseline
         got = f"{a.median:.3f}x [{a.low:.3f}, {a.high:.3f}]" if a else "no ratio"
-        if implausible and (a is None or a.low <= 1.0 or not 0.5 <= a.median / ci.median <= 2.0):
+        # the same gain again: medians within 2x of each other, or intervals that overlap (a 5-10x gain
+        # on a loaded CPU can measure 10.9x and then 5.0x [2.8, 10.0]); a kernel fast only the first time
+        # it is timed does neither
+        same = a is not None and (0.5 <= a.median / ci.median <= 2.0 or (a.low <= ci.high and ci.low <= a.high))
+        if implausible and (a is None or a.low <= 1.0 or not same):
             raise Implausible(f"a {ci.median:.1f}x speedup was not reproduced on re-verification ({got})")
         if a is None or a.low <= 1.0 or math.sqrt(a.median * ci.median) < 1.0 + self.cfg.min_gain:
             raise NotFaster(f"a {ci.median:.3f}x [{ci.low:.3f}, {ci.high:.3f}] gain was not confirmed by a second "

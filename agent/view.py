@@ -81,7 +81,7 @@ class RichView:
         t = Table(expand=True, show_edge=False, pad_edge=False)
         t.add_column("#", justify="right", width=4)
         t.add_column("hypothesis", ratio=3, overflow="ellipsis", no_wrap=True)
-        t.add_column("stage", width=10)
+        t.add_column("stage", width=12)
         t.add_column("speedup vs best [95% CI]", width=28)
         t.add_column("decision", width=11)
         t.add_column("reason", ratio=2, overflow="ellipsis", no_wrap=True)

@@ -78,3 +78,38 @@ def test_bench_crash_and_default_shape(tmp_path):
     res = run_bench(task, lib, shapes=[SHAPE, {"M": 5, "N": 6, "K": 7}])
     assert [r.status for r in res] == [BenchStatus.crashed] * 2 and "SIGSEGV" in res[0].message
     assert [r.shape for r in res] == [SHAPE, {"M": 5, "N": 6, "K": 7}]
+
+
+def _crash_after(calls: int) -> str:
+    """The correct kernel, which segfaults from its `calls`-th call on (parity makes a few dozen calls,
+    the bench thousands)."""
+    text = source("correct").replace('extern "C" void matmul(', "static void matmul_ok(")
+    return text + ('\n#include <csignal>\nstatic int g_calls = 0;\n'
+                   'extern "C" void matmul(const float* A, const float* B, float* C, int M, int N, int K) {\n'
+                   f'    if (++g_calls >= {calls}) std::raise(SIGSEGV);\n'
+                   '    matmul_ok(A, B, C, M, N, K);\n}\n')
+
+
+def test_parity_then_bench_share_one_child_and_a_crash_is_charged_to_its_stage(tmp_path):
+    from tools.bench import run_parity_then_bench
+    from tools.results import ParityStatus
+    task, lib = make_task(tmp_path, "correct", rounds=4)
+    base = compile_lib(source("correct"), tmp_path / "base.so")
+    par, bench = run_parity_then_bench(task, lib, base, shapes=[SHAPE])
+    assert par.status == ParityStatus.ok and len(par.checks) == 12, par.message
+    assert bench is not None and bench[0].status == BenchStatus.ok, bench
+    assert bench[0].speedup_vs_baseline.rounds == 4 and bench[0].timing("reference") is None
+    # a crash during the bench: parity is reported passed, the bench crashed
+    late = compile_lib(_crash_after(400), tmp_path / "late.so")
+    par, bench = run_parity_then_bench(task, late, base, shapes=[SHAPE])
+    assert par.status == ParityStatus.ok, par.message
+    assert bench[0].status == BenchStatus.crashed and "SIGSEGV" in bench[0].message
+    assert "@@agent-stage" not in bench[0].message
+    # a crash during parity: parity crashed, no bench
+    early = compile_lib(_crash_after(1), tmp_path / "early.so")
+    par, bench = run_parity_then_bench(task, early, base, shapes=[SHAPE])
+    assert par.status == ParityStatus.crashed and "SIGSEGV" in par.message and bench is None
+    # a wrong kernel: parity's own verdict, no bench
+    task_w, wrong = make_task(tmp_path, "offbyone")
+    par, bench = run_parity_then_bench(task_w, wrong, base, shapes=[SHAPE])
+    assert par.status == ParityStatus.mismatch and bench is None

@@ -128,6 +128,13 @@ def test_show_summary_and_one_iteration(run_repo, cli):
     assert rc == 0
     assert first.proposal.summary()[:40] in out
     assert "3 iterations done" in out and run.state.best_sha[:10] in out
+    assert "median s per iteration over" in out and "without the proposer" in out
+    rc, out, _ = cli("show", RUN_ID, "--json", cwd=run_repo)
+    med = json.loads(out)["stage_medians_s"]
+    built = [r for r in run.records if r.build is not None]
+    assert med["build"] == pytest.approx(sorted(r.times.build for r in built)[len(built) // 2]) if len(built) % 2 \
+        else med["build"] > 0
+    assert 0 < med["without_proposer"] <= med["iteration"]
 
     rc, out, _ = cli("show", RUN_ID[:8], "--iter", "1", cwd=run_repo)   # a unique prefix works
     assert rc == 0

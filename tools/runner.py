@@ -2,6 +2,11 @@
 
     python -m tools.runner parity --task DIR --lib PATH [--seed N] [--no-hidden]
     python -m tools.runner bench  --task DIR --lib PATH [--baseline-lib PATH] [--shapes JSON] [--no-reference]
+    python -m tools.runner evaluate --task DIR --lib PATH --baseline-lib PATH [--seed N]   (parity, then bench)
+
+`evaluate` is the loop's candidate check: parity and, if it passed, the bench against the best, in
+one child (one torch start and one CUDA context instead of two). It says on stderr which stage it
+enters, so the parent can tell a crash in parity from one in the bench.
 
 The parent (tools/parity.py, tools/bench.py) runs this through tools.sandbox.run_python_json, in a
 new process group with a timeout; a segfault, a hang or a poisoned CUDA context dies with this
@@ -36,15 +41,25 @@ def load_lib(path: str) -> ctypes.CDLL:
     return ctypes.CDLL(str(p.resolve()), mode=os.RTLD_LOCAL | os.RTLD_NOW)
 
 
+STAGE_MARK = "@@agent-stage "
+
+
 def _error_json(mode: str, msg: str, shapes: list[dict]) -> dict:
+    if mode == "evaluate":
+        return {"parity": {"status": "error", "message": msg}, "bench": None}
     if mode == "parity":
         return {"status": "error", "message": msg}
     return {"results": [{"status": "error", "message": msg, "shape": s} for s in shapes]}
 
 
+def _mark(stage: str) -> None:
+    sys.stderr.write(f"\n{STAGE_MARK}{stage}\n")
+    sys.stderr.flush()
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m tools.runner")
-    ap.add_argument("mode", choices=["parity", "bench"])
+    ap.add_argument("mode", choices=["parity", "bench", "evaluate"])
     ap.add_argument("--task", required=True)
     ap.add_argument("--lib", required=True)
     ap.add_argument("--seed", type=int, default=0)
@@ -64,11 +79,22 @@ def main(argv: list[str] | None = None) -> int:
         if a.mode == "parity":
             from tools.parity import check
             result = check(task, mod, lib, seed=a.seed, hidden=not a.no_hidden).model_dump(mode="json")
-        else:
+        elif a.mode == "bench":
             from tools.bench import measure
             base = load_lib(a.baseline_lib) if a.baseline_lib else None
             res = measure(task, mod, lib, baseline=base, shapes=shapes, with_reference=not a.no_reference)
             result = {"results": [r.model_dump(mode="json") for r in res]}
+        else:
+            from tools.bench import measure
+            from tools.parity import check
+            _mark("parity")
+            par = check(task, mod, lib, seed=a.seed, hidden=not a.no_hidden)
+            result = {"parity": par.model_dump(mode="json"), "bench": None}
+            if par.status.value == "ok":
+                _mark("bench")
+                base = load_lib(a.baseline_lib) if a.baseline_lib else None
+                res = measure(task, mod, lib, baseline=base, shapes=shapes, with_reference=not a.no_reference)
+                result["bench"] = {"results": [r.model_dump(mode="json") for r in res]}
     except Exception as e:  # a bad task, a library that does not load, a missing symbol: one line
         msg = " ".join(str(e).split())[:500]
         result = _error_json(a.mode, f"{a.mode} could not run: {type(e).__name__}: {msg}", shapes)

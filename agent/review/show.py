@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import statistics
 from collections import OrderedDict
 
 from rich.console import Group, RenderableType
@@ -43,6 +44,7 @@ def run_json(run: Run) -> dict:
             "best": {"sha": run.state.best_sha, "iteration": run.state.best_iteration, "ms": run.state.best_ms,
                      "vs_initial": vi.value if vi else None, "vs_reference": vr.value if vr else None,
                      "confirmed": bool(vi and vi.confirmed)},
+            "stage_medians_s": stage_medians(run),
             "iterations": [{"iteration": r.iteration, "decision": r.decision.value, "outcome": r.outcome.value,
                             "hypothesis": r.proposal.summary() if r.proposal else None,
                             "speedup_vs_best": r.speedup_vs_best, "reason": r.reason, "commit": r.commit_sha}
@@ -68,6 +70,7 @@ def run_summary(run: Run) -> RenderableType:
                  f"(initial {us(st.initial_ms)}, reference {us(st.reference_ms)})"),
         ("speedup", f"{vi.text() if vi else '-'} vs initial, {vr.text() if vr else '-'} vs reference"
                     + ("" if vi and vi.confirmed else "  (est.: times measured apart, not interleaved)")),
+        ("time", stage_line(run)),
         ("usage", f"{st.usage.calls} LLM calls, {st.usage.prompt_tokens + st.usage.completion_tokens} tokens, "
                   f"${st.usage.cost_usd:.4f}"),
     ):
@@ -114,6 +117,33 @@ def iterations_table(run: Run) -> Table:
                   f"{_total(r):.1f} s")
     t.caption = "* the best" if run.state.best_iteration else None
     return t
+
+
+def stage_medians(run: Run) -> dict[str, float]:
+    """Median seconds per stage over the iterations that reached a build, plus `iteration` (the whole
+    iteration) and `without_proposer` (the iteration less proposing: what the loop itself costs)."""
+    recs = [r for r in run.records if r.build is not None]
+    if not recs:
+        return {}
+    out = {k: statistics.median(getattr(r.times, k) for r in recs) for k in r_fields()}
+    out["iteration"] = statistics.median(_total(r) for r in recs)
+    out["without_proposer"] = statistics.median(_total(r) - r.times.propose for r in recs)
+    return out
+
+
+def r_fields() -> list[str]:
+    from agent.runlog import StageTimes
+    return list(StageTimes.model_fields)
+
+
+def stage_line(run: Run) -> str:
+    m = stage_medians(run)
+    if not m:
+        return "-"
+    n = sum(1 for r in run.records if r.build is not None)
+    parts = ", ".join(f"{k} {m[k]:.2f}" for k in r_fields() if m[k] >= 0.005)
+    return (f"median s per iteration over {n} built: {parts}; whole {m['iteration']:.1f}, "
+            f"{m['without_proposer']:.1f} without the proposer")
 
 
 def _total(r: IterationRecord) -> float:
