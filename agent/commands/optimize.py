@@ -126,6 +126,7 @@ def _run_and_summarize(loop: Loop) -> int:
 
 
 def cmd_sweep(args) -> int:
+    from agent.evaluate import IterationEnded
     from agent.sweep import describe, sweep
     from tools.batch import BatchError
     try:
@@ -154,7 +155,10 @@ def cmd_sweep(args) -> int:
     except KeyboardInterrupt:
         console.print(f"interrupted; the configurations measured so far are in {out / 'sweep.json'}", highlight=False)
         return 130
-    except BatchError as e:   # the evaluation child could not load the task or the initial library
+    except IterationEnded as e:   # the initial configuration is the bar: it must build, pass and time
+        console.print(f"[red]the initial configuration failed[/red]: {e.reason}", highlight=False)
+        return 1
+    except BatchError as e:       # the evaluation child could not load the task or the initial library
         console.print(f"[red]sweep failed[/red]: {e}", highlight=False)
         return 1
     if args.json:
