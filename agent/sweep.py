@@ -7,6 +7,8 @@ Fast, for hundreds of configurations:
    process), with the static launch check (the plan and ptxas; no GPU, no profiler trace);
 2. parity and the interleaved bench against the initial run in batches, one throwaway child per
    batch (tools/batch.py): a crash or a hang costs one configuration, never the sweep;
+   With --screen K, a short timing of each configuration alone (no parity) first ranks the space,
+   and only the K fastest get the full checks; the rest are recorded as screened_out;
 3. only the reported best gets the expensive checks: the dynamic launch check (the profiler
    trace), a fresh-process parity with a new seed and a fresh-process bench against the initial.
    If one fails, that point is marked failed with the reason and the next best is tried.
@@ -39,7 +41,7 @@ from tools.task import Task, knob_pattern, load_task, shape_label
 class SweepPoint(BaseModel):
     knobs: dict[str, int]
     ok: bool
-    # ok | compile_failed | launch_rejected | parity_failed | bench_failed | crashed | timeout
+    # ok | compile_failed | launch_rejected | parity_failed | bench_failed | crashed | timeout | screened_out
     outcome: str
     reason: str = ""
     index: int | None = None          # the configuration's number: its files are in out_dir/cfg-INDEX
@@ -49,7 +51,8 @@ class SweepPoint(BaseModel):
     ci_high: float | None = None
     seconds: float = 0.0              # build + evaluation
     build_seconds: float = 0.0        # copy, build, static launch check
-    eval_seconds: float = 0.0         # parity + bench in the batch child
+    eval_seconds: float = 0.0         # parity + bench in the batch child (+ the screen's timing)
+    screen_ms: float | None = None    # --screen: the short timing alone that ranked it
     verified: bool = False            # passed the best's checks (dynamic launch, fresh parity and bench)
     verified_speedup: float | None = None   # from the fresh bench against the initial
     verified_ci_low: float | None = None
@@ -66,9 +69,11 @@ class SweepResult(BaseModel):
     total: int | None = None          # configurations in this sweep (the initial not counted)
     jobs: int | None = None
     batch: int | None = None
+    screen: int | None = None         # --screen K: only the K fastest by a short timing got the full checks
     verified: dict[str, int] | None = None   # knobs of the point that passed the best's checks
     complete: bool = False            # False: interrupted (or still running); the points so far are kept
     build_wall_s: float = 0.0
+    screen_wall_s: float = 0.0
     eval_wall_s: float = 0.0
     verify_wall_s: float = 0.0
 
@@ -95,20 +100,25 @@ class _Built:
     task: Task                 # its own task copy (the dynamic launch check reads its module)
     lib: Path
     launch: LaunchResult
-    seconds: float
+    build_seconds: float
+    seconds: float                 # so far: build, then the screen if any
+    screen_ms: float | None = None
 
 
 Progress = Callable[[int, int, SweepPoint], None]
 
 
 def sweep(task: Task, out_dir: Path, limit: int | None = None, seed: int = 0, progress: Progress | None = None,
-          *, jobs: int | None = None, batch: int = 16, log: Callable[[str], None] | None = None) -> SweepResult:
+          *, jobs: int | None = None, batch: int = 16, screen: int | None = None,
+          log: Callable[[str], None] | None = None) -> SweepResult:
     """Measure the knob space (or a random sample of `limit` configurations); see the module doc.
 
     progress(n, total, point) is called once per configuration as its point is recorded; log(line)
     gets the build progress and the verification of the best."""
     from agent.loop import _device_limits
     say = log or (lambda _: None)
+    if screen is not None and screen < 1:
+        raise ValueError("screen must keep at least 1 configuration")
     out_dir.mkdir(parents=True, exist_ok=True)
     jobs = max(1, jobs or os.cpu_count() or 1)
     space = task.spec.knob_space()
@@ -118,7 +128,7 @@ def sweep(task: Task, out_dir: Path, limit: int | None = None, seed: int = 0, pr
         space = random.Random(seed).sample(space, limit)
     limits = _device_limits(task)
     res = SweepResult(task=task.name, shape=task.spec.main, started=datetime.now().isoformat(timespec="seconds"),
-                      initial_knobs=initial, total=len(space), jobs=jobs, batch=batch)
+                      initial_knobs=initial, total=len(space), jobs=jobs, batch=batch, screen=screen)
     path = out_dir / "sweep.json"
 
     def record(point: SweepPoint) -> None:
@@ -139,6 +149,12 @@ def sweep(task: Task, out_dir: Path, limit: int | None = None, seed: int = 0, pr
         built = _build_all(task, space, out_dir, limits, jobs, record, say)
         res.build_wall_s = time.monotonic() - t0
         _save(path, res)
+
+        if screen is not None and len(built) > screen:
+            t0 = time.monotonic()
+            built = _screen(task, built, base_lib, screen, batch, record, say)
+            res.screen_wall_s = time.monotonic() - t0
+            _save(path, res)
 
         t0 = time.monotonic()
         for settled in batch_eval.evaluate(task, [c.lib for c in built], base_lib, batch=batch):
@@ -195,7 +211,8 @@ def _prepare(task: Task, n: int, cfg: dict[str, int], out_dir: Path, limits) -> 
         b = ev.build(t)
         launch = ev.launch(b, None, t, dynamic=False)
         lib = snapshot_lib(b.lib_path, work / f"lib{task.name}.so")
-        return _Built(index=n, knobs=cfg, task=ct, lib=lib, launch=launch, seconds=time.monotonic() - t0)
+        dt = time.monotonic() - t0
+        return _Built(index=n, knobs=cfg, task=ct, lib=lib, launch=launch, build_seconds=dt, seconds=dt)
     except IterationEnded as e:
         dt = time.monotonic() - t0
         return SweepPoint(knobs=cfg, index=n, ok=False, outcome=e.outcome.value, reason=_line(e.reason),
@@ -204,10 +221,41 @@ def _prepare(task: Task, n: int, cfg: dict[str, int], out_dir: Path, limits) -> 
         shutil.rmtree(work / "build", ignore_errors=True)   # objects: a CUDA build is about 1 MB each
 
 
+def _screen(task: Task, built: list[_Built], base_lib: Path, keep: int, batch: int,
+            record: Callable[[SweepPoint], None], say: Callable[[str], None]) -> list[_Built]:
+    """A short timing of each alone; returns the `keep` fastest. A configuration that fails the screen
+    (crash, hang, wrong in the bench's spot checks) is recorded with that outcome; the others that
+    are not kept, as screened_out."""
+    say(f"screening {len(built)} configurations by a short timing; the {keep} fastest get the full checks")
+    timed: list[_Built] = []
+    for settled in batch_eval.evaluate(task, [c.lib for c in built], base_lib, batch=batch, screen=True):
+        for k, r in settled:
+            b = built[k]
+            b.seconds += r.seconds
+            cand = r.bench.timing("candidate") if r.bench is not None else None
+            if r.status == BatchStatus.ok and cand is not None:
+                b.screen_ms = cand.median_ms
+                timed.append(b)
+            else:
+                b.lib.unlink(missing_ok=True)
+                record(SweepPoint(knobs=b.knobs, index=b.index, ok=False, outcome=r.status.value,
+                                  reason="on the screen: " + _line(r.message), build_seconds=b.build_seconds,
+                                  eval_seconds=r.seconds, seconds=b.seconds))
+    timed.sort(key=lambda b: b.screen_ms)
+    for b in timed[keep:]:
+        b.lib.unlink(missing_ok=True)
+        record(SweepPoint(knobs=b.knobs, index=b.index, ok=False, outcome="screened_out", screen_ms=b.screen_ms,
+                          reason=f"screen: {b.screen_ms * 1e3:.1f} us alone, not among the {keep} fastest "
+                                 f"(the slowest kept: {timed[keep - 1].screen_ms * 1e3:.1f} us)",
+                          build_seconds=b.build_seconds, eval_seconds=b.seconds - b.build_seconds, seconds=b.seconds))
+    return sorted(timed[:keep], key=lambda b: b.index)
+
+
 def _point(b: _Built, r: BatchItemResult) -> SweepPoint:
     p = SweepPoint(knobs=b.knobs, index=b.index, ok=r.status == BatchStatus.ok, outcome=r.status.value,
-                   reason="" if r.status == BatchStatus.ok else _line(r.message),
-                   build_seconds=b.seconds, eval_seconds=r.seconds, seconds=b.seconds + r.seconds)
+                   reason="" if r.status == BatchStatus.ok else _line(r.message), screen_ms=b.screen_ms,
+                   build_seconds=b.build_seconds, eval_seconds=b.seconds - b.build_seconds + r.seconds,
+                   seconds=b.seconds + r.seconds)
     if r.bench is not None and r.status == BatchStatus.ok:
         cand = r.bench.timing("candidate")
         p.median_ms = cand.median_ms if cand else None

@@ -1,11 +1,13 @@
 """Child of tools/batch.py: parity, then bench, of several libraries in one process.
 
-    python -m tools._batch_child --task DIR --baseline-lib PATH --limit-s S LIB [LIB ...]
+    python -m tools._batch_child --task DIR --baseline-lib PATH --limit-s S [--screen] LIB [LIB ...]
 
 Loads the task module and the baseline library once (the torch import and the CUDA context are
 paid once per batch, not per library), then for each library in turn runs what the loop runs in
 two fresh children: parity (`tools.parity.check`, hidden shapes, a fresh seed) and, if it passes,
 the interleaved bench against the baseline on the main shape (`tools.bench.measure`).
+With --screen: only a short timing of each library alone on the main shape (the bench's own output
+spot checks included, no parity), to rank a huge space before the full checks of the fastest.
 
 Output, as in tools/runner.py: fd 1 points at stderr before any generated code loads; one JSON
 line per library goes to a private copy of stdout, flushed at once, so the parent keeps every
@@ -102,11 +104,34 @@ def _one(task, mod, base, lib_path: str) -> dict:
     return {**row, "status": "ok", "stop": False, "seconds": time.monotonic() - t0}
 
 
+def _screen(task, mod, lib_path: str) -> dict:
+    """A short timing alone on the main shape: a ranking hint, never a reported result."""
+    from tools.bench import measure
+    from tools.task import Task
+    t0 = time.monotonic()
+    b = task.spec.bench
+    quick = b.model_copy(update={"warmup_ms": min(b.warmup_ms, 5.0), "rep_ms": min(b.rep_ms, 20.0), "input_sets": 1})
+    qtask = Task(task.spec.model_copy(update={"bench": quick}), task.root)
+    try:
+        lib = load_lib(lib_path)
+    except Exception as e:
+        msg = " ".join(str(e).split())[:500]
+        return {"status": "bench_failed", "message": f"screen could not load the library: {type(e).__name__}: {msg}",
+                "stop": False, "seconds": time.monotonic() - t0}
+    bench = measure(qtask, mod, lib, baseline=None, shapes=[dict(task.spec.main)], with_reference=False)[0]
+    row = {"bench": bench.model_dump(mode="json"), "seconds": time.monotonic() - t0}
+    if bench.status.value != "ok":
+        return {**row, "status": "bench_failed", "message": f"screen {bench.status.value}: {bench.message}",
+                "stop": bench.status.value in UNSAFE_BENCH}
+    return {**row, "status": "ok", "stop": False}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m tools._batch_child")
     ap.add_argument("--task", required=True)
     ap.add_argument("--baseline-lib", required=True)
     ap.add_argument("--limit-s", type=float, required=True, help="parity + bench of one library at most")
+    ap.add_argument("--screen", action="store_true", help="a short timing of each library alone, no parity")
     ap.add_argument("libs", nargs="+")
     a = ap.parse_args(argv)
     out = _private_stdout()
@@ -122,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
     for i, lib in enumerate(a.libs):
         rep.start(i)
         try:
-            row = _one(task, mod, base, lib)
+            row = _screen(task, mod, lib) if a.screen else _one(task, mod, base, lib)
         except Exception as e:  # the harness itself failed on this library: report it, trust nothing after
             msg = " ".join(str(e).split())[:500]
             row = {"status": "bench_failed", "message": f"evaluation failed: {type(e).__name__}: {msg}", "stop": True}

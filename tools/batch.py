@@ -31,9 +31,10 @@ class BatchError(Exception):
     """The batch child could not start at all (the task or the baseline library did not load)."""
 
 
-def evaluate(task: Task, libs: list[Path], baseline: Path, *, batch: int = 16,
-             limit_s: float | None = None) -> Iterator[list[tuple[int, BatchItemResult]]]:
-    """Parity then bench of each library in `libs`, `batch` per child, in order.
+def evaluate(task: Task, libs: list[Path], baseline: Path, *, batch: int = 16, limit_s: float | None = None,
+             screen: bool = False) -> Iterator[list[tuple[int, BatchItemResult]]]:
+    """Parity then bench of each library in `libs`, `batch` per child, in order. With `screen`, only
+    a short timing of each alone (no parity, no baseline): a ranking hint for a huge space.
 
     Yields, after each child, the (index into libs, result) pairs it settled; every index is settled
     exactly once. `limit_s` bounds one library (default: the task's parity + bench timeouts, what
@@ -42,15 +43,15 @@ def evaluate(task: Task, libs: list[Path], baseline: Path, *, batch: int = 16,
     for start in range(0, len(libs), max(1, batch)):
         todo = list(range(start, min(start + max(1, batch), len(libs))))
         while todo:
-            settled, todo = _run_child(task, libs, todo, baseline, limit)
+            settled, todo = _run_child(task, libs, todo, baseline, limit, screen)
             yield settled
 
 
-def _run_child(task: Task, libs: list[Path], todo: list[int], baseline: Path, limit: float
+def _run_child(task: Task, libs: list[Path], todo: list[int], baseline: Path, limit: float, screen: bool
                ) -> tuple[list[tuple[int, BatchItemResult]], list[int]]:
     """One child over `todo`; returns what it settled and what is left for a fresh child."""
     argv = [sys.executable, "-m", CHILD, "--task", str(task.root), "--baseline-lib", str(Path(baseline).resolve()),
-            "--limit-s", str(limit), *[str(Path(libs[i]).resolve()) for i in todo]]
+            "--limit-s", str(limit), *(["--screen"] if screen else []), *[str(Path(libs[i]).resolve()) for i in todo]]
     env = {"PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")])),
            "PYTHONUNBUFFERED": "1"}
     # the watchdog bounds each library; the batch timeout is the backstop (plus one limit for the start)

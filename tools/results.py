@@ -205,7 +205,7 @@ class BatchItemResult(BaseModel):
     status: BatchStatus
     message: str = ""
     seed: int | None = None                   # parity's seed
-    parity: ParityResult | None = None        # None: the child died before parity answered
+    parity: ParityResult | None = None        # None: the child died before parity answered, or a screen
     bench: BenchResult | None = None          # None: parity failed, or the child died first
     seconds: float = 0.0
 

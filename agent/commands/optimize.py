@@ -55,6 +55,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--jobs", type=int, help="parallel builds (default: the CPU count)")
     s.add_argument("--batch", type=int, default=16,
                    help="configurations per evaluation process (default 16; a crash costs one configuration)")
+    s.add_argument("--screen", type=int, metavar="K",
+                   help="rank every configuration by a short timing alone first; only the K fastest get parity and bench")
     s.add_argument("--runs-dir", type=Path)
     s.add_argument("--json", action="store_true", help="print the SweepResult as JSON on stdout")
     s.set_defaults(func=cmd_sweep)
@@ -134,8 +136,8 @@ def cmd_sweep(args) -> int:
     except UsageError as e:
         console.print(f"[red]error[/red]: {e}")
         return 2
-    if (args.jobs is not None and args.jobs < 1) or args.batch < 1:
-        console.print("[red]error[/red]: --jobs and --batch must be at least 1")
+    if any(v is not None and v < 1 for v in (args.jobs, args.batch, args.screen)):
+        console.print("[red]error[/red]: --jobs, --batch and --screen must be at least 1")
         return 2
     task = load_task(task_dir)
     root = repo_root_of(task_dir)
@@ -151,7 +153,7 @@ def cmd_sweep(args) -> int:
 
     try:
         res = sweep(task, out, limit=args.limit, seed=args.seed, progress=progress, jobs=args.jobs,
-                    batch=args.batch, log=lambda line: console.print(line, highlight=False))
+                    batch=args.batch, screen=args.screen, log=lambda line: console.print(line, highlight=False))
     except KeyboardInterrupt:
         console.print(f"interrupted; the configurations measured so far are in {out / 'sweep.json'}", highlight=False)
         return 130
