@@ -1,12 +1,31 @@
-"""`agent sweep TASK`: every knob configuration the restrictions allow, through the same build,
-launch check, parity and bench as the loop, each timed against the initial configuration.
-It tells what the knobs can reach, the bar for the heuristic proposer."""
+"""`agent sweep TASK`: every knob configuration the restrictions allow, through the loop's checks,
+each timed against the initial configuration. It tells what the knobs can reach, the bar for the
+heuristic proposer.
+
+Fast, for hundreds of configurations:
+1. every configuration's task copy is built, `jobs` at a time (each build is its own ninja
+   process), with the static launch check (the plan and ptxas; no GPU, no profiler trace);
+2. parity and the interleaved bench against the initial run in batches, one throwaway child per
+   batch (tools/batch.py): a crash or a hang costs one configuration, never the sweep;
+   With --screen K, a short timing of each configuration alone (no parity) first ranks the space,
+   and only the K fastest get the full checks; the rest are recorded as screened_out;
+3. only the reported best gets the expensive checks: the dynamic launch check (the profiler
+   trace), a fresh-process parity with a new seed and a fresh-process bench against the initial.
+   If one fails, that point is marked failed with the reason and the next best is tried.
+
+out_dir/sweep.json is rewritten (atomically) after each batch: a Ctrl-C or a kill loses at most
+the batch under way.
+"""
 
 from __future__ import annotations
 
+import concurrent.futures as cf
+import os
 import random
 import shutil
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
@@ -14,19 +33,30 @@ from pydantic import BaseModel
 
 from agent.evaluate import Evaluator, IterationEnded, snapshot_lib
 from agent.runlog import StageTimes
+from tools import batch as batch_eval
+from tools.results import BatchItemResult, BatchStatus, LaunchResult
 from tools.task import Task, knob_pattern, load_task, shape_label
 
 
 class SweepPoint(BaseModel):
     knobs: dict[str, int]
     ok: bool
-    outcome: str                      # ok | compile_failed | launch_rejected | parity_failed | bench_failed
+    # ok | compile_failed | launch_rejected | parity_failed | bench_failed | crashed | timeout | screened_out
+    outcome: str
     reason: str = ""
+    index: int | None = None          # the configuration's number: its files are in out_dir/cfg-INDEX
     median_ms: float | None = None
     speedup_vs_initial: float | None = None
     ci_low: float | None = None
     ci_high: float | None = None
-    seconds: float = 0.0
+    seconds: float = 0.0              # build + evaluation
+    build_seconds: float = 0.0        # copy, build, static launch check
+    eval_seconds: float = 0.0         # parity + bench in the batch child (+ the screen's timing)
+    screen_ms: float | None = None    # --screen: the short timing alone that ranked it
+    verified: bool = False            # passed the best's checks (dynamic launch, fresh parity and bench)
+    verified_speedup: float | None = None   # from the fresh bench against the initial
+    verified_ci_low: float | None = None
+    verified_ci_high: float | None = None
 
 
 class SweepResult(BaseModel):
@@ -36,6 +66,16 @@ class SweepResult(BaseModel):
     initial_knobs: dict[str, int]
     initial_ms: float | None = None
     points: list[SweepPoint] = []
+    total: int | None = None          # configurations in this sweep (the initial not counted)
+    jobs: int | None = None
+    batch: int | None = None
+    screen: int | None = None         # --screen K: only the K fastest by a short timing got the full checks
+    verified: dict[str, int] | None = None   # knobs of the point that passed the best's checks
+    complete: bool = False            # False: interrupted (or still running); the points so far are kept
+    build_wall_s: float = 0.0
+    screen_wall_s: float = 0.0
+    eval_wall_s: float = 0.0
+    verify_wall_s: float = 0.0
 
     def best(self) -> SweepPoint | None:
         ok = [p for p in self.points if p.ok and p.median_ms is not None]
@@ -52,9 +92,35 @@ def write_knobs(task_dir: Path, task: Task, cfg: dict[str, int]) -> None:
         p.write_text(text)
 
 
-def sweep(task: Task, out_dir: Path, limit: int | None = None, seed: int = 0, progress=None) -> SweepResult:
+@dataclass
+class _Built:
+    """A configuration that compiled and passed the static launch check."""
+    index: int
+    knobs: dict[str, int]
+    task: Task                 # its own task copy (the dynamic launch check reads its module)
+    lib: Path
+    launch: LaunchResult
+    build_seconds: float
+    seconds: float                 # so far: build, then the screen if any
+    screen_ms: float | None = None
+
+
+Progress = Callable[[int, int, SweepPoint], None]
+
+
+def sweep(task: Task, out_dir: Path, limit: int | None = None, seed: int = 0, progress: Progress | None = None,
+          *, jobs: int | None = None, batch: int = 16, screen: int | None = None,
+          log: Callable[[str], None] | None = None) -> SweepResult:
+    """Measure the knob space (or a random sample of `limit` configurations); see the module doc.
+
+    progress(n, total, point) is called once per configuration as its point is recorded; log(line)
+    gets the build progress and the verification of the best."""
     from agent.loop import _device_limits
+    say = log or (lambda _: None)
+    if screen is not None and screen < 1:
+        raise ValueError("screen must keep at least 1 configuration")
     out_dir.mkdir(parents=True, exist_ok=True)
+    jobs = max(1, jobs or os.cpu_count() or 1)
     space = task.spec.knob_space()
     initial = {k: v for k, v in task.read_knobs().items() if v is not None}
     space = [c for c in space if c != initial]
@@ -62,47 +128,196 @@ def sweep(task: Task, out_dir: Path, limit: int | None = None, seed: int = 0, pr
         space = random.Random(seed).sample(space, limit)
     limits = _device_limits(task)
     res = SweepResult(task=task.name, shape=task.spec.main, started=datetime.now().isoformat(timespec="seconds"),
-                      initial_knobs=initial)
-    init_ev = Evaluator(task, out_dir / "build-initial", limits)
-    t = StageTimes()
-    b = init_ev.build(t)
-    base_lib = snapshot_lib(b.lib_path, out_dir / "initial" / f"lib{task.name}.so")
-    init_ev.parity(base_lib, t)
-    res.initial_ms = init_ev.bench(base_lib, None, t)[0].timing("candidate").median_ms
-    for n, cfg in enumerate(space, 1):
-        t0 = time.monotonic()
-        work = out_dir / f"cfg-{n}"
-        if work.exists():
-            shutil.rmtree(work)
-        shutil.copytree(task.root, work / "task", ignore=shutil.ignore_patterns("__pycache__"))
-        write_knobs(work / "task", task, cfg)
-        ct = load_task(work / "task")
-        ev = Evaluator(ct, work / "build", limits)
-        point = SweepPoint(knobs=cfg, ok=False, outcome="ok")
-        try:
-            bb = ev.build(t)
-            ev.launch(bb, None, t)
-            lib = Path(bb.lib_path)
-            ev.parity(lib, t)
-            bench = ev.bench(lib, base_lib, t)[0]
-            ci = bench.speedup_vs_baseline
-            point.ok, point.median_ms = True, bench.timing("candidate").median_ms
-            if ci:
-                point.speedup_vs_initial, point.ci_low, point.ci_high = ci.median, ci.low, ci.high
-        except IterationEnded as e:
-            point.outcome, point.reason = e.outcome.value, e.reason.splitlines()[0][:200]
-        point.seconds = time.monotonic() - t0
+                      initial_knobs=initial, total=len(space), jobs=jobs, batch=batch, screen=screen)
+    path = out_dir / "sweep.json"
+
+    def record(point: SweepPoint) -> None:
         res.points.append(point)
-        (out_dir / "sweep.json").write_text(res.model_dump_json(indent=2))
-        shutil.rmtree(work / "build", ignore_errors=True)
         if progress:
-            progress(n, len(space), point)
+            progress(len(res.points), len(space), point)
+
+    try:
+        init_ev = Evaluator(task, out_dir / "build-initial", limits)
+        t = StageTimes()
+        b = init_ev.build(t)
+        base_lib = snapshot_lib(b.lib_path, out_dir / "initial" / f"lib{task.name}.so")
+        init_ev.parity(base_lib, t)
+        res.initial_ms = init_ev.bench(base_lib, None, t)[0].timing("candidate").median_ms
+        _save(path, res)
+
+        t0 = time.monotonic()
+        built = _build_all(task, space, out_dir, limits, jobs, record, say)
+        res.build_wall_s = time.monotonic() - t0
+        _save(path, res)
+
+        if screen is not None and len(built) > screen:
+            t0 = time.monotonic()
+            built = _screen(task, built, base_lib, screen, batch, record, say)
+            res.screen_wall_s = time.monotonic() - t0
+            _save(path, res)
+
+        t0 = time.monotonic()
+        for settled in batch_eval.evaluate(task, [c.lib for c in built], base_lib, batch=batch):
+            for k, r in settled:
+                record(_point(built[k], r))
+                if r.status != BatchStatus.ok:
+                    built[k].lib.unlink(missing_ok=True)   # only the passing ones are kept for a second look
+            res.eval_wall_s = time.monotonic() - t0
+            _save(path, res)
+
+        t0 = time.monotonic()
+        _verify_best(res, {b.index: b for b in built}, base_lib, out_dir, limits, say)
+        res.verify_wall_s = time.monotonic() - t0
+        res.complete = True
+    finally:
+        _save(path, res)
     return res
+
+
+def _build_all(task: Task, space: list[dict[str, int]], out_dir: Path, limits, jobs: int,
+               record: Callable[[SweepPoint], None], say: Callable[[str], None]) -> list[_Built]:
+    """Every configuration's copy built and statically checked, `jobs` at a time. Failures are recorded
+    as points at once; the rest come back in configuration order."""
+    built: list[_Built] = []
+    every = max(1, len(space) // 20)
+    ex = cf.ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="sweep-build")
+    try:
+        futs = [ex.submit(_prepare, task, n, cfg, out_dir, limits) for n, cfg in enumerate(space, 1)]
+        for done, fut in enumerate(cf.as_completed(futs), 1):
+            r = fut.result()
+            if isinstance(r, SweepPoint):
+                record(r)
+            else:
+                built.append(r)
+            if done % every == 0 or done == len(space):
+                say(f"built {done}/{len(space)} ({done - len(built)} failed so far)")
+    finally:   # a Ctrl-C: the builds under way finish (each is seconds), the queued ones never start
+        ex.shutdown(wait=True, cancel_futures=True)
+    return sorted(built, key=lambda b: b.index)
+
+
+def _prepare(task: Task, n: int, cfg: dict[str, int], out_dir: Path, limits) -> _Built | SweepPoint:
+    """Copy the task, write the knobs, build, static launch check; keep only the library."""
+    t0 = time.monotonic()
+    work = out_dir / f"cfg-{n}"
+    if work.exists():
+        shutil.rmtree(work)
+    shutil.copytree(task.root, work / "task", ignore=shutil.ignore_patterns("__pycache__"))
+    write_knobs(work / "task", task, cfg)
+    ct = load_task(work / "task")
+    ev = Evaluator(ct, work / "build", limits)
+    t = StageTimes()
+    try:
+        b = ev.build(t)
+        launch = ev.launch(b, None, t, dynamic=False)
+        lib = snapshot_lib(b.lib_path, work / f"lib{task.name}.so")
+        dt = time.monotonic() - t0
+        return _Built(index=n, knobs=cfg, task=ct, lib=lib, launch=launch, build_seconds=dt, seconds=dt)
+    except IterationEnded as e:
+        dt = time.monotonic() - t0
+        return SweepPoint(knobs=cfg, index=n, ok=False, outcome=e.outcome.value, reason=_line(e.reason),
+                          build_seconds=dt, seconds=dt)
+    finally:
+        shutil.rmtree(work / "build", ignore_errors=True)   # objects: a CUDA build is about 1 MB each
+
+
+def _screen(task: Task, built: list[_Built], base_lib: Path, keep: int, batch: int,
+            record: Callable[[SweepPoint], None], say: Callable[[str], None]) -> list[_Built]:
+    """A short timing of each alone; returns the `keep` fastest. A configuration that fails the screen
+    (crash, hang, wrong in the bench's spot checks) is recorded with that outcome; the others that
+    are not kept, as screened_out."""
+    say(f"screening {len(built)} configurations by a short timing; the {keep} fastest get the full checks")
+    timed: list[_Built] = []
+    for settled in batch_eval.evaluate(task, [c.lib for c in built], base_lib, batch=batch, screen=True):
+        for k, r in settled:
+            b = built[k]
+            b.seconds += r.seconds
+            cand = r.bench.timing("candidate") if r.bench is not None else None
+            if r.status == BatchStatus.ok and cand is not None:
+                b.screen_ms = cand.median_ms
+                timed.append(b)
+            else:
+                b.lib.unlink(missing_ok=True)
+                record(SweepPoint(knobs=b.knobs, index=b.index, ok=False, outcome=r.status.value,
+                                  reason="on the screen: " + _line(r.message), build_seconds=b.build_seconds,
+                                  eval_seconds=r.seconds, seconds=b.seconds))
+    timed.sort(key=lambda b: b.screen_ms)
+    for b in timed[keep:]:
+        b.lib.unlink(missing_ok=True)
+        record(SweepPoint(knobs=b.knobs, index=b.index, ok=False, outcome="screened_out", screen_ms=b.screen_ms,
+                          reason=f"screen: {b.screen_ms * 1e3:.1f} us alone, not among the {keep} fastest "
+                                 f"(the slowest kept: {timed[keep - 1].screen_ms * 1e3:.1f} us)",
+                          build_seconds=b.build_seconds, eval_seconds=b.seconds - b.build_seconds, seconds=b.seconds))
+    return sorted(timed[:keep], key=lambda b: b.index)
+
+
+def _point(b: _Built, r: BatchItemResult) -> SweepPoint:
+    p = SweepPoint(knobs=b.knobs, index=b.index, ok=r.status == BatchStatus.ok, outcome=r.status.value,
+                   reason="" if r.status == BatchStatus.ok else _line(r.message), screen_ms=b.screen_ms,
+                   build_seconds=b.build_seconds, eval_seconds=b.seconds - b.build_seconds + r.seconds,
+                   seconds=b.seconds + r.seconds)
+    if r.bench is not None and r.status == BatchStatus.ok:
+        cand = r.bench.timing("candidate")
+        p.median_ms = cand.median_ms if cand else None
+        p.ok = p.median_ms is not None
+        ci = r.bench.speedup_vs_baseline
+        if ci:
+            p.speedup_vs_initial, p.ci_low, p.ci_high = ci.median, ci.low, ci.high
+    return p
+
+
+def _verify_best(res: SweepResult, built: dict[int, _Built], base_lib: Path, out_dir: Path, limits,
+                 say: Callable[[str], None]) -> SweepPoint | None:
+    """The best by median gets the dynamic launch check, a fresh parity (new seed) and a fresh bench
+    against the initial, each in its own process; on a failure the point is marked and the next best
+    is tried. Returns the verified point (also recorded in res.verified)."""
+    while (p := res.best()) is not None:
+        b = built[p.index]   # type: ignore[index]
+        ev = Evaluator(b.task, out_dir / f"cfg-{b.index}" / "build", limits)
+        t = StageTimes()
+        say(f"verifying the best, {p.knobs} at {p.median_ms * 1e3:.1f} us (launch check, fresh parity and bench)")
+        try:
+            ev.verify_launch(b.lib, b.launch, t)
+            ev.parity(b.lib, t)
+            bench = ev.bench(b.lib, base_lib, t)[0]
+        except IterationEnded as e:
+            p.ok, p.outcome, p.reason = False, e.outcome.value, "on verification: " + _line(e.reason)
+            say(f"{p.knobs} failed verification: {p.reason}")
+            continue
+        finally:
+            p.seconds += t.launch + t.parity + t.bench
+        ci = bench.speedup_vs_baseline
+        p.verified = True
+        if ci:
+            p.verified_speedup, p.verified_ci_low, p.verified_ci_high = ci.median, ci.low, ci.high
+        res.verified = p.knobs
+        return p
+    return None
+
+
+def _save(path: Path, res: SweepResult) -> None:
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(res.model_dump_json(indent=2))
+    os.replace(tmp, path)
+
+
+def _line(reason: str) -> str:
+    lines = [ln for ln in (reason or "").splitlines() if ln.strip()]
+    return lines[0][:300] if lines else ""
 
 
 def describe(res: SweepResult) -> str:
     b = res.best()
+    n = len(res.points)
+    counts: dict[str, int] = {}
+    for p in res.points:
+        counts[p.outcome] = counts.get(p.outcome, 0) + 1
+    tally = ", ".join(f"{v} {k}" for k, v in sorted(counts.items(), key=lambda kv: -kv[1]))
+    head = f"sweep of {res.task}" + ("" if res.complete else " (interrupted)")
     if b is None:
-        return f"sweep of {res.task}: no configuration passed"
-    return (f"sweep of {res.task} on {shape_label(res.shape)}: best {b.knobs} at {b.median_ms * 1e3:.1f} us, "
-            f"{b.speedup_vs_initial:.2f}x vs the initial configuration ({len(res.points)} configurations)")
+        return f"{head}: no configuration passed ({n} configurations: {tally})"
+    check = (f"verified: {b.verified_speedup:.2f}x in a fresh bench" if b.verified and b.verified_speedup
+             else "verified" if b.verified else "not verified")
+    vs = f"{b.speedup_vs_initial:.2f}x" if b.speedup_vs_initial is not None else "?"
+    return (f"{head} on {shape_label(res.shape)}: best {b.knobs} at {b.median_ms * 1e3:.1f} us, "
+            f"{vs} vs the initial configuration ({check}); {n} configurations: {tally}")

@@ -191,6 +191,25 @@ class BenchResult(BaseModel):
         return next((t for t in self.timings if t.label == label), None)
 
 
+# --- batched evaluation (agent sweep) ----------------------------------------------------------
+class BatchStatus(str, Enum):
+    ok = "ok"                        # parity passed and the bench answered
+    parity_failed = "parity_failed"
+    bench_failed = "bench_failed"
+    crashed = "crashed"              # the batch child died while this library ran (signal, exit)
+    timeout = "timeout"              # the watchdog or the batch's timeout ended the child on this library
+
+
+class BatchItemResult(BaseModel):
+    """Parity, then bench against the baseline, of one library in a batch child (tools/batch.py)."""
+    status: BatchStatus
+    message: str = ""
+    seed: int | None = None                   # parity's seed
+    parity: ParityResult | None = None        # None: the child died before parity answered, or a screen
+    bench: BenchResult | None = None          # None: parity failed, or the child died first
+    seconds: float = 0.0
+
+
 class CheckSummary(BaseModel):
     """`agent check TASK`: the four instruments in order, stopping at the first failure."""
     schema_version: int = RESULT_SCHEMA

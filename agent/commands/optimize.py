@@ -51,9 +51,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     s = sub.add_parser("sweep", help="measure every knob configuration the restrictions allow")
     s.add_argument("task", nargs="?")
     s.add_argument("--limit", type=int, help="measure a random sample of this many configurations")
-    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--seed", type=int, default=0, help="seed of the --limit sample (default 0)")
+    s.add_argument("--jobs", type=int, help="parallel builds (default: the CPU count)")
+    s.add_argument("--batch", type=int, default=16,
+                   help="configurations per evaluation process (default 16; a crash costs one configuration)")
+    s.add_argument("--screen", type=int, metavar="K",
+                   help="rank every configuration by a short timing alone first; only the K fastest get parity and bench")
     s.add_argument("--runs-dir", type=Path)
-    s.add_argument("--json", action="store_true")
+    s.add_argument("--json", action="store_true", help="print the SweepResult as JSON on stdout")
     s.set_defaults(func=cmd_sweep)
 
 
@@ -123,11 +128,16 @@ def _run_and_summarize(loop: Loop) -> int:
 
 
 def cmd_sweep(args) -> int:
+    from agent.evaluate import IterationEnded
     from agent.sweep import describe, sweep
+    from tools.batch import BatchError
     try:
         task_dir, why = choose_task(args.task, Path.cwd())
     except UsageError as e:
         console.print(f"[red]error[/red]: {e}")
+        return 2
+    if any(v is not None and v < 1 for v in (args.jobs, args.batch, args.screen)):
+        console.print("[red]error[/red]: --jobs, --batch and --screen must be at least 1")
         return 2
     task = load_task(task_dir)
     root = repo_root_of(task_dir)
@@ -137,10 +147,22 @@ def cmd_sweep(args) -> int:
     console.print(f"{why}; {len(task.spec.knob_space())} configurations allowed; results in {out}", highlight=False)
 
     def progress(n, total, p):
-        what = f"{p.median_ms * 1e3:.1f} us ({p.speedup_vs_initial:.2f}x)" if p.ok else f"{p.outcome}: {p.reason[:80]}"
+        vs = f" ({p.speedup_vs_initial:.2f}x)" if p.speedup_vs_initial is not None else ""
+        what = f"{p.median_ms * 1e3:.1f} us{vs}" if p.ok else f"{p.outcome}: {p.reason[:80]}"
         console.print(f"[{n}/{total}] {p.knobs} {what}", highlight=False)
 
-    res = sweep(task, out, limit=args.limit, seed=args.seed, progress=progress)
+    try:
+        res = sweep(task, out, limit=args.limit, seed=args.seed, progress=progress, jobs=args.jobs,
+                    batch=args.batch, screen=args.screen, log=lambda line: console.print(line, highlight=False))
+    except KeyboardInterrupt:
+        console.print(f"interrupted; the configurations measured so far are in {out / 'sweep.json'}", highlight=False)
+        return 130
+    except IterationEnded as e:   # the initial configuration is the bar: it must build, pass and time
+        console.print(f"[red]the initial configuration failed[/red]: {e.reason}", highlight=False)
+        return 1
+    except BatchError as e:       # the evaluation child could not load the task or the initial library
+        console.print(f"[red]sweep failed[/red]: {e}", highlight=False)
+        return 1
     if args.json:
         print(res.model_dump_json(indent=2))
     else:

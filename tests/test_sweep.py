@@ -1,0 +1,194 @@
+"""`agent sweep` on the CPU task: real compiler, real child processes. Bad configurations are planted
+in a task copy's source under `#if` on the knobs, so one knob value fails to compile, segfaults,
+hangs or computes a wrong result, and the sweep must record that and measure the rest."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+
+from agent.sweep import SweepPoint, SweepResult, sweep, write_knobs
+from tests.userrepo import agent, make_user_repo, snapshot
+from tools import batch
+from tools.build import build
+from tools.results import BatchStatus
+from tools.sandbox import ProcResult, ProcStatus
+from tools.task import load_task
+
+BODY = "int M, int N, int K) {\n"
+
+
+def _task(tmp: Path, values: dict[str, list[int]] | None = None, head: str = "", tail: str = "") -> Path:
+    """The fast matmul_cpu copy, with knob value lists narrowed, `head` planted at the top of the
+    kernel's body and `tail` at its end."""
+    root = make_user_repo(tmp / "user")
+    d = root / "kernels" / "matmul_cpu"
+    toml = d / "task.toml"
+    text = toml.read_text()
+    for name, vals in (values or {}).items():
+        text, n = re.subn(rf'(name = "{name}"\nvalues = )\[[^\]]*\]', rf"\g<1>{vals}", text)
+        assert n == 1, name
+    toml.write_text(text)
+    src = d / "matmul.cpp"
+    text = src.read_text()
+    assert text.count(BODY) == 1 and text.endswith("}\n")
+    text = "#include <cstdio>\n" + text.replace(BODY, BODY + head)
+    text = text[:-2] + tail + "}\n"
+    src.write_text(text)
+    return d
+
+
+def _by_knobs(res: SweepResult) -> dict[tuple, SweepPoint]:
+    return {tuple(p.knobs.values()): p for p in res.points}
+
+
+@pytest.mark.slow
+def test_sample_is_measured_and_the_best_verified(tmp_path):
+    task = load_task(_task(tmp_path))
+    out = tmp_path / "sweep"
+    seen, lines = [], []
+    res = sweep(task, out, limit=4, seed=1, jobs=2, batch=3, progress=lambda n, t, p: seen.append((n, t)),
+                log=lines.append)
+    assert res.complete and res.total == 4 and len(res.points) == 4
+    assert seen == [(1, 4), (2, 4), (3, 4), (4, 4)]
+    assert any(ln.startswith("built 4/4") for ln in lines)
+    for p in res.points:
+        assert p.ok and p.outcome == "ok" and p.median_ms > 0, p
+        assert p.speedup_vs_initial and p.ci_low <= p.speedup_vs_initial <= p.ci_high
+        assert p.build_seconds > 0 and p.eval_seconds > 0 and p.seconds >= p.build_seconds + p.eval_seconds
+        assert (out / f"cfg-{p.index}" / "libmatmul_cpu.so").is_file()
+        assert not (out / f"cfg-{p.index}" / "build").exists()
+    best = res.best()
+    assert best is min(res.points, key=lambda p: p.median_ms)
+    assert best.verified and res.verified == best.knobs and best.verified_speedup
+    assert sum(p.verified for p in res.points) == 1
+    assert res.initial_ms and res.build_wall_s > 0 and res.eval_wall_s > 0
+    # what is on disk is what was returned
+    assert SweepResult.model_validate_json((out / "sweep.json").read_text()) == res
+
+
+@pytest.mark.slow
+def test_compile_failure_crash_and_wrong_result_cost_one_configuration_each(tmp_path):
+    # 7 configurations besides the initial (0, 16, 16, 16), in this order:
+    #   (0,8,16,16) segfaults   (0,8,16,32) ok   (0,16,16,32) does not compile
+    #   (1,8,16,16) ok   (1,8,16,32) ok   (1,16,16,16) ok   (1,16,16,32) wrong (and fast)
+    head = ("#if LOOP_ORDER == 0 && BLOCK_M == 16 && BLOCK_K == 32\n#error planted: does not compile\n#endif\n"
+            "#if LOOP_ORDER == 0 && BLOCK_M == 8 && BLOCK_K == 16\n"
+            "    { float* volatile p = nullptr; *p = 1.0f; }\n#endif\n")
+    tail = "#if LOOP_ORDER == 1 && BLOCK_M == 16 && BLOCK_K == 32\n    C[0] += 1.0f;\n#endif\n"
+    d = _task(tmp_path, {"LOOP_ORDER": [0, 1], "BLOCK_M": [8, 16], "BLOCK_N": [16], "BLOCK_K": [16, 32]},
+              head, tail)
+    res = sweep(load_task(d), tmp_path / "sweep", jobs=2, batch=8)
+    assert res.complete and len(res.points) == 7
+    pts = _by_knobs(res)
+    crashed, bad_build, wrong = pts[(0, 8, 16, 16)], pts[(0, 16, 16, 32)], pts[(1, 16, 16, 32)]
+    assert bad_build.outcome == "compile_failed" and "planted" in bad_build.reason and not bad_build.ok
+    assert crashed.outcome == "crashed" and "SIGSEGV" in crashed.reason and not crashed.ok
+    assert wrong.outcome == "parity_failed" and "mismatch" in wrong.reason and not wrong.ok
+    # the crash was first in its batch: everything after it was still measured, in a fresh child
+    for k in [(0, 8, 16, 32), (1, 8, 16, 16), (1, 8, 16, 32), (1, 16, 16, 16)]:
+        assert pts[k].ok and pts[k].speedup_vs_initial, pts[k]
+    best = res.best()
+    assert best.knobs != wrong.knobs and best.verified and res.verified == best.knobs
+    assert not (tmp_path / "sweep" / f"cfg-{crashed.index}" / "libmatmul_cpu.so").exists()
+
+
+@pytest.mark.slow
+def test_a_best_that_fails_verification_is_marked_and_the_next_is_verified(tmp_path):
+    # LOOP_ORDER 1 (about 8x faster) turns wrong once the marker exists, which the test creates when
+    # the last point is recorded: both fast configurations pass the batch, then fail the fresh parity
+    marker = tmp_path / "broken"
+    tail = f'#if LOOP_ORDER == 1\n    if (FILE* f = fopen("{marker}", "r")) {{ fclose(f); C[0] += 1.0f; }}\n#endif\n'
+    d = _task(tmp_path, {"LOOP_ORDER": [0, 1], "BLOCK_M": [8, 16], "BLOCK_N": [16], "BLOCK_K": [16]}, tail=tail)
+
+    def progress(n, total, p):
+        if n == total:
+            marker.write_text("")
+
+    lines: list[str] = []
+    res = sweep(load_task(d), tmp_path / "sweep", jobs=2, batch=8, progress=progress, log=lines.append)
+    pts = _by_knobs(res)
+    for k in [(1, 8, 16, 16), (1, 16, 16, 16)]:
+        p = pts[k]
+        assert not p.ok and not p.verified and p.outcome == "parity_failed", p
+        assert p.reason.startswith("on verification: parity mismatch") and p.median_ms, p
+    slow = pts[(0, 8, 16, 16)]
+    assert slow.verified and res.best() is slow and res.verified == slow.knobs
+    assert sum("failed verification" in ln for ln in lines) == 2
+
+
+@pytest.mark.slow
+def test_a_hang_costs_one_library_and_the_rest_of_the_batch_runs(tmp_path):
+    head = "#if BLOCK_M == 8\n    { volatile int spin = 1; while (spin) {} }\n#endif\n"
+    d = _task(tmp_path, head=head)
+    task = load_task(d)
+    libs = []
+    for n, bm in enumerate([8, 16, 32]):
+        copy = tmp_path / f"c{n}"
+        shutil.copytree(d, copy)
+        write_knobs(copy, task, {**task.spec.default_knobs(), "BLOCK_M": bm})
+        b = build(load_task(copy), tmp_path / f"b{n}")
+        assert b.status.value == "ok", b.message
+        libs.append(Path(b.lib_path))
+    t0 = time.monotonic()
+    rounds = list(batch.evaluate(task, libs, libs[1], batch=3, limit_s=6))
+    assert time.monotonic() - t0 < 60
+    settled = dict(r for rnd in rounds for r in rnd)
+    assert len(rounds) == 2 and sorted(settled) == [0, 1, 2]
+    assert settled[0].status == BatchStatus.timeout and "hangs" in settled[0].message
+    assert settled[1].status == settled[2].status == BatchStatus.ok
+    assert settled[1].bench.speedup_vs_baseline and settled[2].parity.status.value == "ok"
+
+
+@pytest.mark.slow
+def test_cli_sweep_json_with_a_screen(tmp_path):
+    root = make_user_repo(tmp_path / "user")
+    before = snapshot(root)
+    res = agent(root, "sweep", "kernels/matmul_cpu", "--limit", "4", "--screen", "2", "--jobs", "2", "--batch", "4",
+                "--json")
+    assert res.returncode == 0, res.stderr + res.stdout
+    out = SweepResult.model_validate_json(res.stdout)
+    assert len(out.points) == 4 and out.complete and out.jobs == 2 and out.batch == 4 and out.screen == 2
+    # the two slowest by the screen's short timing got no parity or bench; the two fastest got both
+    screened = [p for p in out.points if p.outcome == "screened_out"]
+    full = [p for p in out.points if p.outcome == "ok"]
+    assert len(screened) == 2 and len(full) == 2, [(p.outcome, p.reason) for p in out.points]
+    assert max(p.screen_ms for p in full) <= min(p.screen_ms for p in screened)
+    assert all(not p.ok and p.median_ms is None and "not among the 2 fastest" in p.reason for p in screened)
+    assert all(p.speedup_vs_initial for p in full)
+    assert out.verified == out.best().knobs and out.best().verified
+    assert "built 4/4" in res.stderr and "[4/4]" in res.stderr and "verifying the best" in res.stderr
+    (disk,) = (root / "runs").glob("sweep-matmul_cpu-*/sweep.json")
+    assert SweepResult.model_validate_json(disk.read_text()) == out
+    assert snapshot(root) == before
+
+
+# --- fast: no compiler, no children ------------------------------------------------------------
+def test_old_sweep_json_still_loads():
+    old = {"task": "t", "shape": {"M": 1}, "started": "2026-01-01T00:00:00", "initial_knobs": {"A": 1},
+           "initial_ms": 1.0, "points": [{"knobs": {"A": 2}, "ok": True, "outcome": "ok", "median_ms": 0.5,
+                                          "speedup_vs_initial": 2.0, "ci_low": 1.9, "ci_high": 2.1, "seconds": 9.0}]}
+    res = SweepResult.model_validate(old)
+    assert res.best().knobs == {"A": 2} and res.verified is None and not res.points[0].verified
+
+
+def _proc(stdout: str, status=ProcStatus.ok) -> ProcResult:
+    return ProcResult(status=status, seconds=1.0, stdout=stdout, stderr="boom\n", argv=["x"])
+
+
+def test_batch_lines_are_taken_in_order_and_a_fatal_start_is_an_error():
+    ok = {"status": "ok", "seconds": 0.5}
+    lines = "\n".join(json.dumps(x) for x in [{"i": 0, **ok}, {"i": 5, **ok}, {"nonsense": 1},
+                                              {"i": 1, **ok, "stop": True}]) + "\nnot json\n"
+    rows, stopped = batch.parse_lines(_proc(lines), 3)
+    assert [r.status for r in rows] == [BatchStatus.ok, BatchStatus.ok] and stopped
+    rows, stopped = batch.parse_lines(_proc(json.dumps({"i": 0, **ok})), 3)
+    assert len(rows) == 1 and not stopped
+    with pytest.raises(batch.BatchError, match="could not start"):
+        batch.parse_lines(_proc(json.dumps({"fatal": "the batch child could not start: X"})), 3)
+    assert "SIGSEGV" in batch.died(ProcResult(status=ProcStatus.crashed, signal="SIGSEGV", seconds=1, argv=["x"]))

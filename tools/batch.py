@@ -1,0 +1,102 @@
+"""Parity and bench of many libraries, a batch per throwaway child (the parent side of
+tools/_batch_child.py). `agent sweep` measures hundreds of knob configurations this way.
+
+Each library gets the loop's checks (parity with hidden shapes and a fresh seed; if it passes, the
+interleaved bench against the baseline on the main shape), but a batch shares one process: the
+torch import and the CUDA context are paid once per batch instead of twice per library.
+
+What a bad kernel costs stays one configuration: the child reports each library as soon as it is
+done; when it dies (a segfault, an illegal address, a hang past the watchdog or the batch timeout),
+the library after the last one reported is marked crashed or timeout with the child's reason, and
+the rest of the batch runs in a fresh child. After a failure that may poison the process (a CUDA
+error, a write outside the output) the child stops by itself and the rest also gets a fresh one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+from tools.results import BatchItemResult, BatchStatus
+from tools.sandbox import REPO_ROOT, ProcResult, ProcStatus, run_isolated
+from tools.task import Task
+
+CHILD = "tools._batch_child"
+
+
+class BatchError(Exception):
+    """The batch child could not start at all (the task or the baseline library did not load)."""
+
+
+def evaluate(task: Task, libs: list[Path], baseline: Path, *, batch: int = 16, limit_s: float | None = None,
+             screen: bool = False) -> Iterator[list[tuple[int, BatchItemResult]]]:
+    """Parity then bench of each library in `libs`, `batch` per child, in order. With `screen`, only
+    a short timing of each alone (no parity, no baseline): a ranking hint for a huge space.
+
+    Yields, after each child, the (index into libs, result) pairs it settled; every index is settled
+    exactly once. `limit_s` bounds one library (default: the task's parity + bench timeouts, what
+    the loop allows the two children it would run)."""
+    limit = limit_s if limit_s is not None else task.spec.parity.timeout_s + task.spec.bench.timeout_s
+    for start in range(0, len(libs), max(1, batch)):
+        todo = list(range(start, min(start + max(1, batch), len(libs))))
+        while todo:
+            settled, todo = _run_child(task, libs, todo, baseline, limit, screen)
+            yield settled
+
+
+def _run_child(task: Task, libs: list[Path], todo: list[int], baseline: Path, limit: float, screen: bool
+               ) -> tuple[list[tuple[int, BatchItemResult]], list[int]]:
+    """One child over `todo`; returns what it settled and what is left for a fresh child."""
+    argv = [sys.executable, "-m", CHILD, "--task", str(task.root), "--baseline-lib", str(Path(baseline).resolve()),
+            "--limit-s", str(limit), *(["--screen"] if screen else []), *[str(Path(libs[i]).resolve()) for i in todo]]
+    env = {"PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")])),
+           "PYTHONUNBUFFERED": "1"}
+    # the watchdog bounds each library; the batch timeout is the backstop (plus one limit for the start)
+    proc = run_isolated(argv, (len(todo) + 1) * limit, env=env)
+    rows, stopped = parse_lines(proc, len(todo))
+    settled = [(todo[k], r) for k, r in enumerate(rows)]
+    rest = todo[len(rows):]
+    if rest and not stopped:   # the child died while rest[0] ran
+        spent = max(0.0, proc.seconds - sum(r.seconds for r in rows))
+        status = BatchStatus.timeout if proc.status == ProcStatus.timeout else BatchStatus.crashed
+        settled.append((rest[0], BatchItemResult(status=status, message=died(proc), seconds=spent)))
+        rest = rest[1:]
+    return settled, rest
+
+
+def parse_lines(proc: ProcResult, n: int) -> tuple[list[BatchItemResult], bool]:
+    """The results the child wrote, in order (at most n), and whether it stopped by itself after the last."""
+    rows: list[BatchItemResult] = []
+    stopped = False
+    for line in proc.stdout.splitlines():
+        line = line.strip()
+        if not (line.startswith("{") and line.endswith("}")):
+            continue
+        try:
+            d = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if "fatal" in d:
+            raise BatchError(f"{d['fatal']}; stderr: {proc.tail(4)}")
+        if d.get("i") != len(rows) or len(rows) >= n:
+            continue   # not a line of ours (the child writes its lines in order on a private stdout)
+        stopped = bool(d.pop("stop", False))
+        d.pop("i")
+        rows.append(BatchItemResult.model_validate(d))
+    return rows, stopped
+
+
+def died(proc: ProcResult) -> str:
+    """Why the child ended while a library ran, for the reader of the sweep."""
+    tail = proc.tail(3).replace("\n", " | ")
+    tail = f"; stderr: {tail}" if tail else ""
+    if proc.status == ProcStatus.timeout:
+        return f"the evaluation child {proc.reason()} on this configuration"
+    if proc.status == ProcStatus.crashed:
+        return f"the evaluation child crashed with {proc.signal} on this configuration (the kernel faulted){tail}"
+    if proc.status == ProcStatus.not_started:
+        return f"the evaluation child could not start: {proc.stderr.strip()}"
+    return f"the evaluation child exited with code {proc.returncode} on this configuration, reporting nothing{tail}"
