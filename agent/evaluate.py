@@ -123,26 +123,40 @@ class Evaluator:
             raise ParityFailed(f"parity {res.status.value}: {res.message}", res)
         return res
 
-    def parity_and_bench(self, lib: Path, baseline: Path | None, times: StageTimes,
-                         rec: dict | None = None) -> BenchResult:
-        """Parity, then the main-shape bench against `baseline`, in one child (the loop's candidate
-        check). Each result goes into `rec` as soon as it exists; a failure ends like parity() or
-        bench() would. The child's start-up is charged to parity, where it happens."""
-        from tools.bench import run_parity_then_bench
+    def check_candidate(self, build: BuildResult, lib: Path, baseline: Path | None, parent: LaunchResult | None,
+                        times: StageTimes, rec: dict | None = None) -> BenchResult:
+        """The loop's candidate check in one child: the static launch check (CUDA, where device limits
+        are known), parity, then the main-shape bench against `baseline`. Each result goes into `rec`
+        as soon as it exists; a failure ends like launch(), parity() or bench() would. The child's
+        start-up is charged to parity, where it happens."""
+        from tools.bench import run_candidate
+        rec = {} if rec is None else rec
+        ctx = None
+        if self.task.spec.device == "cpu" or self.limits is None:
+            rec["launch"] = LaunchResult(status=LaunchStatus.not_applicable, message="CPU task: no launch geometry")
+        else:
+            ctx = {"limits": self.limits.model_dump(mode="json"),
+                   "kernels": [k.model_dump(mode="json") for k in build.kernels],
+                   "parent": parent.model_dump(mode="json") if parent is not None else None}
         t0 = time.monotonic()
-        par, bench = run_parity_then_bench(self.task, lib, baseline)
+        launch, par, bench = run_candidate(self.task, lib, baseline, launch_context=ctx)
         total = time.monotonic() - t0
+        l_secs = launch.seconds if launch is not None else 0.0
         b_secs = sum(b.seconds for b in bench) if bench else 0.0
-        times.bench += min(b_secs, total)
-        times.parity += max(total - b_secs, 0.0)
-        if rec is not None:
-            rec["parity"] = par
+        times.launch += min(l_secs, total)
+        times.bench += min(b_secs, max(total - l_secs, 0.0))
+        times.parity += max(total - l_secs - b_secs, 0.0)
+        if launch is not None:
+            rec["launch"] = launch
+            _launch_ok(launch)
+        if par is None:
+            raise ParityFailed("parity: the evaluate child returned no parity result")
+        rec["parity"] = par
         if par.status != ParityStatus.ok:
             raise ParityFailed(f"parity {par.status.value}: {par.message}", par)
         if not bench:
             raise BenchFailed("bench: the child returned no result after parity passed", bench)
-        if rec is not None:
-            rec["bench"] = bench[0]
+        rec["bench"] = bench[0]
         bad = next((r for r in bench if r.status != BenchStatus.ok), None)
         if bad is not None:
             raise BenchFailed(f"bench {bad.status.value}: {bad.message}", bench)

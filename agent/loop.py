@@ -56,6 +56,7 @@ class Loop:
         self.evaluator = Evaluator(self.task, run_dir / "build", self.limits)
         self.t_start = time.monotonic()
         self._interrupt_after_keep = False
+        self._sigint = False
 
     # --- paths ------------------------------------------------------------------------------
     def _task_dir(self) -> Path:
@@ -115,9 +116,28 @@ class Loop:
         _dump(out_dir / "profile.json", rep)
         self.profile = rep if rep.kernels else self.profile
 
+    # --- Ctrl-C ------------------------------------------------------------------------------
+    def _on_sigint(self, signum, frame) -> None:
+        """A Ctrl-C is remembered as well as raised: a KeyboardInterrupt that lands inside a finalizer
+        (GitPython reaps its git processes in __del__, where Python ignores exceptions) is lost, and
+        the run went on to the end once (kill-safety suite, SIGINT at parity, under load). The next
+        stage boundary raises it again."""
+        self._sigint = True
+        raise KeyboardInterrupt
+
+    def _stage(self, i: int, stage: str, hypothesis: str | None = None) -> None:
+        if self._sigint:
+            raise KeyboardInterrupt
+        self.view.stage(i, stage, hypothesis)
+
     # --- the loop ---------------------------------------------------------------------------
     def run(self) -> RunState:
         self.view.start(self.cfg, self.state)
+        self._sigint = False
+        try:
+            prev = signal.signal(signal.SIGINT, self._on_sigint)
+        except ValueError:      # not the main thread: Python's default handler stays
+            prev = None
         try:
             while True:
                 stop = self._stop_reason()
@@ -126,6 +146,8 @@ class Loop:
                     break
                 i = self.state.iterations_done + 1
                 try:
+                    if self._sigint:
+                        raise KeyboardInterrupt
                     rec = self.iteration(i)
                 except KeyboardInterrupt:
                     self._finish("interrupted", f"interrupted by the user during iteration {i}")
@@ -142,6 +164,8 @@ class Loop:
                     self._finish("interrupted", f"interrupted by the user; iteration {i} was kept first")
                     break
         finally:
+            if prev is not None:
+                signal.signal(signal.SIGINT, prev)
             self.view.close()
         return self.state
 
@@ -212,7 +236,7 @@ class Loop:
         try:
             proposal, patch_msg = self._propose_and_patch(i, d, times, usage, rec)
             rec.update(patch_message=patch_msg)
-            self.view.stage(i, "commit", proposal.summary())
+            self._stage(i, "commit", proposal.summary())
             t0 = time.monotonic()
             diff = self.git.diff(self._rel(self.task.spec.editable))
             if not diff.strip():
@@ -230,6 +254,7 @@ class Loop:
             # Ctrl-C during a keep is deferred until the kept record is written (verification suite:
             # an interrupt between the state update and the record left state.best_sha on a commit that
             # no record calls kept); SIGKILL there is repaired by prepare_resume
+            self._stage(i, "keep")
             with _DeferSigint() as sig:
                 kept = self._keep(i, d, proposal, result, rec, times, usage)
             self._interrupt_after_keep = sig.hit
@@ -249,7 +274,7 @@ class Loop:
         from agent.patch import PatchStatus, apply_edits
         feedback, kind = self._last_failure()
         for attempt in range(PATCH_REPAIRS + 1):
-            self.view.stage(i, "propose")
+            self._stage(i, "propose")
             ctx = self._context(i, d, feedback, kind)
             t0 = time.monotonic()
             try:
@@ -314,16 +339,15 @@ class Loop:
                        feedback=feedback, feedback_kind=kind, iter_dir=str(d))
 
     def _evaluate(self, i: int, d: Path, times: StageTimes, rec: dict) -> BenchResult:
-        self.view.stage(i, "build")
+        self._stage(i, "build")
         b = self.evaluator.build(times)
         rec["build"] = b
         (d / "build.log").write_text(b.log)
-        self.view.stage(i, "launch")
-        rec["launch"] = self.evaluator.launch(b, self.best_launch, times, dynamic=False)
         lib = snapshot_lib(b.lib_path, d / self._lib_name())
-        self.view.stage(i, "parity+bench")
+        # the static launch check, parity and the bench, in one child (a failed launch check runs nothing)
+        self._stage(i, "check+bench")
         try:
-            bench = self.evaluator.parity_and_bench(lib, self.best_lib, times, rec)
+            bench = self.evaluator.check_candidate(b, lib, self.best_lib, self.best_launch, times, rec)
         finally:
             for key, name in (("parity", "parity.json"), ("bench", "bench.json")):
                 if rec.get(key) is not None:
@@ -335,10 +359,10 @@ class Loop:
             raise NotFaster(f"speedup {ci.median:.3f}x [{ci.low:.3f}, {ci.high:.3f}] over the best: "
                             + ("within noise" if not ci.excludes_one() else
                                "slower" if ci.high < 1 else f"below the {self.cfg.min_gain:.0%} minimum gain"))
-        self.view.stage(i, "confirm")
+        self._stage(i, "confirm")
         self._confirm(lib, ci, times, rec, implausible=ci.median > IMPLAUSIBLE_RATIO)
         # about to be kept: the real launch geometry (profiler trace) must match the plan and the limits
-        self.view.stage(i, "launch")
+        self._stage(i, "launch")
         rec["launch"] = self.evaluator.verify_launch(lib, rec["launch"], times)
         return bench
 
@@ -376,7 +400,7 @@ class Loop:
 
     def _keep(self, i: int, d: Path, proposal: Proposal, bench: BenchResult, rec: dict, times: StageTimes,
               usage: Usage) -> IterationRecord:
-        self.view.stage(i, "keep")
+        self._stage(i, "keep")
         ci = bench.speedup_vs_baseline
         cand = bench.timing("candidate")
         self.state.best_ms = cand.median_ms
@@ -403,7 +427,7 @@ class Loop:
         snapshot_lib(d / self._lib_name(), self.best_lib)
         self.state.best_sha, self.state.best_iteration = sha, i
         self.best_launch = rec.get("launch")
-        self.view.stage(i, "profile")
+        self._stage(i, "profile")
         t0 = time.monotonic()
         self._profile_best(d)
         times.profile += time.monotonic() - t0

@@ -90,26 +90,27 @@ def _crash_after(calls: int) -> str:
                    '    matmul_ok(A, B, C, M, N, K);\n}\n')
 
 
-def test_parity_then_bench_share_one_child_and_a_crash_is_charged_to_its_stage(tmp_path):
-    from tools.bench import run_parity_then_bench
+def test_candidate_checks_share_one_child_and_a_crash_is_charged_to_its_stage(tmp_path):
+    from tools.bench import run_candidate
     from tools.results import ParityStatus
     task, lib = make_task(tmp_path, "correct", rounds=4)
     base = compile_lib(source("correct"), tmp_path / "base.so")
-    par, bench = run_parity_then_bench(task, lib, base, shapes=[SHAPE])
+    launch, par, bench = run_candidate(task, lib, base, shapes=[SHAPE])
+    assert launch is None   # no launch context: a CPU task
     assert par.status == ParityStatus.ok and len(par.checks) == 12, par.message
     assert bench is not None and bench[0].status == BenchStatus.ok, bench
     assert bench[0].speedup_vs_baseline.rounds == 4 and bench[0].timing("reference") is None
     # a crash during the bench: parity is reported passed, the bench crashed
     late = compile_lib(_crash_after(400), tmp_path / "late.so")
-    par, bench = run_parity_then_bench(task, late, base, shapes=[SHAPE])
+    _, par, bench = run_candidate(task, late, base, shapes=[SHAPE])
     assert par.status == ParityStatus.ok, par.message
     assert bench[0].status == BenchStatus.crashed and "SIGSEGV" in bench[0].message
     assert "@@agent-stage" not in bench[0].message
     # a crash during parity: parity crashed, no bench
     early = compile_lib(_crash_after(1), tmp_path / "early.so")
-    par, bench = run_parity_then_bench(task, early, base, shapes=[SHAPE])
+    _, par, bench = run_candidate(task, early, base, shapes=[SHAPE])
     assert par.status == ParityStatus.crashed and "SIGSEGV" in par.message and bench is None
     # a wrong kernel: parity's own verdict, no bench
     task_w, wrong = make_task(tmp_path, "offbyone")
-    par, bench = run_parity_then_bench(task_w, wrong, base, shapes=[SHAPE])
+    _, par, bench = run_candidate(task_w, wrong, base, shapes=[SHAPE])
     assert par.status == ParityStatus.mismatch and bench is None

@@ -32,6 +32,13 @@ def test_static_launch_check_through_the_evaluator(tmp_path):
                                     "launches": [l.model_copy(update={"grid": (8 * 2048, 1, 1)}) for l in res.launches]})
     with pytest.raises(LaunchRejected, match="collapse|CTA"):
         ev.launch(b, parent, times)
+    # the loop's path: the same check inside the one evaluate child, before anything runs
+    rec: dict = {}
+    t2 = StageTimes()
+    with pytest.raises(LaunchRejected, match="collapse|CTA"):
+        ev.check_candidate(b, Path(b.lib_path), None, parent, t2, rec)
+    assert rec["launch"].status == LaunchStatus.rejected and rec["launch"].main_ctas == 2048
+    assert "parity" not in rec and t2.launch > 0
 
 
 def _cuda() -> bool:

@@ -29,8 +29,8 @@ from tests.userrepo import REPO, agent, git, make_user_repo, snapshot
 
 pytestmark = pytest.mark.slow
 
-STAGES = ["propose", "build", "parity+bench", "confirm", "keep"]
-ARTIFACT = {"propose": "proposal.json", "build": "patch.diff", "parity+bench": "build.log", "confirm": "bench.json"}
+STAGES = ["propose", "build", "check+bench", "confirm", "keep"]
+ARTIFACT = {"propose": "proposal.json", "build": "patch.diff", "check+bench": "build.log", "confirm": "bench.json"}
 
 HOOK = """#!/bin/sh
 # armed by the test: hold the keep's amend open once (the subject of a kept commit is "agent: ...")

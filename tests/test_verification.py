@@ -193,6 +193,7 @@ def test_cuda_launch_faults_are_rejected_statically_without_a_gpu(tmp_path):
     import shutil
     from tools.build import build, find_nvcc
     from tools.device import table_limits
+    from tools.bench import run_candidate
     from tools.launch import static_check
     from tools.task import load_task
     if find_nvcc() is None:
@@ -217,3 +218,28 @@ def test_cuda_launch_faults_are_rejected_statically_without_a_gpu(tmp_path):
         assert b.status.value == "ok", b.message
         res = static_check(task, b, limits)
         assert res.status.value == "rejected" and rule in {v.rule for v in res.violations}, res.message
+        # the loop's one-child check reaches the same verdict from the plan it loads itself, and runs nothing
+        ctx = {"limits": limits.model_dump(mode="json"), "kernels": [k.model_dump(mode="json") for k in b.kernels],
+               "parent": None}
+        launch, par, bench = run_candidate(task, Path(b.lib_path), None, launch_context=ctx)
+        assert launch.status.value == "rejected" and rule in {v.rule for v in launch.violations}, launch.message
+        assert launch.violations == res.violations and par is None and bench is None
+    # the unpatched kernel passes the launch check in the child and goes on to parity (which, without a
+    # GPU, says so)
+    task = load_task(Path(__file__).resolve().parent.parent / "kernels" / "softmax")
+    b = build(task, tmp_path / "build-ok")
+    ctx = {"limits": limits.model_dump(mode="json"), "kernels": [k.model_dump(mode="json") for k in b.kernels],
+           "parent": None}
+    launch, par, _ = run_candidate(task, Path(b.lib_path), None, launch_context=ctx)
+    assert launch.status.value == "ok" and launch.main_ctas and launch.launches, launch.message
+    assert par is not None
+    if not _gpu():
+        assert par.status.value == "error" and "no GPU" in par.message
+
+
+def _gpu() -> bool:
+    try:
+        import torch
+        return torch.cuda.is_available()
+    except ImportError:
+        return False

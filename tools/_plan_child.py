@@ -31,8 +31,14 @@ def _load(module_path: str, lib_path: str):
 
 def plan(module_path: str, lib_path: str, shape: dict) -> dict:
     mod, lib = _load(module_path, lib_path)
+    return plan_from(mod, lib, shape, Path(module_path).name)
+
+
+def plan_from(mod, lib, shape: dict, module_name: str = "the task module") -> dict:
+    """The library's own launch plan for `shape`, from an already loaded module and library (also
+    used inside the loop's evaluate child, where they are loaded anyway)."""
     if not hasattr(mod, "launch_plan"):
-        return {"ok": False, "error": f"{Path(module_path).name} has no launch_plan(lib, shape)"}
+        return {"ok": False, "error": f"{module_name} has no launch_plan(lib, shape)"}
     launches = []
     for i, item in enumerate(mod.launch_plan(lib, shape)):
         try:

@@ -33,8 +33,10 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from typing import NamedTuple
 
-from tools.results import BenchResult, BenchStatus, ParityResult, ParityStatus, SpeedupCI, TimingStats
+from tools.results import (BenchResult, BenchStatus, LaunchResult, LaunchStatus, ParityResult, ParityStatus,
+                           SpeedupCI, TimingStats)
 from tools.sandbox import ProcStatus, run_python_json
 from tools.task import Task, load_task, shape_label
 
@@ -73,12 +75,22 @@ def run_bench(task: Task, lib_path: Path, *, baseline_lib: Path | None = None, s
     return [BenchResult(status=status, message=msg, shape=s, seconds=dt) for s in shapes]
 
 
-def run_parity_then_bench(task: Task, lib_path: Path, baseline_lib: Path | None, *, seed: int | None = None,
-                          shapes: list[dict] | None = None) -> tuple[ParityResult, list[BenchResult] | None]:
-    """The loop's candidate check: parity, then (only if it passed) the bench against the baseline, in
-    ONE child process: the same checks as run_parity + run_bench, one torch start and one CUDA context
-    fewer per iteration. The bench is None when parity failed. A crash or timeout is charged to the
-    stage the child had entered (it says so on stderr)."""
+class CandidateChecks(NamedTuple):
+    """What the evaluate child answered: each part None when an earlier one failed (or, for launch,
+    when no launch context was given)."""
+    launch: LaunchResult | None
+    parity: ParityResult | None
+    bench: list[BenchResult] | None
+
+
+def run_candidate(task: Task, lib_path: Path, baseline_lib: Path | None, *, seed: int | None = None,
+                  shapes: list[dict] | None = None, launch_context: dict | None = None) -> CandidateChecks:
+    """The loop's candidate check in ONE child process: with `launch_context` ({limits, kernels,
+    parent}: see tools.launch.from_plan) the static launch check of the library's own plan, and
+    nothing runs if it fails; then parity; then, only if it passed, the bench against the baseline.
+    The same checks as tools.launch.static_check + run_parity + run_bench, two torch starts and two
+    CUDA contexts fewer per iteration. A crash or timeout is charged to the stage the child had
+    entered (it says so on stderr)."""
     import secrets
 
     from tools.parity import _child_status, child_failure
@@ -89,32 +101,39 @@ def run_parity_then_bench(task: Task, lib_path: Path, baseline_lib: Path | None,
             "--shapes", json.dumps(shapes), "--no-reference"]
     if baseline_lib is not None:
         args += ["--baseline-lib", str(Path(baseline_lib).resolve())]
+    if launch_context is not None:
+        args += ["--launch-context", json.dumps(launch_context)]
     timeout = task.spec.parity.timeout_s + task.spec.bench.timeout_s
     t0 = time.monotonic()
     proc, data = run_python_json("tools.runner", args, timeout)
     dt = time.monotonic() - t0
     if proc.status == ProcStatus.ok and data is not None:
         try:
-            par = ParityResult.model_validate(data["parity"])
+            launch = None if data.get("launch") is None else LaunchResult.model_validate(data["launch"])
+            par = None if data["parity"] is None else ParityResult.model_validate(data["parity"])
             bench = None if data["bench"] is None else [BenchResult.model_validate(r) for r in data["bench"]["results"]]
-            return par, bench
+            return CandidateChecks(launch, par, bench)
         except (KeyError, TypeError, ValueError) as e:
-            return ParityResult(status=ParityStatus.error, message=f"evaluate child answered malformed JSON: {e}",
-                                seconds=dt), None
+            return CandidateChecks(None, ParityResult(status=ParityStatus.error, seconds=dt,
+                                                      message=f"evaluate child answered malformed JSON: {e}"), None)
     lines = proc.stderr.splitlines()
     marks = [ln[len(STAGE_MARK):].strip() for ln in lines if ln.startswith(STAGE_MARK)]
     proc = proc.model_copy(update={"stderr": "\n".join(ln for ln in lines if not ln.startswith(STAGE_MARK))})
-    if marks and marks[-1] == "bench":
-        # parity passed in this child before it died; its result was never printed, so it is rebuilt as
-        # a bare ok (the bench is what failed)
+    stage = marks[-1] if marks else "parity"
+    # the stages before the one that died passed in this child; their details were never printed
+    lost = "ok (its details were lost when the child died in a later stage)"
+    launch_ok = (LaunchResult(status=LaunchStatus.ok, message=lost) if launch_context is not None else None)
+    if stage == "launch":
+        return CandidateChecks(LaunchResult(status=LaunchStatus.error, seconds=dt,
+                                            message=child_failure("launch plan", proc, data)), None, None)
+    if stage == "bench":
         status = {ProcStatus.timeout: BenchStatus.timeout, ProcStatus.crashed: BenchStatus.crashed}.get(
             proc.status, BenchStatus.error)
         msg = child_failure("bench", proc, data)
-        return (ParityResult(status=ParityStatus.ok, message="ok (its details were lost when the bench child died)",
-                             seconds=dt),
-                [BenchResult(status=status, message=msg, shape=s, seconds=dt) for s in shapes])
-    return ParityResult(status=_child_status(proc.status), message=child_failure("parity", proc, data),
-                        seconds=dt), None
+        return CandidateChecks(launch_ok, ParityResult(status=ParityStatus.ok, message=lost, seconds=dt),
+                               [BenchResult(status=status, message=msg, shape=s, seconds=dt) for s in shapes])
+    return CandidateChecks(launch_ok, ParityResult(status=_child_status(proc.status), seconds=dt,
+                                                   message=child_failure("parity", proc, data)), None)
 
 
 # --- statistics -------------------------------------------------------------------------------

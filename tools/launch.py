@@ -146,12 +146,21 @@ def static_check(task: Task, build: BuildResult, limits: DeviceLimits, parent: L
                             message=f"no library to check (build status {build.status.value})")
     proc, data = run_python_json(CHILD, ["plan", str(task.path(task.spec.module)), build.lib_path,
                                          _main_shape_json(task)], timeout_s)
-    if data is None or not data.get("ok"):
-        why = data.get("error") if data else f"launch-plan child {proc.reason()}"
-        return LaunchResult(status=LaunchStatus.error, limits=limits, message=f"launch plan unavailable: {why}")
+    if data is None:
+        data = {"ok": False, "error": f"launch-plan child {proc.reason()}"}
+    return from_plan(task, data, build.kernels, limits, parent)
+
+
+def from_plan(task: Task, data: dict, kernels: list[KernelResources], limits: DeviceLimits,
+              parent: LaunchResult | None = None) -> LaunchResult:
+    """The static check proper: the plan (what _plan_child.plan_from answered) with ptxas's resources,
+    against the device's limits and the parent's geometry. Pure: no process, no GPU."""
+    if not data.get("ok"):
+        return LaunchResult(status=LaunchStatus.error, limits=limits,
+                            message=f"launch plan unavailable: {data.get('error')}")
     launches = []
     for item in data["launches"]:
-        res = match_resources(item["kernel"], build.kernels)
+        res = match_resources(item["kernel"], kernels)
         launches.append(Launch(kernel=item["kernel"], grid=tuple(item["grid"]), block=tuple(item["block"]),
                                smem_dynamic_bytes=item["smem_dynamic_bytes"],
                                smem_static_bytes=res.smem_static_bytes if res else None,

@@ -100,6 +100,7 @@ class LaunchResult(BaseModel):
     violations: list[LaunchViolation] = []
     main_ctas: int | None = None
     waves: float | None = None
+    seconds: float = 0.0
 
 
 # --- parity -------------------------------------------------------------------------------

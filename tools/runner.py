@@ -2,11 +2,13 @@
 
     python -m tools.runner parity --task DIR --lib PATH [--seed N] [--no-hidden]
     python -m tools.runner bench  --task DIR --lib PATH [--baseline-lib PATH] [--shapes JSON] [--no-reference]
-    python -m tools.runner evaluate --task DIR --lib PATH --baseline-lib PATH [--seed N]   (parity, then bench)
+    python -m tools.runner evaluate --task DIR --lib PATH --baseline-lib PATH [--seed N] [--launch-context JSON]
 
-`evaluate` is the loop's candidate check: parity and, if it passed, the bench against the best, in
-one child (one torch start and one CUDA context instead of two). It says on stderr which stage it
-enters, so the parent can tell a crash in parity from one in the bench.
+`evaluate` is the loop's candidate check in one child (one torch start and one CUDA context instead
+of three): with --launch-context (device limits, ptxas resources, the parent's launch), the static
+launch check of the library's own plan first, and nothing runs on the GPU if it fails; then parity;
+then, if it passed, the bench against the best. It says on stderr which stage it enters, so the
+parent can tell a crash in one stage from one in the next.
 
 The parent (tools/parity.py, tools/bench.py) runs this through tools.sandbox.run_python_json, in a
 new process group with a timeout; a segfault, a hang or a poisoned CUDA context dies with this
@@ -46,10 +48,30 @@ STAGE_MARK = "@@agent-stage "
 
 def _error_json(mode: str, msg: str, shapes: list[dict]) -> dict:
     if mode == "evaluate":
-        return {"parity": {"status": "error", "message": msg}, "bench": None}
+        return {"launch": None, "parity": {"status": "error", "message": msg}, "bench": None}
     if mode == "parity":
         return {"status": "error", "message": msg}
     return {"results": [{"status": "error", "message": msg, "shape": s} for s in shapes]}
+
+
+def _static_launch(task, mod, lib, ctx: dict) -> dict:
+    """tools.launch's static check on the plan of the library loaded here (no second child)."""
+    import time
+
+    from tools._plan_child import plan_from
+    from tools.launch import from_plan
+    from tools.results import DeviceLimits, KernelResources, LaunchResult
+    t0 = time.monotonic()
+    try:
+        data = plan_from(mod, lib, {k: (v if isinstance(v, bool) else int(v)) for k, v in task.spec.main.items()},
+                         task.spec.module)
+    except Exception as e:  # the task's launch_plan raised
+        data = {"ok": False, "error": f"launch_plan raised {type(e).__name__}: {' '.join(str(e).split())[:300]}"}
+    parent = LaunchResult.model_validate(ctx["parent"]) if ctx.get("parent") else None
+    res = from_plan(task, data, [KernelResources.model_validate(k) for k in ctx.get("kernels", [])],
+                    DeviceLimits.model_validate(ctx["limits"]), parent)
+    res.seconds = time.monotonic() - t0
+    return res.model_dump(mode="json")
 
 
 def _mark(stage: str) -> None:
@@ -67,6 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--baseline-lib")
     ap.add_argument("--shapes", help="JSON list of shape dicts (bench; default the main shape)")
     ap.add_argument("--no-reference", action="store_true")
+    ap.add_argument("--launch-context", help="evaluate: JSON {limits, kernels, parent} for the static launch check")
     a = ap.parse_args(argv)
     out = _private_stdout()
     shapes: list[dict] = []
@@ -87,9 +110,18 @@ def main(argv: list[str] | None = None) -> int:
         else:
             from tools.bench import measure
             from tools.parity import check
+            if a.launch_context:
+                _mark("launch")
+                launch = _static_launch(task, mod, lib, json.loads(a.launch_context))
+                if launch["status"] != "ok":
+                    out.write(json.dumps({"launch": launch, "parity": None, "bench": None}) + "\n")
+                    out.flush()
+                    return 0
+            else:
+                launch = None
             _mark("parity")
             par = check(task, mod, lib, seed=a.seed, hidden=not a.no_hidden)
-            result = {"parity": par.model_dump(mode="json"), "bench": None}
+            result = {"launch": launch, "parity": par.model_dump(mode="json"), "bench": None}
             if par.status.value == "ok":
                 _mark("bench")
                 base = load_lib(a.baseline_lib) if a.baseline_lib else None
