@@ -344,9 +344,11 @@ def _bench_shape(task, mod, lib, baseline, shape, with_reference, clock, torch, 
     # buffer with its own fresh inputs; every output must be right. BURST_REPEATS bursts, fresh poisoned
     # buffers each time: on a loaded CPU a single burst's calls can come too far apart to look like a
     # timing loop to a kernel that watches the gap (seen on a 2-core machine under load)
-    burst = [tuple(mod.make_inputs(shape, sysrng.getrandbits(31), device, dist)) for _ in range(BURST)]
-    expected = [mod.reference(shape, *x) for x in burst]
     for rep in range(BURST_REPEATS):
+        # fresh inputs each time: the burst probes timing-loop detection, not input caches (those are
+        # parity's and the roofline's)
+        burst = [tuple(mod.make_inputs(shape, sysrng.getrandbits(31), device, dist)) for _ in range(BURST)]
+        expected = [mod.reference(shape, *x) for x in burst]
         bouts = [mod.empty_output(shape, *x) for x in burst]
         for o in bouts:
             poison_(o)
@@ -364,7 +366,7 @@ def _bench_shape(task, mod, lib, baseline, shape, with_reference, clock, torch, 
                                    message=f"in {BURST} calls back to back (as the timing loop makes them; burst "
                                            f"{rep + 1} of {BURST_REPEATS}), call {k + 1} was wrong ({c['status']}): "
                                            f"{line}")
-        del bouts
+        del bouts, burst, expected
 
     # roofline (verification suite): faster than the hardware allows = the timed calls skipped the work
     fl = floor_ms(flops, nbytes, device_name or ("cuda" if cuda else "cpu"), dtype_name(outs_c[0]))
