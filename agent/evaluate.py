@@ -133,7 +133,7 @@ class Evaluator:
         rec = {} if rec is None else rec
         ctx = None
         if self.task.spec.device == "cpu" or self.limits is None:
-            rec["launch"] = LaunchResult(status=LaunchStatus.not_applicable, message="CPU task: no launch geometry")
+            rec["launch"] = self.launch(build, parent, times)    # not applicable: nothing to run
         else:
             ctx = {"limits": self.limits.model_dump(mode="json"),
                    "kernels": [k.model_dump(mode="json") for k in build.kernels],

@@ -191,4 +191,5 @@ def test_batch_lines_are_taken_in_order_and_a_fatal_start_is_an_error():
     assert len(rows) == 1 and not stopped
     with pytest.raises(batch.BatchError, match="could not start"):
         batch.parse_lines(_proc(json.dumps({"fatal": "the batch child could not start: X"})), 3)
-    assert "SIGSEGV" in batch.died(ProcResult(status=ProcStatus.crashed, signal="SIGSEGV", seconds=1, argv=["x"]))
+    assert "SIGSEGV" in batch.child_failure("evaluation", ProcResult(status=ProcStatus.crashed, signal="SIGSEGV",
+                                                                     seconds=1, argv=["x"]), None)

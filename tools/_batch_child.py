@@ -32,7 +32,7 @@ import sys
 import threading
 import time
 
-from tools.runner import _private_stdout, load_lib
+from tools.runner import _private_stdout, load_lib, parity_then_bench
 
 # failures after which the process is not trusted with the next library
 UNSAFE_PARITY = {"error", "crashed", "timeout", "out_of_bounds"}
@@ -81,22 +81,24 @@ class _Reporter:
 
 
 def _one(task, mod, base, lib_path: str) -> dict:
-    from tools.bench import measure
-    from tools.parity import check
     from tools.results import ParityResult, ParityStatus
     t0 = time.monotonic()
     seed = secrets.randbits(31)
+    bench, stage = None, ["parity"]
     try:
         lib = load_lib(lib_path)
-        parity = check(task, mod, lib, seed=seed, hidden=True)
+        parity, benches = parity_then_bench(task, mod, lib, base, seed=seed, shapes=[dict(task.spec.main)],
+                                            mark=lambda st: stage.__setitem__(0, st))
+        bench = benches[0] if benches else None
     except Exception as e:  # a library that does not load, a missing symbol: this library's failure
+        if stage[0] == "bench":
+            raise       # the harness failed in the bench: main() reports it and trusts nothing after
         msg = " ".join(str(e).split())[:500]
         parity = ParityResult(status=ParityStatus.error, message=f"parity could not run: {type(e).__name__}: {msg}")
     row = {"seed": seed, "parity": parity.model_dump(mode="json", exclude={"checks"})}
     if parity.status != ParityStatus.ok:
         return {**row, "status": "parity_failed", "message": f"parity {parity.status.value}: {parity.message}",
                 "stop": parity.status.value in UNSAFE_PARITY, "seconds": time.monotonic() - t0}
-    bench = measure(task, mod, lib, baseline=base, shapes=[dict(task.spec.main)], with_reference=False)[0]
     row["bench"] = bench.model_dump(mode="json")
     if bench.status.value != "ok":
         return {**row, "status": "bench_failed", "message": f"bench {bench.status.value}: {bench.message}",

@@ -20,6 +20,7 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+from tools.parity import child_failure
 from tools.results import BatchItemResult, BatchStatus
 from tools.sandbox import REPO_ROOT, ProcResult, ProcStatus, run_isolated
 from tools.task import Task
@@ -62,7 +63,7 @@ def _run_child(task: Task, libs: list[Path], todo: list[int], baseline: Path, li
     if rest and not stopped:   # the child died while rest[0] ran
         spent = max(0.0, proc.seconds - sum(r.seconds for r in rows))
         status = BatchStatus.timeout if proc.status == ProcStatus.timeout else BatchStatus.crashed
-        settled.append((rest[0], BatchItemResult(status=status, message=died(proc), seconds=spent)))
+        settled.append((rest[0], BatchItemResult(status=status, message=child_failure("evaluation", proc, None), seconds=spent)))
         rest = rest[1:]
     return settled, rest
 
@@ -87,16 +88,3 @@ def parse_lines(proc: ProcResult, n: int) -> tuple[list[BatchItemResult], bool]:
         d.pop("i")
         rows.append(BatchItemResult.model_validate(d))
     return rows, stopped
-
-
-def died(proc: ProcResult) -> str:
-    """Why the child ended while a library ran, for the reader of the sweep."""
-    tail = proc.tail(3).replace("\n", " | ")
-    tail = f"; stderr: {tail}" if tail else ""
-    if proc.status == ProcStatus.timeout:
-        return f"the evaluation child {proc.reason()} on this configuration"
-    if proc.status == ProcStatus.crashed:
-        return f"the evaluation child crashed with {proc.signal} on this configuration (the kernel faulted){tail}"
-    if proc.status == ProcStatus.not_started:
-        return f"the evaluation child could not start: {proc.stderr.strip()}"
-    return f"the evaluation child exited with code {proc.returncode} on this configuration, reporting nothing{tail}"

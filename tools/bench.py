@@ -52,7 +52,6 @@ BURST_REPEATS = 4
 def run_bench(task: Task, lib_path: Path, *, baseline_lib: Path | None = None, shapes: list[dict] | None = None,
               with_reference: bool = True, timeout_s: float | None = None) -> list[BenchResult]:
     """Time the library at lib_path (one BenchResult per shape), in a child process."""
-    from tools.parity import child_failure
     shapes = [dict(s) for s in (shapes or [task.spec.main])]
     args = ["bench", "--task", str(task.root), "--lib", str(Path(lib_path).resolve()), "--shapes", json.dumps(shapes)]
     if baseline_lib is not None:
@@ -69,6 +68,12 @@ def run_bench(task: Task, lib_path: Path, *, baseline_lib: Path | None = None, s
         except (KeyError, TypeError, ValueError) as e:
             msg = f"bench child answered malformed JSON: {e}"
             return [BenchResult(status=BenchStatus.error, message=msg, shape=s, seconds=dt) for s in shapes]
+    return _child_died(proc, data, shapes, dt)
+
+
+def _child_died(proc, data: dict | None, shapes: list[dict], dt: float) -> list[BenchResult]:
+    """A bench child that did not answer: one typed result per shape."""
+    from tools.parity import child_failure
     status = {ProcStatus.timeout: BenchStatus.timeout, ProcStatus.crashed: BenchStatus.crashed}.get(
         proc.status, BenchStatus.error)
     msg = child_failure("bench", proc, data)
@@ -127,11 +132,8 @@ def run_candidate(task: Task, lib_path: Path, baseline_lib: Path | None, *, seed
         return CandidateChecks(LaunchResult(status=LaunchStatus.error, seconds=dt,
                                             message=child_failure("launch plan", proc, data)), None, None)
     if stage == "bench":
-        status = {ProcStatus.timeout: BenchStatus.timeout, ProcStatus.crashed: BenchStatus.crashed}.get(
-            proc.status, BenchStatus.error)
-        msg = child_failure("bench", proc, data)
         return CandidateChecks(launch_ok, ParityResult(status=ParityStatus.ok, message=lost, seconds=dt),
-                               [BenchResult(status=status, message=msg, shape=s, seconds=dt) for s in shapes])
+                               _child_died(proc, data, shapes, dt))
     return CandidateChecks(launch_ok, ParityResult(status=_child_status(proc.status), seconds=dt,
                                                    message=child_failure("parity", proc, data)), None)
 

@@ -54,6 +54,22 @@ def _error_json(mode: str, msg: str, shapes: list[dict]) -> dict:
     return {"results": [{"status": "error", "message": msg, "shape": s} for s in shapes]}
 
 
+def parity_then_bench(task, mod, lib, base, *, seed: int, shapes: list[dict], hidden: bool = True,
+                      with_reference: bool = False, mark=lambda stage: None):
+    """Parity, then (only if it passed) the bench against `base`, in this process: the candidate check
+    shared by the loop's evaluate child and the sweep's batch child. Returns (ParityResult, the
+    BenchResults or None); `mark(stage)` is called as each stage starts."""
+    from tools.bench import measure
+    from tools.parity import check
+    from tools.results import ParityStatus
+    mark("parity")
+    par = check(task, mod, lib, seed=seed, hidden=hidden)
+    if par.status != ParityStatus.ok:
+        return par, None
+    mark("bench")
+    return par, measure(task, mod, lib, baseline=base, shapes=shapes, with_reference=with_reference)
+
+
 def _static_launch(task, mod, lib, ctx: dict) -> dict:
     """tools.launch's static check on the plan of the library loaded here (no second child)."""
     import time
@@ -108,8 +124,7 @@ def main(argv: list[str] | None = None) -> int:
             res = measure(task, mod, lib, baseline=base, shapes=shapes, with_reference=not a.no_reference)
             result = {"results": [r.model_dump(mode="json") for r in res]}
         else:
-            from tools.bench import measure
-            from tools.parity import check
+            launch = None
             if a.launch_context:
                 _mark("launch")
                 launch = _static_launch(task, mod, lib, json.loads(a.launch_context))
@@ -117,16 +132,11 @@ def main(argv: list[str] | None = None) -> int:
                     out.write(json.dumps({"launch": launch, "parity": None, "bench": None}) + "\n")
                     out.flush()
                     return 0
-            else:
-                launch = None
-            _mark("parity")
-            par = check(task, mod, lib, seed=a.seed, hidden=not a.no_hidden)
-            result = {"launch": launch, "parity": par.model_dump(mode="json"), "bench": None}
-            if par.status.value == "ok":
-                _mark("bench")
-                base = load_lib(a.baseline_lib) if a.baseline_lib else None
-                res = measure(task, mod, lib, baseline=base, shapes=shapes, with_reference=not a.no_reference)
-                result["bench"] = {"results": [r.model_dump(mode="json") for r in res]}
+            base = load_lib(a.baseline_lib) if a.baseline_lib else None
+            par, res = parity_then_bench(task, mod, lib, base, seed=a.seed, shapes=shapes, hidden=not a.no_hidden,
+                                         with_reference=not a.no_reference, mark=_mark)
+            result = {"launch": launch, "parity": par.model_dump(mode="json"),
+                      "bench": None if res is None else {"results": [r.model_dump(mode="json") for r in res]}}
     except Exception as e:  # a bad task, a library that does not load, a missing symbol: one line
         msg = " ".join(str(e).split())[:500]
         result = _error_json(a.mode, f"{a.mode} could not run: {type(e).__name__}: {msg}", shapes)
