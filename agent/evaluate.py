@@ -6,6 +6,7 @@ shows to the proposer. The loop, `agent sweep` and `agent gate` share this pipel
 
 from __future__ import annotations
 
+import os
 import shutil
 import time
 from pathlib import Path
@@ -123,12 +124,21 @@ class Evaluator:
             raise ParityFailed(f"parity {res.status.value}: {res.message}", res)
         return res
 
+    def prestart(self):
+        """The candidate's evaluate child, started before its build so that the child's start-up
+        (torch, the CUDA context) runs while nvcc does: a tools.bench.WarmChild for check_candidate,
+        which the caller closes in any case. None when AGENT_NO_PRESTART=1 (one cold child instead)."""
+        if os.environ.get("AGENT_NO_PRESTART") == "1":
+            return None
+        from tools.bench import prestart_candidate
+        return prestart_candidate(self.task)
+
     def check_candidate(self, build: BuildResult, lib: Path, baseline: Path | None, parent: LaunchResult | None,
-                        times: StageTimes, rec: dict | None = None) -> BenchResult:
+                        times: StageTimes, rec: dict | None = None, warm=None) -> BenchResult:
         """The loop's candidate check in one child: the static launch check (CUDA, where device limits
         are known), parity, then the main-shape bench against `baseline`. Each result goes into `rec`
         as soon as it exists; a failure ends like launch(), parity() or bench() would. The child's
-        start-up is charged to parity, where it happens."""
+        start-up, where it is not hidden by a prestart(), is charged to parity."""
         from tools.bench import run_candidate
         rec = {} if rec is None else rec
         ctx = None
@@ -139,7 +149,7 @@ class Evaluator:
                    "kernels": [k.model_dump(mode="json") for k in build.kernels],
                    "parent": parent.model_dump(mode="json") if parent is not None else None}
         t0 = time.monotonic()
-        launch, par, bench = run_candidate(self.task, lib, baseline, launch_context=ctx)
+        launch, par, bench = run_candidate(self.task, lib, baseline, launch_context=ctx, warm=warm)
         total = time.monotonic() - t0
         l_secs = launch.seconds if launch is not None else 0.0
         b_secs = sum(b.seconds for b in bench) if bench else 0.0

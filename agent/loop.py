@@ -340,15 +340,18 @@ class Loop:
 
     def _evaluate(self, i: int, d: Path, times: StageTimes, rec: dict) -> BenchResult:
         self._stage(i, "build")
-        b = self.evaluator.build(times)
-        rec["build"] = b
-        (d / "build.log").write_text(b.log)
-        lib = snapshot_lib(b.lib_path, d / self._lib_name())
-        # the static launch check, parity and the bench, in one child (a failed launch check runs nothing)
-        self._stage(i, "check+bench")
+        warm = self.evaluator.prestart()   # the evaluate child starts up while nvcc runs
         try:
-            bench = self.evaluator.check_candidate(b, lib, self.best_lib, self.best_launch, times, rec)
+            b = self.evaluator.build(times)
+            rec["build"] = b
+            (d / "build.log").write_text(b.log)
+            lib = snapshot_lib(b.lib_path, d / self._lib_name())
+            # the static launch check, parity and the bench, in one child (a failed launch check runs nothing)
+            self._stage(i, "check+bench")
+            bench = self.evaluator.check_candidate(b, lib, self.best_lib, self.best_launch, times, rec, warm=warm)
         finally:
+            if warm is not None:
+                warm.close()
             for key, name in (("parity", "parity.json"), ("bench", "bench.json")):
                 if rec.get(key) is not None:
                     _dump(d / name, rec[key])

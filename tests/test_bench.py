@@ -90,27 +90,70 @@ def _crash_after(calls: int) -> str:
                    '    matmul_ok(A, B, C, M, N, K);\n}\n')
 
 
-def test_candidate_checks_share_one_child_and_a_crash_is_charged_to_its_stage(tmp_path):
-    from tools.bench import run_candidate
+@pytest.mark.parametrize("prestarted", [False, True], ids=["cold", "prestarted"])
+def test_candidate_checks_share_one_child_and_a_crash_is_charged_to_its_stage(tmp_path, prestarted):
+    from tools.bench import prestart_candidate, run_candidate
     from tools.results import ParityStatus
+
+    def check(task, lib, base):
+        warm = prestart_candidate(task) if prestarted else None
+        out = run_candidate(task, lib, base, shapes=[SHAPE], warm=warm)
+        if warm is not None:   # the pre-started child ran the job, and is gone
+            assert warm.proc.used and not warm.proc.alive
+        return out
+
     task, lib = make_task(tmp_path, "correct", rounds=4)
     base = compile_lib(source("correct"), tmp_path / "base.so")
-    launch, par, bench = run_candidate(task, lib, base, shapes=[SHAPE])
+    launch, par, bench = check(task, lib, base)
     assert launch is None   # no launch context: a CPU task
     assert par.status == ParityStatus.ok and len(par.checks) == 12, par.message
     assert bench is not None and bench[0].status == BenchStatus.ok, bench
     assert bench[0].speedup_vs_baseline.rounds == 4 and bench[0].timing("reference") is None
     # a crash during the bench: parity is reported passed, the bench crashed
     late = compile_lib(_crash_after(400), tmp_path / "late.so")
-    _, par, bench = run_candidate(task, late, base, shapes=[SHAPE])
+    _, par, bench = check(task, late, base)
     assert par.status == ParityStatus.ok, par.message
     assert bench[0].status == BenchStatus.crashed and "SIGSEGV" in bench[0].message
     assert "@@agent-stage" not in bench[0].message
     # a crash during parity: parity crashed, no bench
     early = compile_lib(_crash_after(1), tmp_path / "early.so")
-    _, par, bench = run_candidate(task, early, base, shapes=[SHAPE])
+    _, par, bench = check(task, early, base)
     assert par.status == ParityStatus.crashed and "SIGSEGV" in par.message and bench is None
     # a wrong kernel: parity's own verdict, no bench
     task_w, wrong = make_task(tmp_path, "offbyone")
-    _, par, bench = run_candidate(task_w, wrong, base, shapes=[SHAPE])
+    _, par, bench = check(task_w, wrong, base)
     assert par.status == ParityStatus.mismatch and bench is None
+
+
+def test_a_prestarted_child_is_used_only_for_the_files_it_loaded_and_never_outlives_its_use(tmp_path):
+    import os
+    import time
+
+    from tools.bench import prestart_candidate, run_candidate
+    from tools.results import ParityStatus
+    task, lib = make_task(tmp_path, "correct", rounds=4)
+    base = compile_lib(source("correct"), tmp_path / "base.so")
+    # the task's module changed after the child loaded it: a fresh child runs the job, the stale one is ended
+    warm = prestart_candidate(task)
+    module = task.root / task.spec.module
+    os.utime(module, ns=(time.time_ns(), module.stat().st_mtime_ns + 10**9))
+    assert not warm.serves(task)
+    _, par, bench = run_candidate(task, lib, base, shapes=[SHAPE], warm=warm)
+    assert par.status == ParityStatus.ok and bench[0].status == BenchStatus.ok
+    assert not warm.proc.alive and warm.proc.used
+    # a child never given a job ends when it is closed (the loop closes it when the build fails)
+    unused = prestart_candidate(task)
+    assert unused.proc.alive
+    unused.close()
+    assert not unused.proc.alive
+    # and it ends by itself on end-of-file: what it sees when the agent dies
+    eof = prestart_candidate(task)
+    eof.proc._proc.stdin.close()
+    assert eof.proc._proc.wait(timeout=60) == 0
+    # a job past the limit: the group is killed and the outcome says so
+    hang_task, hang = make_task(tmp_path / "h", "hang")
+    slow = prestart_candidate(hang_task)
+    t0 = time.monotonic()
+    res = slow.proc.run(__import__("json").dumps({"lib": str(hang), "seed": 1, "shapes": [SHAPE],
+                                                  "launch_context": None, "baseline_lib": None}), 3.0)
+    assert res.status.value == "timeout" and time.monotonic() - t0 < 30 and not slow.proc.alive

@@ -37,7 +37,7 @@ from typing import NamedTuple
 
 from tools.results import (BenchResult, BenchStatus, LaunchResult, LaunchStatus, ParityResult, ParityStatus,
                            SpeedupCI, TimingStats)
-from tools.sandbox import ProcStatus, run_python_json
+from tools.sandbox import Prestarted, ProcStatus, last_json, prestart_python, run_python_json
 from tools.task import Task, load_task, shape_label
 
 FLUSH_BYTES = 256 * 1024 * 1024
@@ -88,29 +88,72 @@ class CandidateChecks(NamedTuple):
     bench: list[BenchResult] | None
 
 
+def prestart_candidate(task: Task) -> WarmChild:
+    """The evaluate child of run_candidate, started now: its torch import and CUDA context overlap the
+    candidate's build. Pass it to run_candidate, and close() it if the candidate never gets there."""
+    return WarmChild(task, prestart_python("tools.runner", ["evaluate", "--task", str(task.root), "--no-reference",
+                                                            "--job-stdin"]))
+
+
+class WarmChild:
+    """A pre-started evaluate child and what it loaded: it serves a task whose files are unchanged."""
+
+    def __init__(self, task: Task, proc: Prestarted):
+        self.root, self.stamp, self.proc = Path(task.root), _task_stamp(task), proc
+
+    def serves(self, task: Task) -> bool:
+        return (self.proc.alive and not self.proc.used and self.root == Path(task.root)
+                and self.stamp == _task_stamp(task))
+
+    def close(self) -> None:
+        self.proc.close()
+
+
+def _task_stamp(task: Task) -> tuple:
+    """What the child loaded before its job: the task's spec and its Python files."""
+    out = []
+    for p in sorted(Path(task.root).glob("*.py")) + [Path(task.root) / "task.toml"]:
+        try:
+            st = p.stat()
+            out.append((p.name, st.st_mtime_ns, st.st_size))
+        except OSError:
+            out.append((p.name, None, None))
+    return tuple(out)
+
+
 def run_candidate(task: Task, lib_path: Path, baseline_lib: Path | None, *, seed: int | None = None,
-                  shapes: list[dict] | None = None, launch_context: dict | None = None) -> CandidateChecks:
+                  shapes: list[dict] | None = None, launch_context: dict | None = None,
+                  warm: WarmChild | None = None) -> CandidateChecks:
     """The loop's candidate check in ONE child process: with `launch_context` ({limits, kernels,
     parent}: see tools.launch.from_plan) the static launch check of the library's own plan, and
     nothing runs if it fails; then parity; then, only if it passed, the bench against the baseline.
     The same checks as tools.launch.static_check + run_parity + run_bench, two torch starts and two
     CUDA contexts fewer per iteration. A crash or timeout is charged to the stage the child had
-    entered (it says so on stderr)."""
+    entered (it says so on stderr). `warm` (prestart_candidate) is used if it still serves this
+    task's files, else a child is started here; either way it is spent."""
     import secrets
 
     from tools.parity import _child_status, child_failure
     from tools.runner import STAGE_MARK
     seed = secrets.randbits(31) if seed is None else seed
     shapes = [dict(s) for s in (shapes or [task.spec.main])]
-    args = ["evaluate", "--task", str(task.root), "--lib", str(Path(lib_path).resolve()), "--seed", str(seed),
-            "--shapes", json.dumps(shapes), "--no-reference"]
-    if baseline_lib is not None:
-        args += ["--baseline-lib", str(Path(baseline_lib).resolve())]
-    if launch_context is not None:
-        args += ["--launch-context", json.dumps(launch_context)]
+    job = {"lib": str(Path(lib_path).resolve()), "seed": seed, "shapes": shapes, "launch_context": launch_context,
+           "baseline_lib": str(Path(baseline_lib).resolve()) if baseline_lib is not None else None}
     timeout = task.spec.parity.timeout_s + task.spec.bench.timeout_s
     t0 = time.monotonic()
-    proc, data = run_python_json("tools.runner", args, timeout)
+    if warm is not None and warm.serves(task):
+        proc = warm.proc.run(json.dumps(job), timeout)
+        data = last_json(proc.stdout)
+    else:
+        if warm is not None:
+            warm.close()
+        args = ["evaluate", "--task", str(task.root), "--lib", job["lib"], "--seed", str(seed),
+                "--shapes", json.dumps(shapes), "--no-reference"]
+        if baseline_lib is not None:
+            args += ["--baseline-lib", job["baseline_lib"]]
+        if launch_context is not None:
+            args += ["--launch-context", json.dumps(launch_context)]
+        proc, data = run_python_json("tools.runner", args, timeout)
     dt = time.monotonic() - t0
     if proc.status == ProcStatus.ok and data is not None:
         try:

@@ -3,12 +3,15 @@
     python -m tools.runner parity --task DIR --lib PATH [--seed N] [--no-hidden]
     python -m tools.runner bench  --task DIR --lib PATH [--baseline-lib PATH] [--shapes JSON] [--no-reference]
     python -m tools.runner evaluate --task DIR --lib PATH --baseline-lib PATH [--seed N] [--launch-context JSON]
+    python -m tools.runner evaluate --task DIR --job-stdin      (pre-started: the options come on stdin)
 
 `evaluate` is the loop's candidate check in one child (one torch start and one CUDA context instead
 of three): with --launch-context (device limits, ptxas resources, the parent's launch), the static
 launch check of the library's own plan first, and nothing runs on the GPU if it fails; then parity;
 then, if it passed, the bench against the best. It says on stderr which stage it enters, so the
-parent can tell a crash in one stage from one in the next.
+parent can tell a crash in one stage from one in the next. With --job-stdin the child is started
+early (while the candidate builds): it loads the task module, torch and the CUDA context, then waits
+for its job on stdin, so the start-up leaves the iteration's critical path.
 
 The parent (tools/parity.py, tools/bench.py) runs this through tools.sandbox.run_python_json, in a
 new process group with a timeout; a segfault, a hang or a poisoned CUDA context dies with this
@@ -90,6 +93,14 @@ def _static_launch(task, mod, lib, ctx: dict) -> dict:
     return res.model_dump(mode="json")
 
 
+def _warm_up(task) -> None:
+    """What a job would pay first: torch and, for a CUDA task, the device's context."""
+    import torch
+    if task.spec.device == "cuda" and torch.cuda.is_available():
+        torch.cuda.init()
+        torch.empty(1, device="cuda")
+
+
 def _mark(stage: str) -> None:
     sys.stderr.write(f"\n{STAGE_MARK}{stage}\n")
     sys.stderr.flush()
@@ -99,21 +110,34 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m tools.runner")
     ap.add_argument("mode", choices=["parity", "bench", "evaluate"])
     ap.add_argument("--task", required=True)
-    ap.add_argument("--lib", required=True)
+    ap.add_argument("--lib")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--no-hidden", action="store_true")
     ap.add_argument("--baseline-lib")
     ap.add_argument("--shapes", help="JSON list of shape dicts (bench; default the main shape)")
     ap.add_argument("--no-reference", action="store_true")
     ap.add_argument("--launch-context", help="evaluate: JSON {limits, kernels, parent} for the static launch check")
+    ap.add_argument("--job-stdin", action="store_true",
+                    help="start up first (task module, torch, the CUDA context), then read the job's options "
+                         "(lib, baseline_lib, seed, shapes, launch_context) as one JSON line on stdin; "
+                         "end quietly on end-of-file")
     a = ap.parse_args(argv)
     out = _private_stdout()
     shapes: list[dict] = []
     try:
         from tools.task import load_task
         task = load_task(a.task)
-        shapes = json.loads(a.shapes) if a.shapes else [dict(task.spec.main)]
         mod = task.module()
+        if a.job_stdin:
+            _warm_up(task)
+            line = sys.stdin.readline()
+            if not line.strip():
+                return 0      # never given a job (the agent moved on, or died)
+            for k, v in json.loads(line).items():
+                setattr(a, k, json.dumps(v) if k in ("shapes", "launch_context") and v is not None else v)
+        if not a.lib:
+            raise ValueError("no --lib given")
+        shapes = json.loads(a.shapes) if a.shapes else [dict(task.spec.main)]
         lib = load_lib(a.lib)
         if a.mode == "parity":
             from tools.parity import check

@@ -84,14 +84,66 @@ def _child_setup(parent: int | None = None) -> None:
 def run_isolated(argv: list[str], timeout_s: float, cwd: Path | str | None = None,
                  env: dict[str, str] | None = None, stdin: str | None = None) -> ProcResult:
     """Run argv in a new session; kill its process group on timeout. Never raises for the child."""
-    full_env = {**os.environ, **(env or {})}
     t0 = time.monotonic()
+    proc = _spawn(argv, cwd, env, pipe_stdin=bool(stdin))
+    if isinstance(proc, ProcResult):
+        return proc
+    return _finish(proc, argv, t0, timeout_s, stdin)
+
+
+class Prestarted:
+    """A child started early, so that its start-up (importing torch, a CUDA context) overlaps other
+    work, and given its job on stdin later: `run(job, timeout_s)` has run_isolated's guarantees
+    (own session, death with the agent, the group killed on timeout, a typed outcome). A child never
+    given a job is ended by close(), or sees end-of-file on stdin when the agent dies."""
+
+    def __init__(self, argv: list[str], cwd: Path | str | None = None, env: dict[str, str] | None = None):
+        self.argv = argv
+        self.t0 = time.monotonic()
+        self._proc = _spawn(argv, cwd, env, pipe_stdin=True)
+        self.used = False
+
+    @property
+    def alive(self) -> bool:
+        return isinstance(self._proc, subprocess.Popen) and self._proc.poll() is None
+
+    def run(self, job: str, timeout_s: float) -> ProcResult:
+        """Hand the child its job (one line on stdin) and wait for it, at most timeout_s from now.
+        ProcResult.seconds counts from now, not from the start."""
+        if self.used:
+            raise RuntimeError("a pre-started child runs one job")
+        self.used = True
+        if isinstance(self._proc, ProcResult):
+            return self._proc
+        return _finish(self._proc, self.argv, time.monotonic(), timeout_s, job if job.endswith("\n") else job + "\n")
+
+    def close(self) -> None:
+        """End the child if it never got its job (or is still running); idempotent."""
+        if isinstance(self._proc, subprocess.Popen) and self._proc.poll() is None:
+            _kill_group(self._proc)
+            try:
+                self._proc.communicate(timeout=5)
+            except (subprocess.TimeoutExpired, ValueError, OSError):
+                pass
+        self.used = True
+
+    def __enter__(self) -> Prestarted:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _spawn(argv: list[str], cwd: Path | str | None, env: dict[str, str] | None,
+           pipe_stdin: bool) -> subprocess.Popen | ProcResult:
+    """Popen in a new session that dies with the agent; a ProcResult (not_started) if argv[0] is missing."""
+    full_env = {**os.environ, **(env or {})}
     # verification suite (kill safety): a Ctrl-C to the agent's process group that lands between fork and
     # setsid reached the child, not the agent, and was lost (the run went on). SIGINT is held around the
     # fork and delivered to the agent right after it.
     held = _hold_sigint()
     try:
-        proc = subprocess.Popen(argv, cwd=cwd, env=full_env, stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
+        proc = subprocess.Popen(argv, cwd=cwd, env=full_env, stdin=subprocess.PIPE if pipe_stdin else subprocess.DEVNULL,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                 preexec_fn=functools.partial(_child_setup, os.getpid()))
     except BaseException as e:
@@ -101,8 +153,18 @@ def run_isolated(argv: list[str], timeout_s: float, cwd: Path | str | None = Non
             return ProcResult(status=ProcStatus.not_started, seconds=0.0, stderr=str(e), argv=argv)
         raise
     try:
-        if held:   # a held Ctrl-C is raised here, where the child's group is killed below
+        if held:   # a held Ctrl-C is raised here (pthread_sigmask runs the handler), and the child goes
             signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+    except KeyboardInterrupt:
+        _kill_group(proc)
+        proc.communicate()
+        raise
+    return proc
+
+
+def _finish(proc: subprocess.Popen, argv: list[str], t0: float, timeout_s: float, stdin: str | None) -> ProcResult:
+    """Wait for a spawned child (feeding it `stdin`), killing its group on timeout or Ctrl-C."""
+    try:
         out, err = proc.communicate(input=stdin, timeout=timeout_s)
     except subprocess.TimeoutExpired:
         _kill_group(proc)
@@ -149,14 +211,30 @@ def run_python_json(module: str, args: list[str], timeout_s: float, cwd: Path | 
     The child prints its result as one JSON line last; anything a kernel printed before is kept
     in stdout but ignored. Returns (process outcome, parsed JSON or None).
     """
-    pyenv = {"PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")])),
-             "PYTHONUNBUFFERED": "1", **(env or {})}
+    pyenv = python_env(env)
     res = run_isolated([sys.executable, "-m", module, *args], timeout_s, cwd=cwd, env=pyenv)
-    for line in reversed(res.stdout.strip().splitlines()):
+    return res, last_json(res.stdout)
+
+
+def python_env(env: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment of a `python -m` child: this repository importable, output unbuffered."""
+    return {"PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")])),
+            "PYTHONUNBUFFERED": "1", **(env or {})}
+
+
+def prestart_python(module: str, args: list[str], cwd: Path | str | None = None,
+                    env: dict[str, str] | None = None) -> Prestarted:
+    """`python -m module args...` started now, isolated, to be given its job later (Prestarted.run)."""
+    return Prestarted([sys.executable, "-m", module, *args], cwd=cwd, env=python_env(env))
+
+
+def last_json(stdout: str) -> dict | None:
+    """The last stdout line that is a JSON object (the child's result), or None."""
+    for line in reversed(stdout.strip().splitlines()):
         line = line.strip()
         if line.startswith("{") and line.endswith("}"):
             try:
-                return res, json.loads(line)
+                return json.loads(line)
             except json.JSONDecodeError:
                 break
-    return res, None
+    return None
