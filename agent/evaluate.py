@@ -124,6 +124,16 @@ class Evaluator:
             raise ParityFailed(f"parity {res.status.value}: {res.message}", res)
         return res
 
+    def launch_context(self, build: BuildResult, parent: LaunchResult | None) -> dict | None:
+        """What a child needs to run the static launch check on the plan of the library it loaded
+        (tools.runner._static_launch): the device limits, ptxas' resources, the parent's launch.
+        None for a CPU task or where no limits are known."""
+        if self.task.spec.device == "cpu" or self.limits is None:
+            return None
+        return {"limits": self.limits.model_dump(mode="json"),
+                "kernels": [k.model_dump(mode="json") for k in build.kernels],
+                "parent": parent.model_dump(mode="json") if parent is not None else None}
+
     def prestart(self):
         """The candidate's evaluate child, started before its build so that the child's start-up
         (torch, the CUDA context) runs while nvcc does: a tools.bench.WarmChild for check_candidate,
@@ -141,13 +151,9 @@ class Evaluator:
         start-up, where it is not hidden by a prestart(), is charged to parity."""
         from tools.bench import run_candidate
         rec = {} if rec is None else rec
-        ctx = None
-        if self.task.spec.device == "cpu" or self.limits is None:
+        ctx = self.launch_context(build, parent)
+        if ctx is None:
             rec["launch"] = self.launch(build, parent, times)    # not applicable: nothing to run
-        else:
-            ctx = {"limits": self.limits.model_dump(mode="json"),
-                   "kernels": [k.model_dump(mode="json") for k in build.kernels],
-                   "parent": parent.model_dump(mode="json") if parent is not None else None}
         t0 = time.monotonic()
         launch, par, bench = run_candidate(self.task, lib, baseline, launch_context=ctx, warm=warm)
         total = time.monotonic() - t0

@@ -4,9 +4,11 @@ heuristic proposer.
 
 Fast, for hundreds of configurations:
 1. every configuration's task copy is built, `jobs` at a time (each build is its own ninja
-   process), with the static launch check (the plan and ptxas; no GPU, no profiler trace);
-2. parity and the interleaved bench against the initial run in batches, one throwaway child per
-   batch (tools/batch.py): a crash or a hang costs one configuration, never the sweep;
+   process);
+2. the static launch check (each library's own plan against ptxas' resources and the device's
+   limits; no profiler trace), then parity and the interleaved bench against the initial, run in
+   batches, one throwaway child per batch (tools/batch.py): a crash or a hang costs one
+   configuration, never the sweep, and a rejected launch runs nothing;
    With --screen K, a short timing of each configuration alone (no parity) first ranks the space,
    and only the K fastest get the full checks; the rest are recorded as screened_out;
 3. only the reported best gets the expensive checks: the dynamic launch check (the profiler
@@ -34,7 +36,7 @@ from pydantic import BaseModel
 from agent.evaluate import Evaluator, IterationEnded, snapshot_lib
 from agent.runlog import StageTimes
 from tools import batch as batch_eval
-from tools.results import BatchItemResult, BatchStatus, LaunchResult
+from tools.results import BatchItemResult, BatchStatus, LaunchResult, LaunchStatus
 from tools.task import Task, knob_pattern, load_task, shape_label
 
 
@@ -94,15 +96,16 @@ def write_knobs(task_dir: Path, task: Task, cfg: dict[str, int]) -> None:
 
 @dataclass
 class _Built:
-    """A configuration that compiled and passed the static launch check."""
+    """A configuration that compiled."""
     index: int
     knobs: dict[str, int]
     task: Task                 # its own task copy (the dynamic launch check reads its module)
     lib: Path
-    launch: LaunchResult
+    launch_context: dict | None    # for the static launch check in the batch child (None: a CPU task)
     build_seconds: float
     seconds: float                 # so far: build, then the screen if any
     screen_ms: float | None = None
+    launch: LaunchResult | None = None   # the static check's verdict, from the batch child
 
 
 Progress = Callable[[int, int, SweepPoint], None]
@@ -157,8 +160,10 @@ def sweep(task: Task, out_dir: Path, limit: int | None = None, seed: int = 0, pr
             _save(path, res)
 
         t0 = time.monotonic()
-        for settled in batch_eval.evaluate(task, [c.lib for c in built], base_lib, batch=batch):
+        for settled in batch_eval.evaluate(task, [c.lib for c in built], base_lib, batch=batch,
+                                           contexts=[c.launch_context for c in built]):
             for k, r in settled:
+                built[k].launch = r.launch or built[k].launch
                 record(_point(built[k], r))
                 if r.status != BatchStatus.ok:
                     built[k].lib.unlink(missing_ok=True)   # only the passing ones are kept for a second look
@@ -197,7 +202,8 @@ def _build_all(task: Task, space: list[dict[str, int]], out_dir: Path, limits, j
 
 
 def _prepare(task: Task, n: int, cfg: dict[str, int], out_dir: Path, limits) -> _Built | SweepPoint:
-    """Copy the task, write the knobs, build, static launch check; keep only the library."""
+    """Copy the task, write the knobs, build; keep only the library (and ptxas' resources for the
+    static launch check in the batch child)."""
     t0 = time.monotonic()
     work = out_dir / f"cfg-{n}"
     if work.exists():
@@ -209,10 +215,10 @@ def _prepare(task: Task, n: int, cfg: dict[str, int], out_dir: Path, limits) -> 
     t = StageTimes()
     try:
         b = ev.build(t)
-        launch = ev.launch(b, None, t, dynamic=False)
         lib = snapshot_lib(b.lib_path, work / f"lib{task.name}.so")
         dt = time.monotonic() - t0
-        return _Built(index=n, knobs=cfg, task=ct, lib=lib, launch=launch, build_seconds=dt, seconds=dt)
+        return _Built(index=n, knobs=cfg, task=ct, lib=lib, launch_context=ev.launch_context(b, None),
+                      build_seconds=dt, seconds=dt)
     except IterationEnded as e:
         dt = time.monotonic() - t0
         return SweepPoint(knobs=cfg, index=n, ok=False, outcome=e.outcome.value, reason=_line(e.reason),
@@ -228,10 +234,12 @@ def _screen(task: Task, built: list[_Built], base_lib: Path, keep: int, batch: i
     are not kept, as screened_out."""
     say(f"screening {len(built)} configurations by a short timing; the {keep} fastest get the full checks")
     timed: list[_Built] = []
-    for settled in batch_eval.evaluate(task, [c.lib for c in built], base_lib, batch=batch, screen=True):
+    for settled in batch_eval.evaluate(task, [c.lib for c in built], base_lib, batch=batch, screen=True,
+                                       contexts=[c.launch_context for c in built]):
         for k, r in settled:
             b = built[k]
             b.seconds += r.seconds
+            b.launch = r.launch or b.launch
             cand = r.bench.timing("candidate") if r.bench is not None else None
             if r.status == BatchStatus.ok and cand is not None:
                 b.screen_ms = cand.median_ms
@@ -276,8 +284,9 @@ def _verify_best(res: SweepResult, built: dict[int, _Built], base_lib: Path, out
         ev = Evaluator(b.task, out_dir / f"cfg-{b.index}" / "build", limits)
         t = StageTimes()
         say(f"verifying the best, {p.knobs} at {p.median_ms * 1e3:.1f} us (launch check, fresh parity and bench)")
+        static = b.launch or LaunchResult(status=LaunchStatus.not_applicable, message="CPU task: no launch geometry")
         try:
-            ev.verify_launch(b.lib, b.launch, t)
+            ev.verify_launch(b.lib, static, t)
             ev.parity(b.lib, t)
             bench = ev.bench(b.lib, base_lib, t)[0]
         except IterationEnded as e:

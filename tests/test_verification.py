@@ -202,8 +202,12 @@ def test_cuda_launch_faults_are_rejected_statically_without_a_gpu(tmp_path):
     spec = importlib.util.spec_from_file_location("verify_gpu", path)
     vg = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(vg)
+    from agent.evaluate import Evaluator
+    from tools import batch as batch_eval
+    from tools.bench import prestart_candidate
     cases = {c[0]: c for c in vg.CASES}
     limits = table_limits("sm_90")
+    rejected = []
     for name, rule in (("threads_2048", "block_too_large"), ("smem_over_optin", "smem_over_optin")):
         root = tmp_path / name
         shutil.copytree(Path(__file__).resolve().parent.parent / "kernels" / "softmax", root,
@@ -218,12 +222,16 @@ def test_cuda_launch_faults_are_rejected_statically_without_a_gpu(tmp_path):
         assert b.status.value == "ok", b.message
         res = static_check(task, b, limits)
         assert res.status.value == "rejected" and rule in {v.rule for v in res.violations}, res.message
-        # the loop's one-child check reaches the same verdict from the plan it loads itself, and runs nothing
-        ctx = {"limits": limits.model_dump(mode="json"), "kernels": [k.model_dump(mode="json") for k in b.kernels],
-               "parent": None}
-        launch, par, bench = run_candidate(task, Path(b.lib_path), None, launch_context=ctx)
-        assert launch.status.value == "rejected" and rule in {v.rule for v in launch.violations}, launch.message
-        assert launch.violations == res.violations and par is None and bench is None
+        # the loop's one-child check reaches the same verdict from the plan it loads itself, and runs
+        # nothing; so does a child pre-started before the build
+        ctx = Evaluator(task, tmp_path, limits).launch_context(b, None)
+        for warm in (None, prestart_candidate(task)):
+            launch, par, bench = run_candidate(task, Path(b.lib_path), None, launch_context=ctx, warm=warm)
+            assert launch.status.value == "rejected" and rule in {v.rule for v in launch.violations}, launch.message
+            assert launch.violations == res.violations and par is None and bench is None
+        lib = tmp_path / f"lib-{name}.so"
+        shutil.copy2(b.lib_path, lib)
+        rejected.append((lib, ctx, res))
     # the unpatched kernel passes the launch check in the child and goes on to parity (which, without a
     # GPU, says so)
     task = load_task(Path(__file__).resolve().parent.parent / "kernels" / "softmax")
@@ -235,6 +243,19 @@ def test_cuda_launch_faults_are_rejected_statically_without_a_gpu(tmp_path):
     assert par is not None
     if not _gpu():
         assert par.status.value == "error" and "no GPU" in par.message
+    # `agent sweep`'s batch child: the same verdicts, library by library, in one process; only the
+    # legal one goes on to parity
+    libs = [lib for lib, _, _ in rejected] + [Path(b.lib_path)]
+    results = dict(r for settled in batch_eval.evaluate(task, libs, Path(b.lib_path), batch=8,
+                                                        contexts=[c for _, c, _ in rejected] + [ctx])
+                   for r in settled)
+    for k, (_, _, res) in enumerate(rejected):
+        r = results[k]
+        assert r.status.value == "launch_rejected" and r.parity is None and r.bench is None, r
+        assert r.launch.violations == res.violations
+    last = results[len(rejected)]
+    assert last.launch is not None and last.launch.status.value == "ok" and last.parity is not None
+    assert last.status.value == ("ok" if _gpu() else "parity_failed"), last.message
 
 
 def _gpu() -> bool:

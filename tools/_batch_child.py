@@ -1,6 +1,6 @@
 """Child of tools/batch.py: parity, then bench, of several libraries in one process.
 
-    python -m tools._batch_child --task DIR --baseline-lib PATH --limit-s S [--screen] LIB [LIB ...]
+    python -m tools._batch_child --task DIR --baseline-lib PATH --limit-s S [--screen] [--contexts JSON_FILE] LIB ...
 
 Loads the task module and the baseline library once (the torch import and the CUDA context are
 paid once per batch, not per library), then for each library in turn runs what the loop runs in
@@ -8,12 +8,15 @@ two fresh children: parity (`tools.parity.check`, hidden shapes, a fresh seed) a
 the interleaved bench against the baseline on the main shape (`tools.bench.measure`).
 With --screen: only a short timing of each library alone on the main shape (the bench's own output
 spot checks included, no parity), to rank a huge space before the full checks of the fastest.
+With --contexts (a JSON list, one launch context or null per library): first the static launch
+check of the library's own plan (tools.runner._static_launch, as in the loop's evaluate child);
+a library it rejects runs nothing on the GPU.
 
 Output, as in tools/runner.py: fd 1 points at stderr before any generated code loads; one JSON
 line per library goes to a private copy of stdout, flushed at once, so the parent keeps every
 result written before a later library killed the process:
 
-    {"i": K, "status": "ok" | "parity_failed" | "bench_failed" | "timeout", ..., "stop": bool}
+    {"i": K, "status": "ok" | "launch_rejected" | "parity_failed" | "bench_failed" | "timeout", ..., "stop": bool}
     {"fatal": MESSAGE}                       # the task or the baseline did not load; nothing ran
 
 The child stops (exit 0, "stop": true) after a library that may have left the process unfit for
@@ -32,7 +35,7 @@ import sys
 import threading
 import time
 
-from tools.runner import _private_stdout, load_lib, parity_then_bench
+from tools.runner import _private_stdout, _static_launch, load_lib, parity_then_bench
 
 # failures after which the process is not trusted with the next library
 UNSAFE_PARITY = {"error", "crashed", "timeout", "out_of_bounds"}
@@ -80,13 +83,29 @@ class _Reporter:
                 os._exit(0)
 
 
-def _one(task, mod, base, lib_path: str) -> dict:
+def _launch(task, mod, lib, ctx: dict | None, t0: float) -> tuple[dict, dict | None]:
+    """The static launch check where a context was given: ({"launch": ...} or {}, the row that ends
+    this library, or None to go on)."""
+    if ctx is None:
+        return {}, None
+    launch = _static_launch(task, mod, lib, ctx)
+    if launch["status"] == "ok":
+        return {"launch": launch}, None
+    return {}, {"launch": launch, "status": "launch_rejected", "message": f"launch {launch['status']}: {launch['message']}",
+                "stop": False, "seconds": time.monotonic() - t0}
+
+
+def _one(task, mod, base, lib_path: str, ctx: dict | None = None) -> dict:
     from tools.results import ParityResult, ParityStatus
     t0 = time.monotonic()
     seed = secrets.randbits(31)
-    bench, stage = None, ["parity"]
+    bench, stage, launch = None, ["launch"], {}
     try:
         lib = load_lib(lib_path)
+        launch, rejected = _launch(task, mod, lib, ctx, t0)
+        if rejected is not None:
+            return rejected
+        stage[0] = "parity"
         parity, benches = parity_then_bench(task, mod, lib, base, seed=seed, shapes=[dict(task.spec.main)],
                                             mark=lambda st: stage.__setitem__(0, st))
         bench = benches[0] if benches else None
@@ -95,7 +114,7 @@ def _one(task, mod, base, lib_path: str) -> dict:
             raise       # the harness failed in the bench: main() reports it and trusts nothing after
         msg = " ".join(str(e).split())[:500]
         parity = ParityResult(status=ParityStatus.error, message=f"parity could not run: {type(e).__name__}: {msg}")
-    row = {"seed": seed, "parity": parity.model_dump(mode="json", exclude={"checks"})}
+    row = {**launch, "seed": seed, "parity": parity.model_dump(mode="json", exclude={"checks"})}
     if parity.status != ParityStatus.ok:
         return {**row, "status": "parity_failed", "message": f"parity {parity.status.value}: {parity.message}",
                 "stop": parity.status.value in UNSAFE_PARITY, "seconds": time.monotonic() - t0}
@@ -106,7 +125,7 @@ def _one(task, mod, base, lib_path: str) -> dict:
     return {**row, "status": "ok", "stop": False, "seconds": time.monotonic() - t0}
 
 
-def _screen(task, mod, lib_path: str) -> dict:
+def _screen(task, mod, lib_path: str, ctx: dict | None = None) -> dict:
     """A short timing alone on the main shape: a ranking hint, never a reported result."""
     from tools.bench import measure
     from tools.task import Task
@@ -120,8 +139,11 @@ def _screen(task, mod, lib_path: str) -> dict:
         msg = " ".join(str(e).split())[:500]
         return {"status": "bench_failed", "message": f"screen could not load the library: {type(e).__name__}: {msg}",
                 "stop": False, "seconds": time.monotonic() - t0}
+    launch, rejected = _launch(task, mod, lib, ctx, t0)
+    if rejected is not None:
+        return rejected
     bench = measure(qtask, mod, lib, baseline=None, shapes=[dict(task.spec.main)], with_reference=False)[0]
-    row = {"bench": bench.model_dump(mode="json"), "seconds": time.monotonic() - t0}
+    row = {**launch, "bench": bench.model_dump(mode="json"), "seconds": time.monotonic() - t0}
     if bench.status.value != "ok":
         return {**row, "status": "bench_failed", "message": f"screen {bench.status.value}: {bench.message}",
                 "stop": bench.status.value in UNSAFE_BENCH}
@@ -134,6 +156,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--baseline-lib", required=True)
     ap.add_argument("--limit-s", type=float, required=True, help="parity + bench of one library at most")
     ap.add_argument("--screen", action="store_true", help="a short timing of each library alone, no parity")
+    ap.add_argument("--contexts", help="JSON file: a list of launch contexts (or null), one per library")
     ap.add_argument("libs", nargs="+")
     a = ap.parse_args(argv)
     out = _private_stdout()
@@ -143,13 +166,16 @@ def main(argv: list[str] | None = None) -> int:
         task = load_task(a.task)
         mod = task.module()
         base = load_lib(a.baseline_lib)
+        ctxs = json.loads(open(a.contexts).read()) if a.contexts else [None] * len(a.libs)
+        if len(ctxs) != len(a.libs):
+            raise ValueError(f"{len(ctxs)} launch contexts for {len(a.libs)} libraries")
     except Exception as e:
         rep.write({"fatal": f"the batch child could not start: {type(e).__name__}: {' '.join(str(e).split())[:500]}"})
         return 2
     for i, lib in enumerate(a.libs):
         rep.start(i)
         try:
-            row = _screen(task, mod, lib) if a.screen else _one(task, mod, base, lib)
+            row = _screen(task, mod, lib, ctxs[i]) if a.screen else _one(task, mod, base, lib, ctxs[i])
         except Exception as e:  # the harness itself failed on this library: report it, trust nothing after
             msg = " ".join(str(e).split())[:500]
             row = {"status": "bench_failed", "message": f"evaluation failed: {type(e).__name__}: {msg}", "stop": True}

@@ -15,14 +15,14 @@ error, a write outside the output) the child stops by itself and the rest also g
 from __future__ import annotations
 
 import json
-import os
 import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 from tools.parity import child_failure
 from tools.results import BatchItemResult, BatchStatus
-from tools.sandbox import REPO_ROOT, ProcResult, ProcStatus, run_isolated
+from tools.sandbox import ProcResult, ProcStatus, python_env, run_isolated
 from tools.task import Task
 
 CHILD = "tools._batch_child"
@@ -33,9 +33,12 @@ class BatchError(Exception):
 
 
 def evaluate(task: Task, libs: list[Path], baseline: Path, *, batch: int = 16, limit_s: float | None = None,
-             screen: bool = False) -> Iterator[list[tuple[int, BatchItemResult]]]:
+             screen: bool = False, contexts: list[dict | None] | None = None
+             ) -> Iterator[list[tuple[int, BatchItemResult]]]:
     """Parity then bench of each library in `libs`, `batch` per child, in order. With `screen`, only
     a short timing of each alone (no parity, no baseline): a ranking hint for a huge space.
+    With `contexts` (one per library, agent.evaluate.Evaluator.launch_context), each library's own
+    launch plan first gets the static launch check in the child, and a rejected one runs nothing.
 
     Yields, after each child, the (index into libs, result) pairs it settled; every index is settled
     exactly once. `limit_s` bounds one library (default: the task's parity + bench timeouts, what
@@ -44,19 +47,23 @@ def evaluate(task: Task, libs: list[Path], baseline: Path, *, batch: int = 16, l
     for start in range(0, len(libs), max(1, batch)):
         todo = list(range(start, min(start + max(1, batch), len(libs))))
         while todo:
-            settled, todo = _run_child(task, libs, todo, baseline, limit, screen)
+            settled, todo = _run_child(task, libs, todo, baseline, limit, screen, contexts)
             yield settled
 
 
-def _run_child(task: Task, libs: list[Path], todo: list[int], baseline: Path, limit: float, screen: bool
-               ) -> tuple[list[tuple[int, BatchItemResult]], list[int]]:
+def _run_child(task: Task, libs: list[Path], todo: list[int], baseline: Path, limit: float, screen: bool,
+               contexts: list[dict | None] | None = None) -> tuple[list[tuple[int, BatchItemResult]], list[int]]:
     """One child over `todo`; returns what it settled and what is left for a fresh child."""
     argv = [sys.executable, "-m", CHILD, "--task", str(task.root), "--baseline-lib", str(Path(baseline).resolve()),
-            "--limit-s", str(limit), *(["--screen"] if screen else []), *[str(Path(libs[i]).resolve()) for i in todo]]
-    env = {"PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")])),
-           "PYTHONUNBUFFERED": "1"}
-    # the watchdog bounds each library; the batch timeout is the backstop (plus one limit for the start)
-    proc = run_isolated(argv, (len(todo) + 1) * limit, env=env)
+            "--limit-s", str(limit), *(["--screen"] if screen else [])]
+    with tempfile.TemporaryDirectory(prefix="agent-batch-") as tmp:
+        if contexts is not None:
+            path = Path(tmp) / "contexts.json"
+            path.write_text(json.dumps([contexts[i] for i in todo]))
+            argv += ["--contexts", str(path)]
+        argv += [str(Path(libs[i]).resolve()) for i in todo]
+        # the watchdog bounds each library; the batch timeout is the backstop (plus one limit for the start)
+        proc = run_isolated(argv, (len(todo) + 1) * limit, env=python_env())
     rows, stopped = parse_lines(proc, len(todo))
     settled = [(todo[k], r) for k, r in enumerate(rows)]
     rest = todo[len(rows):]

@@ -195,6 +195,7 @@ class BenchResult(BaseModel):
 # --- batched evaluation (agent sweep) ----------------------------------------------------------
 class BatchStatus(str, Enum):
     ok = "ok"                        # parity passed and the bench answered
+    launch_rejected = "launch_rejected"   # the static launch check of the library's plan failed; nothing ran
     parity_failed = "parity_failed"
     bench_failed = "bench_failed"
     crashed = "crashed"              # the batch child died while this library ran (signal, exit)
@@ -202,9 +203,11 @@ class BatchStatus(str, Enum):
 
 
 class BatchItemResult(BaseModel):
-    """Parity, then bench against the baseline, of one library in a batch child (tools/batch.py)."""
+    """The static launch check, parity, then bench against the baseline, of one library in a batch
+    child (tools/batch.py)."""
     status: BatchStatus
     message: str = ""
+    launch: LaunchResult | None = None        # the static check, where a launch context was given
     seed: int | None = None                   # parity's seed
     parity: ParityResult | None = None        # None: the child died before parity answered, or a screen
     bench: BenchResult | None = None          # None: parity failed, or the child died first
