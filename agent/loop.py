@@ -55,6 +55,7 @@ class Loop:
         self.limits = _device_limits(self.task)
         self.evaluator = Evaluator(self.task, run_dir / "build", self.limits)
         self.t_start = time.monotonic()
+        self._iter_t0: float | None = None     # the iteration under way started (monotonic)
         self._interrupt_after_keep = False
         self._sigint = False
 
@@ -231,6 +232,7 @@ class Loop:
         d = self._iter_dir(i)
         parent = self.state.best_sha
         rec = dict(run_id=self.cfg.run_id, iteration=i, started=started, parent_sha=parent)
+        self._iter_t0 = time.monotonic()
         proposal: Proposal | None = None
         commit_sha: str | None = None
         try:
@@ -469,6 +471,7 @@ class Loop:
     def _record(self, rec: dict, decision: Decision, outcome: Outcome, reason: str, times: StageTimes,
                 usage: Usage, speedup_vs_best: float | None = None) -> IterationRecord:
         r = IterationRecord(**rec, finished=now(), decision=decision, outcome=outcome, reason=reason,
+                            wall_s=time.monotonic() - self._iter_t0 if self._iter_t0 is not None else None,
                             speedup_vs_best=speedup_vs_best, speedup_vs_initial=self.speedup_vs("initial"),
                             speedup_vs_reference=self.speedup_vs("reference"), best_ms=self.state.best_ms,
                             times=times, usage=usage)

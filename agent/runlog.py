@@ -137,6 +137,7 @@ class IterationRecord(BaseModel):
     speedup_vs_reference: float | None = None
     best_ms: float | None = None       # main-shape median of the best after this iteration
     times: StageTimes = Field(default_factory=StageTimes)
+    wall_s: float | None = None        # the iteration's wall clock, start to record (times leave out the gaps)
     usage: Usage = Field(default_factory=Usage)
 
 

@@ -135,6 +135,9 @@ def test_show_summary_and_one_iteration(run_repo, cli):
     assert med["build"] == pytest.approx(sorted(r.times.build for r in built)[len(built) // 2]) if len(built) % 2 \
         else med["build"] > 0
     assert 0 < med["without_proposer"] <= med["iteration"]
+    # the wall clock covers the stages and the gaps between them
+    assert med["without_proposer"] <= med["wall_without_proposer"] + 0.05 and med["iteration"] <= med["wall"] + 0.05
+    assert all(it["wall_s"] >= sum(it["seconds"].values()) - 0.05 for it in json.loads(out)["iterations"])
 
     rc, out, _ = cli("show", RUN_ID[:8], "--iter", "1", cwd=run_repo)   # a unique prefix works
     assert rc == 0

@@ -47,7 +47,8 @@ def run_json(run: Run) -> dict:
             "stage_medians_s": stage_medians(run),
             "iterations": [{"iteration": r.iteration, "decision": r.decision.value, "outcome": r.outcome.value,
                             "hypothesis": r.proposal.summary() if r.proposal else None,
-                            "speedup_vs_best": r.speedup_vs_best, "reason": r.reason, "commit": r.commit_sha}
+                            "speedup_vs_best": r.speedup_vs_best, "reason": r.reason, "commit": r.commit_sha,
+                            "seconds": r.times.model_dump(), "wall_s": r.wall_s}
                            for r in run.records]}
 
 
@@ -120,14 +121,19 @@ def iterations_table(run: Run) -> Table:
 
 
 def stage_medians(run: Run) -> dict[str, float]:
-    """Median seconds per stage over the iterations that reached a build, plus `iteration` (the whole
-    iteration) and `without_proposer` (the iteration less proposing: what the loop itself costs)."""
+    """Median seconds per stage over the iterations that reached a build, plus `iteration` (the stages
+    summed) and `without_proposer` (less proposing: what the loop itself costs); where the records
+    have it, `wall` and `wall_without_proposer`, from the iteration's wall clock (gaps included)."""
     recs = [r for r in run.records if r.build is not None]
     if not recs:
         return {}
     out = {k: statistics.median(getattr(r.times, k) for r in recs) for k in r_fields()}
     out["iteration"] = statistics.median(_total(r) for r in recs)
     out["without_proposer"] = statistics.median(_total(r) - r.times.propose for r in recs)
+    walled = [r for r in recs if r.wall_s is not None]
+    if walled:
+        out["wall"] = statistics.median(r.wall_s for r in walled)
+        out["wall_without_proposer"] = statistics.median(r.wall_s - r.times.propose for r in walled)
     return out
 
 
@@ -142,8 +148,10 @@ def stage_line(run: Run) -> str:
         return "-"
     n = sum(1 for r in run.records if r.build is not None)
     parts = ", ".join(f"{k} {m[k]:.2f}" for k in r_fields() if m[k] >= 0.005)
+    wall = (f"; wall clock {m['wall']:.1f}, {m['wall_without_proposer']:.1f} without the proposer"
+            if "wall" in m else "")
     return (f"median s per iteration over {n} built: {parts}; whole {m['iteration']:.1f}, "
-            f"{m['without_proposer']:.1f} without the proposer")
+            f"{m['without_proposer']:.1f} without the proposer" + wall)
 
 
 def _total(r: IterationRecord) -> float:
