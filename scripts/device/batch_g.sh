@@ -45,7 +45,7 @@ for part in "$@"; do
     opt_attn_hi) optimize attnhi kernels/attention_fwd ${HI_BUDGET:-330} $(( ${HI_BUDGET:-330} + 100 )) --target 8x ;;
     sweep_sm) sweep softmax kernels/softmax 200 --screen 12 ;;
     sweep_attn) sweep attn kernels/attention_fwd ${ATTN_S:-560} --screen 16 ;;
-    gpu_tests) (cd $R && timeout ${GPU_TESTS_S:-240} python3 -m pytest -q -m gpu -p no:cacheprovider 2>&1 | tail -25 > $OUT/pytest_gpu.txt); tail -3 $OUT/pytest_gpu.txt >> $S ;;
+    gpu_tests) (cd $R && timeout ${GPU_TESTS_S:-300} python3 -m pytest -q -m gpu -p no:cacheprovider --tb=short -rfs > $OUT/pytest_gpu.txt 2>&1); tail -4 $OUT/pytest_gpu.txt >> $S ;;
   esac
 done
 [ -d $U/runs ] && (cd $U/runs && tar czf $OUT/runs.tgz --exclude=worktree --exclude=build --exclude='*.so' --exclude='*.ncu-rep' --exclude='cfg-*' --exclude='build-initial' .)
