@@ -68,7 +68,7 @@ def test_five_iterations_keep_and_revert_without_touching_the_user(tmp_path):
 def test_sigkill_mid_iteration_then_resume_finishes(tmp_path):
     root = make_user_repo(tmp_path / "user")
     before = snapshot(root)
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
     proc = subprocess.Popen([sys.executable, "-m", "agent", "optimize", "kernels/matmul_cpu", "--target", "100x",
                              "--iters", "4", "--quiet", "--run-id", "killme"], cwd=root, env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)

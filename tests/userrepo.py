@@ -42,7 +42,9 @@ def make_user_repo(root: Path, fast: bool = True) -> Path:
 
 
 def agent(cwd: Path, *args: str, timeout: float = 600, env: dict | None = None) -> subprocess.CompletedProcess:
-    full_env = {**os.environ, "PYTHONPATH": str(REPO), **(env or {})}
+    # the repository first; an existing PYTHONPATH kept (where the dependencies were installed with --target)
+    path = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
+    full_env = {**os.environ, "PYTHONPATH": path, **(env or {})}
     for k in ("AGENT_BASE_URL", "AGENT_MODEL", "OPENAI_BASE_URL", "OPENAI_API_KEY", "AGENT_API_KEY"):
         full_env.pop(k, None)
     full_env.update(env or {})
