@@ -38,6 +38,11 @@ class SetupFailed(Exception):
     """The run cannot start (the initial kernel fails to build or fails parity, ...)."""
 
 
+def _candidate_ms(r: IterationRecord) -> float | None:
+    t = r.bench.timing("candidate") if r.bench is not None else None
+    return t.median_ms if t is not None else None
+
+
 def now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
@@ -333,7 +338,7 @@ class Loop:
         sources = {f: self.task.path(f).read_text() for f in self.task.spec.editable}
         history = [HistoryItem(iteration=r.iteration, hypothesis=r.proposal.hypothesis if r.proposal else "-",
                                outcome=r.outcome.value, reason=r.reason, speedup=r.speedup_vs_best,
-                               knobs=r.proposal.knobs if r.proposal else None)
+                               knobs=r.proposal.knobs if r.proposal else None, ms=_candidate_ms(r))
                    for r in self.records]
         return Context(task=self.task, iteration=i, sources=sources, profile=self.profile, history=history,
                        best_ms=self.state.best_ms, reference_ms=self.state.reference_ms,

@@ -68,3 +68,37 @@ def test_a_rule_move_that_failed_is_not_retried_before_the_untried_ones():
                          knobs=first.knobs)
     second, _ = prop.propose(_ctx(task, prof, [failed]))
     assert second.knobs["ROWS_PER_CTA"] == 1, second.hypothesis
+
+
+def test_after_every_single_move_it_combines_the_two_cheapest_moves_first():
+    """At a local optimum (every one-knob move measured slower), the combinations come in the order of
+    the product of their measured single-move ratios, each stated in the hypothesis."""
+    task = load_task(REPO / "kernels" / "attention_fwd")
+    cur = {k: v for k, v in task.read_knobs().items() if v is not None}
+    best_ms = 1.0
+    cost = {("BLOCK_M", 32): 1.1, ("BLOCK_N", 128): 1.2, ("KV_SPLITS", 2): 1.5}   # the rest: 3x slower
+    hist = []
+    for k in task.spec.knobs:
+        for v in k.values:
+            cfg = {**cur, k.name: v}
+            if v == cur[k.name] or not task.spec.restriction_ok(cfg):
+                continue
+            ms = best_ms * cost.get((k.name, v), 3.0)
+            hist.append(HistoryItem(iteration=len(hist) + 1, hypothesis="-", outcome="not_faster", reason="slower",
+                                    speedup=best_ms / ms, knobs=cfg, ms=ms))
+    prop = HeuristicProposer(task)
+    ctx = _ctx(task, history=hist)
+    ctx.best_ms = best_ms
+    p, _ = prop.propose(ctx)
+    changed = {n: v for n, v in p.knobs.items() if cur[n] != v}
+    assert changed == {"BLOCK_M": 32, "BLOCK_N": 128}, p.hypothesis
+    assert "0.758x if the moves did not interact" in p.hypothesis and "BLOCK_M->32 0.909x" in p.hypothesis
+    assert {e.metric for e in p.evidence} >= {"single_move.BLOCK_M=32.speedup", "single_move.BLOCK_N=128.speedup"}
+    assert [e.file for e in p.edits] == ["attention.cu", "attention.cu"]
+    # measured (slower): the next pair by the same estimate
+    hist.append(HistoryItem(iteration=len(hist) + 1, hypothesis=p.hypothesis, outcome="not_faster", reason="slower",
+                            speedup=0.8, knobs=p.knobs, ms=1.25))
+    ctx = _ctx(task, history=hist)
+    ctx.best_ms = best_ms
+    q, _ = prop.propose(ctx)
+    assert {n: v for n, v in q.knobs.items() if cur[n] != v} == {"BLOCK_M": 32, "KV_SPLITS": 2}, q.hypothesis

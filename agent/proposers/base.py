@@ -31,6 +31,7 @@ class HistoryItem:
     reason: str
     speedup: float | None = None
     knobs: dict[str, int] | None = None
+    ms: float | None = None   # the candidate's main-shape median (ms), where its bench ran
 
 
 @dataclass

@@ -12,12 +12,16 @@ the kernel to knobs by their declared role (tools/task.py Knob.role):
     compute-bound                                   -> raise a `tile` knob (more reuse per load)
 
 When no rule fires (or every move it suggests was measured), it explores one-knob moves from the
-best configuration, then the rest of the space nearest-first. It never proposes a configuration it
-has measured. Each move is a real patch: the knob's `#define` line rewritten.
+best configuration. When all of those were measured, it combines moves, ranked by a first-order
+model: the product of the measured single-move ratios (two moves that each cost little first; a
+gain then needs the moves to interact, as a tile reshaped at the same area can). It never proposes
+a configuration it has measured. Each move is a real patch: the knob's `#define` line rewritten.
 """
 
 from __future__ import annotations
 
+import math
+import statistics
 from dataclasses import dataclass
 
 from agent.proposal import Edit, Evidence, PredictedEffect, Proposal
@@ -69,9 +73,10 @@ class HeuristicProposer:
             if _key(cfg) in measured or not self.task.spec.restriction_ok(cfg):
                 continue
             return self._proposal(ctx, current, move), Usage()
-        for cfg in self._far_configs(current):
+        ratios = _single_move_ratios(ctx, current)
+        for cfg, est in self._far_configs(current, ratios):
             if _key(cfg) not in measured:
-                return self._multi_proposal(ctx, current, cfg), Usage()
+                return self._multi_proposal(ctx, current, cfg, est, ratios), Usage()
         raise ProposerExhausted(f"every one of the {len(self.task.spec.knob_space())} knob configurations "
                                 "allowed by the restrictions has been measured")
 
@@ -172,11 +177,18 @@ class HeuristicProposer:
                                   "time.median_ms", "down", 1.05))
         return moves
 
-    def _far_configs(self, cur: Config) -> list[Config]:
-        space = self.task.spec.knob_space()
+    def _far_configs(self, cur: Config, ratios: dict[tuple[str, int], float]) -> list[tuple[Config, float]]:
+        """Every configuration with its first-order estimate against the best: the product of the
+        measured single-knob ratios of the moves it combines (a move the restrictions never let run
+        alone counts as the median measured one). Best estimate first, then nearest. At a local
+        optimum every factor is below 1, so combinations of two moves that each cost little come
+        first (a tile reshaped at the same area, say)."""
+        prior = statistics.median(ratios.values()) if ratios else 1.0
         def dist(cfg: Config) -> int:
             return sum(abs(_index(self.knobs[n], cfg[n]) - _index(self.knobs[n], cur.get(n, cfg[n]))) for n in cfg)
-        return sorted(space, key=dist)
+        def est(cfg: Config) -> float:
+            return math.prod(ratios.get((n, v), prior) for n, v in cfg.items() if cur.get(n) != v)
+        return sorted(((c, est(c)) for c in self.task.spec.knob_space()), key=lambda ce: (-ce[1], dist(ce[0])))
 
     # --- patches ----------------------------------------------------------------------------
     def _by_role(self, role: str) -> list[Knob]:
@@ -198,16 +210,37 @@ class HeuristicProposer:
                         predicted=PredictedEffect(metric=mv.metric, direction=mv.direction, speedup=mv.speedup),
                         edits=[self._edit(ctx, mv.knob, mv.value)], knobs={**cur, mv.knob: mv.value})
 
-    def _multi_proposal(self, ctx: Context, cur: Config, cfg: Config) -> Proposal:
+    def _multi_proposal(self, ctx: Context, cur: Config, cfg: Config, est: float,
+                        ratios: dict[tuple[str, int], float]) -> Proposal:
         changed = {n: v for n, v in cfg.items() if cur.get(n) != v}
         desc = ", ".join(f"{n} {cur.get(n)}->{v}" for n, v in changed.items())
-        return Proposal(hypothesis=f"Every single-knob move from the best has been measured: explore {desc}",
-                        evidence=[Evidence(metric=f"knob.{n}", value=str(cur.get(n))) for n in changed],
+        known = [f"{n}->{v} {ratios[(n, v)]:.3f}x" for n, v in changed.items() if (n, v) in ratios]
+        why = (f"; alone: {', '.join(known)}, so {est:.3f}x if the moves did not interact: a gain needs an "
+               "interaction (a tile reshaped at the same area, say)") if known else ""
+        return Proposal(hypothesis=f"Every single-knob move from the best has been measured: combine {desc}{why}",
+                        evidence=[Evidence(metric=f"knob.{n}", value=str(cur.get(n))) for n in changed]
+                        + [Evidence(metric=f"single_move.{n}={v}.speedup", value=f"{ratios[(n, v)]:.3f}")
+                           for n, v in changed.items() if (n, v) in ratios],
                         predicted=PredictedEffect(metric="time.median_ms", direction="down", speedup=1.05),
                         edits=[self._edit(ctx, n, v) for n, v in changed.items()], knobs=dict(cfg))
 
 
 _EXPLORE_ORDER = ["tensor", "vector", "split", "pad", "order", "tile", "threads", "other"]
+
+
+def _single_move_ratios(ctx: Context, cur: Config) -> dict[tuple[str, int], float]:
+    """(knob, value) -> the best's time over the time of the best with that one knob changed, from the
+    history's medians (the latest measurement of each), whenever it was measured."""
+    out: dict[tuple[str, int], float] = {}
+    if not ctx.best_ms:
+        return out
+    for h in ctx.history:
+        if not h.knobs or not h.ms:
+            continue
+        diff = [(n, v) for n, v in h.knobs.items() if cur.get(n) != v]
+        if len(diff) == 1 and all(h.knobs.get(n) == v for n, v in cur.items() if n != diff[0][0]):
+            out[diff[0]] = ctx.best_ms / h.ms
+    return out
 
 
 def _key(cfg: dict | None) -> tuple:
