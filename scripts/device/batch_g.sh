@@ -2,7 +2,8 @@
 # Device batch G (issue 4's figures), in parts so that each device call stays under its 10 minutes:
 #   bash scripts/device/batch_g.sh opt_attn opt_sm sweep_sm     # the two optimize runs, the softmax sweep
 #   bash scripts/device/batch_g.sh sweep_attn                   # every attention_fwd configuration
-#   bash scripts/device/batch_g.sh opt_attn_hi gpu_tests        # the heuristic past 1.5x; pytest -m gpu
+#   ITERS=30 HI_BUDGET=420 bash scripts/device/batch_g.sh opt_attn_hi   # the heuristic past 1.5x
+#   bash scripts/device/batch_g.sh gpu_tests                    # pytest -m gpu
 # Each part runs in a fresh user repo copy (/tmp/user) and writes its logs and JSON under $OUT.
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl 2>/dev/null && export PYTHONPATH=/tmp/site:$PWD || exit 1
 export PYTHONUNBUFFERED=1; S=$OUT/summary.txt; R=$PWD
@@ -25,7 +26,7 @@ PY
 optimize() {  # run-id task budget outer-timeout extra-args...
   local id=$1 task=$2 budget=$3 outer=$4; shift 4
   echo "== agent optimize $task $* (budget ${budget}s) [run $id]" >> $S
-  /usr/bin/time -f "wall %e s" -a -o $S timeout $outer python3 -m agent optimize $task --iters 20 --run-id $id \
+  /usr/bin/time -f "wall %e s" -a -o $S timeout $outer python3 -m agent optimize $task --iters ${ITERS:-20} --run-id $id \
       --budget-seconds $budget "$@" > $OUT/opt_$id.log 2>&1; echo "rc=$?" >> $S
   grep -v "^[│┃┏┡└]" $OUT/opt_$id.log | tail -14 >> $S
   medians $id
