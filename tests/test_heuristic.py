@@ -62,12 +62,30 @@ def test_a_rule_move_that_failed_is_not_retried_before_the_untried_ones():
         name="softmax_kernel", grid=(8192, 1, 1), block=(128, 1, 1), ctas=8192, bottleneck=Bottleneck.compute,
         sol_compute_pct=73.0, sol_memory_pct=52.0, tensor_pipe_pct=None)])
     prop = HeuristicProposer(task)
+    # softmax declares no FLOPs: "compute-bound" is instruction issue, so wider accesses come first
     first, _ = prop.propose(_ctx(task, prof))
-    assert first.knobs["ROWS_PER_CTA"] == 2 and "Compute-bound" in first.hypothesis
-    failed = HistoryItem(iteration=1, hypothesis=first.hypothesis, outcome="not_faster", reason="slower",
-                         knobs=first.knobs)
-    second, _ = prop.propose(_ctx(task, prof, [failed]))
-    assert second.knobs["ROWS_PER_CTA"] == 1, second.hypothesis
+    assert first.knobs["VEC"] == 2 and "instructions" in first.hypothesis, first.hypothesis
+    assert any(e.metric == "task.flop_per_byte" for e in first.evidence)
+    # the tile move is the rule's second suggestion
+    failed = [HistoryItem(iteration=1, hypothesis=first.hypothesis, outcome="not_faster", reason="slower",
+                          knobs=first.knobs)]
+    tile, _ = prop.propose(_ctx(task, prof, failed))
+    assert tile.knobs["ROWS_PER_CTA"] == 2 and tile.knobs["VEC"] == 1 and "Compute-bound" in tile.hypothesis
+    failed.append(HistoryItem(iteration=2, hypothesis=tile.hypothesis, outcome="not_faster", reason="slower",
+                              knobs=tile.knobs))
+    third, _ = prop.propose(_ctx(task, prof, failed))
+    assert third.knobs not in [h.knobs for h in failed] and third.knobs["ROWS_PER_CTA"] != 2, third.hypothesis
+
+
+def test_compute_bound_with_real_math_still_grows_tiles():
+    """attention declares about S/2 = 256 FLOP/B on its main shape: a compute-bound profile with the
+    tensor pipe busy gets the tile move, not an access-width one."""
+    task = load_task(REPO / "kernels" / "attention_fwd")
+    prof = _prof(2048, bottleneck=Bottleneck.compute, tensor_pipe_pct=60.0, sol_compute_pct=80.0)
+    cur = task.read_knobs()
+    p, _ = HeuristicProposer(task).propose(_ctx(task, prof))
+    moved = {k for k, v in p.knobs.items() if v != cur[k]}
+    assert len(moved) == 1 and moved <= {"BLOCK_M", "BLOCK_N"} and "larger tiles" in p.hypothesis, p.hypothesis
 
 
 def test_after_every_single_move_it_combines_the_two_cheapest_moves_first():
