@@ -99,7 +99,6 @@ class Prestarted:
 
     def __init__(self, argv: list[str], cwd: Path | str | None = None, env: dict[str, str] | None = None):
         self.argv = argv
-        self.t0 = time.monotonic()
         self._proc = _spawn(argv, cwd, env, pipe_stdin=True)
         self.used = False
 
