@@ -410,7 +410,6 @@ class Loop:
 
     def _keep(self, i: int, d: Path, proposal: Proposal, bench: BenchResult, rec: dict, times: StageTimes,
               usage: Usage) -> IterationRecord:
-        self._stage(i, "keep")
         ci = bench.speedup_vs_baseline
         cand = bench.timing("candidate")
         self.state.best_ms = cand.median_ms

@@ -142,19 +142,12 @@ def run_candidate(task: Task, lib_path: Path, baseline_lib: Path | None, *, seed
            "baseline_lib": str(Path(baseline_lib).resolve()) if baseline_lib is not None else None}
     timeout = task.spec.parity.timeout_s + task.spec.bench.timeout_s
     t0 = time.monotonic()
-    if warm is not None and warm.serves(task):
-        proc = warm.proc.run(json.dumps(job), timeout)
-        data = last_json(proc.stdout)
-    else:
+    if warm is None or not warm.serves(task):
         if warm is not None:
             warm.close()
-        args = ["evaluate", "--task", str(task.root), "--lib", job["lib"], "--seed", str(seed),
-                "--shapes", json.dumps(shapes), "--no-reference"]
-        if baseline_lib is not None:
-            args += ["--baseline-lib", job["baseline_lib"]]
-        if launch_context is not None:
-            args += ["--launch-context", json.dumps(launch_context)]
-        proc, data = run_python_json("tools.runner", args, timeout)
+        warm = prestart_candidate(task)   # started cold: the same child, given its job at once
+    proc = warm.proc.run(json.dumps(job), timeout)
+    data = last_json(proc.stdout)
     dt = time.monotonic() - t0
     if proc.status == ProcStatus.ok and data is not None:
         try:
