@@ -104,6 +104,34 @@ def test_timeout_is_a_status(tmp_path):
     assert "timed out" in res.message
 
 
+def _processes_mentioning(needle: str) -> list[str]:
+    """Live processes whose command line contains needle (zombies have none)."""
+    found = []
+    for d in os.listdir("/proc"):
+        try:
+            cmd = Path(f"/proc/{d}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except (OSError, ValueError):
+            continue
+        if needle in cmd:
+            found.append(f"{d}: {cmd[:200]}")
+    return found
+
+
+@pytest.mark.skipif(not Path("/proc/self").exists(), reason="needs /proc")
+def test_a_build_past_its_timeout_leaves_no_compiler_behind(tmp_path):
+    """ninja starts each compiler in a process group of its own: killing ninja's group once left cc1plus
+    running for minutes at 100% of a core. The build here takes minutes; after its 3 s timeout nothing
+    that compiles this task's source may be alive."""
+    from tests.fixtures.cheats.cheats import source
+    d = tmp_path / "slowbuild"
+    shutil.copytree(ROOT / "kernels" / "matmul_cpu", d, ignore=shutil.ignore_patterns("__pycache__"))
+    (d / "matmul.cpp").write_text(source("compile_timeout"))
+    task = load_task(d)
+    res = build(task, tmp_path / "b", timeout_s=3.0)
+    assert res.status == BuildStatus.timeout, res.message
+    assert _processes_mentioning(str(d)) == []
+
+
 def test_missing_nvcc_is_toolchain_missing(tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", "/usr/bin:/bin")
     monkeypatch.delenv("CUDA_HOME", raising=False)

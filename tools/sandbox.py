@@ -167,7 +167,7 @@ def _finish(proc: subprocess.Popen, argv: list[str], t0: float, timeout_s: float
         out, err = proc.communicate(input=stdin, timeout=timeout_s)
     except subprocess.TimeoutExpired:
         _kill_group(proc)
-        out, err = proc.communicate()
+        out, err = _drain(proc)
         return ProcResult(status=ProcStatus.timeout, seconds=time.monotonic() - t0, stdout=out or "",
                           stderr=err or "", argv=argv)
     except KeyboardInterrupt:
@@ -188,6 +188,20 @@ def _finish(proc: subprocess.Popen, argv: list[str], t0: float, timeout_s: float
     return ProcResult(status=status, returncode=rc, signal=sig, seconds=dt, stdout=out, stderr=err, argv=argv)
 
 
+def _drain(proc: subprocess.Popen) -> tuple[str, str]:
+    """The output of a killed child, waiting at most KILL_WAIT_S: a descendant that escaped the kill
+    (it left the session and its parent was already gone) may hold the pipes open for ever."""
+    try:
+        return proc.communicate(timeout=KILL_WAIT_S)
+    except subprocess.TimeoutExpired as e:
+        for f in (proc.stdout, proc.stderr):
+            if f is not None:
+                f.close()
+        proc.wait(timeout=KILL_WAIT_S)
+        dec = (lambda b: b.decode(errors="replace") if isinstance(b, bytes) else (b or ""))
+        return dec(e.output), dec(e.stderr)
+
+
 def _hold_sigint() -> bool:
     """Block SIGINT; True if this call blocked it (False: already blocked by the caller, or unsupported)."""
     try:
@@ -197,8 +211,98 @@ def _hold_sigint() -> bool:
 
 
 def _kill_group(proc: subprocess.Popen, quiet: bool = False) -> None:
+    """Kill the child and everything it started, and wait (bounded) until they are gone."""
+    kill_tree(proc.pid)
+
+
+KILL_WAIT_S = 5.0
+
+
+def _proc_table() -> dict[int, tuple[int, int, str]]:
+    """pid -> (ppid, session id, state) for every process visible in /proc."""
+    out: dict[int, tuple[int, int, str]] = {}
     try:
-        os.killpg(proc.pid, signal.SIGKILL)
+        names = os.listdir("/proc")
+    except OSError:
+        return out
+    for d in names:
+        if not d.isdigit():
+            continue
+        try:
+            with open(f"/proc/{d}/stat", "rb") as f:
+                raw = f.read()
+        except OSError:
+            continue
+        # "pid (comm) state ppid pgrp session ...": comm may hold spaces and parentheses
+        rest = raw[raw.rfind(b")") + 2:].split()
+        if len(rest) >= 4:
+            out[int(d)] = (int(rest[1]), int(rest[3]), rest[0].decode())
+    return out
+
+
+def _live(pid: int, table: dict[int, tuple[int, int, str]]) -> bool:
+    return pid in table and table[pid][2] not in ("Z", "X")   # a zombie is dead, only not yet reaped
+
+
+def tree_of(leader: int, table: dict[int, tuple[int, int, str]] | None = None) -> set[int]:
+    """The live members of the session `leader` leads, and the live descendants of any of them."""
+    table = _proc_table() if table is None else table
+    kids: dict[int, list[int]] = {}
+    for pid, (ppid, _, _) in table.items():
+        kids.setdefault(ppid, []).append(pid)
+    found = {pid for pid, (_, sid, _) in table.items() if sid == leader}
+    stack = [leader, *found]
+    while stack:
+        for k in kids.get(stack.pop(), []):
+            if k not in found:
+                found.add(k)
+                stack.append(k)
+    found.discard(os.getpid())
+    return {p for p in found if _live(p, table)}
+
+
+def kill_tree(leader: int, wait_s: float = KILL_WAIT_S) -> int:
+    """Kill the session `leader` leads and every descendant, and wait at most wait_s for them to go.
+    Returns how many processes it found (the leader included, if still running).
+
+    The child leads its own session, but its process group is not enough: ninja starts each compiler
+    in a process group of its own, so killpg(ninja) left cc1plus running at 100% of a core (8.5 GB)
+    long after a build timed out. Whatever the child starts keeps its session id unless it calls
+    setsid itself; one that did is still found through the parent links while its parent lives, which
+    is why everything found is stopped (SIGSTOP) before anything is killed: a stopped process neither
+    exits (orphaning its children out of reach) nor forks. Without /proc (not Linux) only the group dies.
+    """
+    try:
+        os.killpg(leader, signal.SIGSTOP)
+    except (ProcessLookupError, PermissionError):
+        pass
+    found: set[int] = set()
+    if os.path.isdir("/proc/self"):
+        for _ in range(100):   # until a pass finds nothing new
+            new = tree_of(leader) - found
+            if not new:
+                break
+            for pid in new:
+                _signal(pid, signal.SIGSTOP)
+            found |= new
+    for pid in found:
+        _signal(pid, signal.SIGKILL)
+    try:
+        os.killpg(leader, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    alive, deadline = set(found), time.monotonic() + wait_s
+    while alive and time.monotonic() < deadline:
+        table = _proc_table()
+        alive = {p for p in alive if _live(p, table)}
+        if alive:
+            time.sleep(0.01)
+    return len(found)
+
+
+def _signal(pid: int, sig: int) -> None:
+    try:
+        os.kill(pid, sig)
     except (ProcessLookupError, PermissionError):
         pass
 

@@ -1,0 +1,72 @@
+"""tools.sandbox: a child that times out or finishes takes everything it started with it. Real processes."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tools.sandbox import ProcStatus, run_isolated
+
+pytestmark = pytest.mark.skipif(not Path("/proc/self").exists(), reason="needs /proc")
+
+SLEEPER = "import sys, time; time.sleep(600)"
+
+
+def _alive(tag: str) -> list[str]:
+    """Live processes whose command line carries tag (the test's own marker argument)."""
+    out = []
+    for d in os.listdir("/proc"):
+        try:
+            cmd = Path(f"/proc/{d}/cmdline").read_bytes().split(b"\0")
+        except (OSError, ValueError):
+            continue
+        if tag.encode() in cmd:
+            out.append(d)
+    return out
+
+
+def _sleeper(tag: str, pre: str = "") -> str:
+    """A shell word that starts a python sleeping 10 minutes with `tag` in its argv, after `pre`."""
+    return f"{sys.executable} -c '{pre}{SLEEPER}' {tag}"
+
+
+@pytest.mark.parametrize("how", ["own_group", "own_session_parent_alive", "plain_background"])
+def test_a_timeout_kills_every_descendant(how):
+    """ninja puts each compiler in a process group of its own; a kernel may start helpers that leave the
+    group or the session. Whichever way, past the timeout nothing the child started is alive."""
+    tag = f"sandbox-{how}-{os.getpid()}"
+    start = {"own_group": _sleeper(tag, "import os; os.setpgid(0, 0); "),
+             "own_session_parent_alive": _sleeper(tag, "import os; os.setsid(); "),
+             "plain_background": _sleeper(tag)}[how]
+    t0 = time.monotonic()
+    r = run_isolated(["sh", "-c", f"{start} & sleep 600"], 1.5)
+    assert r.status == ProcStatus.timeout
+    assert time.monotonic() - t0 < 10, "the kill and the wait for it are bounded"
+    assert _alive(tag) == []
+
+
+def test_a_finished_child_leaves_nothing_running():
+    """The child exits at once; what it started in the background (output detached, so the caller is not
+    held) ends with it."""
+    tag = f"sandbox-finished-{os.getpid()}"
+    r = run_isolated(["sh", "-c", f"{_sleeper(tag, 'import os; os.setpgid(0, 0); ')} >/dev/null 2>&1 & echo done"], 30)
+    assert r.status == ProcStatus.ok and r.stdout == "done\n"
+    assert _alive(tag) == []
+
+
+def test_a_grandchild_holding_the_pipes_cannot_hold_the_caller_past_the_timeout():
+    """A descendant that escapes the kill (new session, its parent already gone) keeps stdout open; the
+    caller still returns, within the timeout plus the bounded drain."""
+    tag = f"sandbox-pipes-{os.getpid()}"
+    escape = f"{sys.executable} -c 'import os, time; os.fork() == 0 and (os.setsid(), time.sleep(600))' {tag}"
+    t0 = time.monotonic()
+    r = run_isolated(["sh", "-c", f"{escape}; sleep 600"], 1.5)
+    try:
+        assert r.status == ProcStatus.timeout and time.monotonic() - t0 < 20
+    finally:
+        for pid in _alive(tag):   # the escaped one is Trust 1's (the supervisor); do not leave it here
+            os.kill(int(pid), 9)
