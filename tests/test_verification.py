@@ -21,16 +21,22 @@ from tests.userrepo import agent, git, make_user_repo, snapshot
 from tools.roofline import floor_ms
 
 BUILD_TIMEOUT_S = 10     # the compile-timeout fault needs minutes; an honest build takes about a second
-PARITY_TIMEOUT_S = 25    # the infinite loop is killed here; an honest parity takes a few seconds
+# The infinite loop is killed at the evaluate child's budget, parity's plus the bench's (one child runs
+# both). An honest parity takes a few seconds and an honest bench of this task under 10 s on 2 busy
+# cores; the task's defaults (180 s + 300 s) would make the hang cost eight minutes to show the same.
+PARITY_TIMEOUT_S = 15
+BENCH_TIMEOUT_S = 30
 
 
 def verification_repo(root: Path) -> Path:
     """The user repo of tests/userrepo.py, with the 256^3 main shape (its roofline floor is far above a
-    no-op call) and short build/parity timeouts (the compile-timeout and infinite-loop faults)."""
+    no-op call) and short build/parity/bench timeouts (the compile-timeout and infinite-loop faults)."""
     make_user_repo(root)
     toml = root / "kernels" / "matmul_cpu" / "task.toml"
     text = toml.read_text().replace("main_shape = 1", "main_shape = 2")
     text = text.replace("hidden_shapes = 1", f"hidden_shapes = 1\ntimeout_s = {PARITY_TIMEOUT_S}")
+    assert "[bench]" in text and "\ntimeout_s" not in text.split("[bench]")[1], "the bench budget is set here"
+    text = text.replace("[bench]\n", f"[bench]\ntimeout_s = {BENCH_TIMEOUT_S}\n")
     text += f"\n[build]\ntimeout_s = {BUILD_TIMEOUT_S}\n"
     toml.write_text(text)
     git(root, "commit", "-qam", "user: test settings")
