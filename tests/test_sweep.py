@@ -47,7 +47,7 @@ def _by_knobs(res: SweepResult) -> dict[tuple, SweepPoint]:
     return {tuple(p.knobs.values()): p for p in res.points}
 
 
-@pytest.mark.slow
+# not slow: the fast tier's one pass through agent/sweep.py, tools/batch.py and the batch child
 def test_sample_is_measured_and_the_best_verified(tmp_path):
     task = load_task(_task(tmp_path))
     out = tmp_path / "sweep"
