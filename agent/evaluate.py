@@ -11,6 +11,7 @@ import shutil
 import time
 from pathlib import Path
 
+from agent.attempt import Attempt
 from agent.runlog import Outcome, StageTimes
 from tools.results import (BenchResult, BenchStatus, BuildResult, BuildStatus, DeviceLimits, LaunchResult,
                            LaunchStatus, ParityResult, ParityStatus)
@@ -144,16 +145,16 @@ class Evaluator:
         return prestart_candidate(self.task)
 
     def check_candidate(self, build: BuildResult, lib: Path, baseline: Path | None, parent: LaunchResult | None,
-                        times: StageTimes, rec: dict | None = None, warm=None) -> BenchResult:
+                        times: StageTimes, into: Attempt | None = None, warm=None) -> BenchResult:
         """The loop's candidate check in one child: the static launch check (CUDA, where device limits
-        are known), parity, then the main-shape bench against `baseline`. Each result goes into `rec`
-        as soon as it exists; a failure ends like launch(), parity() or bench() would. The child's
-        start-up, where it is not hidden by a prestart(), is charged to parity."""
+        are known), parity, then the main-shape bench against `baseline`. Each result goes into the
+        attempt `into` as soon as it exists; a failure ends like launch(), parity() or bench() would.
+        The child's start-up, where it is not hidden by a prestart(), is charged to parity."""
         from tools.bench import run_candidate
-        rec = {} if rec is None else rec
+        into = Attempt(iteration=0, run_id="", started="", parent_sha="") if into is None else into
         ctx = self.launch_context(build, parent)
         if ctx is None:
-            rec["launch"] = self.launch(build, parent, times)    # not applicable: nothing to run
+            into.launch = self.launch(build, parent, times)    # not applicable: nothing to run
         t0 = time.monotonic()
         launch, par, bench = run_candidate(self.task, lib, baseline, launch_context=ctx, warm=warm)
         total = time.monotonic() - t0
@@ -163,16 +164,16 @@ class Evaluator:
         times.bench += min(b_secs, max(total - l_secs, 0.0))
         times.parity += max(total - l_secs - b_secs, 0.0)
         if launch is not None:
-            rec["launch"] = launch
+            into.launch = launch
             _launch_ok(launch)
         if par is None:
             raise ParityFailed("parity: the evaluate child returned no parity result")
-        rec["parity"] = par
+        into.parity = par
         if par.status != ParityStatus.ok:
             raise ParityFailed(f"parity {par.status.value}: {par.message}", par)
         if not bench:
             raise BenchFailed("bench: the child returned no result after parity passed", bench)
-        rec["bench"] = bench[0]
+        into.bench = bench[0]
         bad = next((r for r in bench if r.status != BenchStatus.ok), None)
         if bad is not None:
             raise BenchFailed(f"bench {bad.status.value}: {bad.message}", bench)

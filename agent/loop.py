@@ -19,6 +19,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from agent import gitops
+from agent.attempt import Attempt, KeepRule, decide
 from agent.evaluate import (EditOutsideEditable, Evaluator, Implausible, IterationEnded, NoChange, NotFaster,
                             PatchDidNotApply, ProposalFailedErr, snapshot_lib)
 from agent.proposal import Proposal
@@ -27,7 +28,7 @@ from agent.proposers.base import (BudgetExhausted, Context, HistoryItem, Proposa
 from agent.runlog import (Decision, IterationRecord, LogError, Outcome, RunConfig, RunState, StageTimes, Usage,
                           append_iteration, read_config, read_iterations, read_state, write_json_atomic)
 from agent.view import View
-from tools.results import BenchResult, LaunchResult, ParityResult
+from tools.results import LaunchResult, ParityResult
 from tools.task import Task, TaskError, load_task, shape_label
 
 PATCH_REPAIRS = 2            # a patch that does not apply goes back to the proposer at most this often
@@ -233,51 +234,45 @@ class Loop:
 
     # --- one iteration ----------------------------------------------------------------------
     def iteration(self, i: int) -> IterationRecord:
-        started, times, usage = now(), StageTimes(), Usage()
         d = self._iter_dir(i)
-        parent = self.state.best_sha
-        rec = dict(run_id=self.cfg.run_id, iteration=i, started=started, parent_sha=parent)
+        a = Attempt(iteration=i, run_id=self.cfg.run_id, started=now(), parent_sha=self.state.best_sha or "")
         self._iter_t0 = time.monotonic()
-        proposal: Proposal | None = None
-        commit_sha: str | None = None
         try:
-            proposal, patch_msg = self._propose_and_patch(i, d, times, usage, rec)
-            rec.update(patch_message=patch_msg)
+            proposal, a.patch_message = self._propose_and_patch(i, d, a)
             self._stage(i, "commit", proposal.summary())
             t0 = time.monotonic()
             diff = self.git.diff(self._rel(self.task.spec.editable))
             if not diff.strip():
                 raise NoChange("the proposal changes nothing in the editable files")
-            commit_sha = self.git.commit(self._rel(self.task.spec.editable),
-                                         gitops.commit_message(f"agent: iteration {i} (under evaluation)",
-                                                               [proposal.hypothesis],
-                                                               {"Agent-Run": self.cfg.run_id, "Agent-Iteration": str(i)}))
-            times.git += time.monotonic() - t0
-            rec.update(patch=diff, commit_sha=commit_sha)
+            a.commit_sha = self.git.commit(self._rel(self.task.spec.editable),
+                                           gitops.commit_message(f"agent: iteration {i} (under evaluation)",
+                                                                 [proposal.hypothesis],
+                                                                 {"Agent-Run": self.cfg.run_id, "Agent-Iteration": str(i)}))
+            a.times.git += time.monotonic() - t0
+            a.patch = diff
             (d / "patch.diff").write_text(diff)
             self.task = self._load_task()
             self.evaluator.task = self.task
-            result = self._evaluate(i, d, times, rec)
+            self._evaluate(i, d, a)
             # Ctrl-C during a keep is deferred until the kept record is written (verification suite:
             # an interrupt between the state update and the record left state.best_sha on a commit that
             # no record calls kept); SIGKILL there is repaired by prepare_resume
             self._stage(i, "keep")
             with _DeferSigint() as sig:
-                kept = self._keep(i, d, proposal, result, rec, times, usage)
+                kept = self._keep(i, d, proposal, a)
             self._interrupt_after_keep = sig.hit
             return kept
         except IterationEnded as e:
-            return self._reject(i, d, e, commit_sha, rec, times, usage)
+            return self._reject(i, d, e, a)
         except KeyboardInterrupt:
-            rec_i = self._reject(i, d, _Interrupted("interrupted by the user; candidate reverted"), commit_sha,
-                                 rec, times, usage, decision=Decision.interrupted)
+            rec_i = self._reject(i, d, _Interrupted("interrupted by the user; candidate reverted"), a,
+                                 decision=Decision.interrupted)
             self.records.append(rec_i)
             self.state.iterations_done = i
             write_json_atomic(self.run_dir / "state.json", self.state)
             raise
 
-    def _propose_and_patch(self, i: int, d: Path, times: StageTimes, usage: Usage,
-                           rec: dict) -> tuple[Proposal, str]:
+    def _propose_and_patch(self, i: int, d: Path, a: Attempt) -> tuple[Proposal, str]:
         from agent.patch import PatchStatus, apply_edits
         feedback, kind = self._last_failure()
         for attempt in range(PATCH_REPAIRS + 1):
@@ -287,23 +282,23 @@ class Loop:
             try:
                 proposal, u = self.proposer.propose(ctx)
             except (ProposalFailed, BudgetExhausted) as e:
-                _add_usage_into(usage, getattr(e, "usage", None) or Usage())
+                _add_usage_into(a.usage, getattr(e, "usage", None) or Usage())
                 if isinstance(e, BudgetExhausted) or getattr(e, "ends_run", False):
                     raise _StopRun(str(e)) from None
                 raise ProposalFailedErr(f"proposer: {e}") from None
             except ProposerExhausted as e:
                 raise _StopRun(str(e)) from None
             finally:
-                times.propose += time.monotonic() - t0
-            _add_usage_into(usage, u)
+                a.times.propose += time.monotonic() - t0
+            _add_usage_into(a.usage, u)
             proposal.proposer = proposal.proposer or self.proposer.name
             # in the record at once: an interrupt or a refused patch still says what was proposed
             # (and a resumed replay counts it as consumed)
-            rec["proposal"] = proposal
+            a.proposal = proposal
             (d / f"proposal-{attempt}.json" if attempt else d / "proposal.json").write_text(proposal.model_dump_json(indent=2))
             t0 = time.monotonic()
             res = apply_edits(proposal.edits, self._task_dir(), self.task.spec.editable)
-            times.patch += time.monotonic() - t0
+            a.times.patch += time.monotonic() - t0
             broken = _task_error(self._task_dir()) if res.ok else None
             if res.ok and broken is None:
                 return proposal, res.message
@@ -345,78 +340,58 @@ class Loop:
                        knobs=self.task.read_knobs(), measured_knobs=[self.state.initial_knobs],
                        feedback=feedback, feedback_kind=kind, iter_dir=str(d))
 
-    def _evaluate(self, i: int, d: Path, times: StageTimes, rec: dict) -> BenchResult:
+    def _evaluate(self, i: int, d: Path, a: Attempt) -> None:
+        """Build, then launch check + parity + bench in one child, then what decide() asks for."""
         self._stage(i, "build")
         warm = self.evaluator.prestart()   # the evaluate child starts up while nvcc runs
         try:
-            b = self.evaluator.build(times)
-            rec["build"] = b
-            (d / "build.log").write_text(b.log)
-            lib = snapshot_lib(b.lib_path, d / self._lib_name())
+            a.build = self.evaluator.build(a.times)
+            (d / "build.log").write_text(a.build.log)
+            lib = snapshot_lib(a.build.lib_path, d / self._lib_name())
             # the static launch check, parity and the bench, in one child (a failed launch check runs nothing)
             self._stage(i, "check+bench")
-            bench = self.evaluator.check_candidate(b, lib, self.best_lib, self.best_launch, times, rec, warm=warm)
+            self.evaluator.check_candidate(a.build, lib, self.best_lib, self.best_launch, a.times, a, warm=warm)
         finally:
             if warm is not None:
                 warm.close()
-            for key, name in (("parity", "parity.json"), ("bench", "bench.json")):
-                if rec.get(key) is not None:
-                    _dump(d / name, rec[key])
-        ci = bench.speedup_vs_baseline
-        if ci is None:
-            raise NotFaster("bench returned no candidate-vs-best ratio")
-        if not (ci.low > 1.0 and ci.median >= 1.0 + self.cfg.min_gain):
-            raise NotFaster(f"speedup {ci.median:.3f}x [{ci.low:.3f}, {ci.high:.3f}] over the best: "
-                            + ("within noise" if not ci.excludes_one() else
-                               "slower" if ci.high < 1 else f"below the {self.cfg.min_gain:.0%} minimum gain"))
-        self._stage(i, "confirm")
-        self._confirm(lib, ci, times, rec, implausible=ci.median > IMPLAUSIBLE_RATIO)
+            for res, name in ((a.parity, "parity.json"), (a.bench, "bench.json")):
+                if res is not None:
+                    _dump(d / name, res)
+        rule = KeepRule(min_gain=self.cfg.min_gain, implausible=IMPLAUSIBLE_RATIO)
+        v = decide(a, rule)
+        if v.action == "confirm":
+            self._stage(i, "confirm")
+            self._confirm(lib, a, reparity=v.reparity)
+            v = decide(a, rule)
+        if v.action == "reject":
+            raise (Implausible if v.outcome == Outcome.implausible else NotFaster)(v.reason, a.confirm)
         # about to be kept: the real launch geometry (profiler trace) must match the plan and the limits
         self._stage(i, "launch")
-        rec["launch"] = self.evaluator.verify_launch(lib, rec["launch"], times)
-        return bench
+        a.launch = self.evaluator.verify_launch(lib, a.launch, a.times)
 
-    def _confirm(self, lib: Path, ci, times: StageTimes, rec: dict, implausible: bool) -> None:
-        """A gain is kept only if a second, independent interleaved bench (a fresh process) shows it
-        again: the interval above 1 and the two measurements together above the minimum gain.
-
-        One bench of a few rounds passes a no-op now and then (CI: with 6 rounds a candidate that
-        changes nothing has a 1-in-64 chance of winning every round, and a run tries 20); two
-        independent ones square that chance. A speedup far above the parent (implausible) is also
-        checked for parity again on fresh seeds first, and must come back within 2x of itself."""
+    def _confirm(self, lib: Path, a: Attempt, reparity: bool) -> None:
+        """The second, independent interleaved bench (a fresh process) that a gain must survive, after
+        a parity on fresh seeds where the gain is implausible; fills a.confirm or a.confirm_error."""
         try:
-            if implausible:
-                self.evaluator.parity(lib, times, seed=int(time.time()) % 100000 + 7)
-            again = self.evaluator.bench(lib, self.best_lib, times)[0]
+            if reparity:
+                self.evaluator.parity(lib, a.times, seed=int(time.time()) % 100000 + 7)
+            a.confirm = self.evaluator.bench(lib, self.best_lib, a.times)[0]
         except IterationEnded as e:
             if isinstance(e.result, list) and e.result:
-                rec["confirm"] = e.result[0]
-            if implausible:
-                raise Implausible(f"a {ci.median:.1f}x speedup did not survive re-verification: {e.reason}") from None
-            raise NotFaster(f"the {ci.median:.3f}x gain was not confirmed: {e.reason}", e.result) from None
-        rec["confirm"] = again
-        _dump(self._iter_dir(rec["iteration"]) / "confirm-bench.json", again)
-        a = again.speedup_vs_baseline
-        got = f"{a.median:.3f}x [{a.low:.3f}, {a.high:.3f}]" if a else "no ratio"
-        # the same gain again: medians within 2x of each other, or intervals that overlap (a 5-10x gain
-        # on a loaded CPU can measure 10.9x and then 5.0x [2.8, 10.0]); a kernel fast only the first time
-        # it is timed does neither
-        same = a is not None and (0.5 <= a.median / ci.median <= 2.0 or (a.low <= ci.high and ci.low <= a.high))
-        if implausible and (a is None or a.low <= 1.0 or not same):
-            raise Implausible(f"a {ci.median:.1f}x speedup was not reproduced on re-verification ({got})")
-        if a is None or a.low <= 1.0 or math.sqrt(a.median * ci.median) < 1.0 + self.cfg.min_gain:
-            raise NotFaster(f"a {ci.median:.3f}x [{ci.low:.3f}, {ci.high:.3f}] gain was not confirmed by a second "
-                            f"interleaved bench ({got})")
+                a.confirm = e.result[0]
+            a.confirm_error = e.reason
+            return
+        _dump(self._iter_dir(a.iteration) / "confirm-bench.json", a.confirm)
 
-    def _keep(self, i: int, d: Path, proposal: Proposal, bench: BenchResult, rec: dict, times: StageTimes,
-              usage: Usage) -> IterationRecord:
+    def _keep(self, i: int, d: Path, proposal: Proposal, a: Attempt) -> IterationRecord:
+        bench = a.bench
         ci = bench.speedup_vs_baseline
         cand = bench.timing("candidate")
         self.state.best_ms = cand.median_ms
         vs_init, vs_ref = self.speedup_vs("initial"), self.speedup_vs("reference")
-        parity: ParityResult = rec["parity"]
+        parity: ParityResult = a.parity
         max_err = max((c.max_abs_err or 0.0) for c in parity.checks) if parity.checks else 0.0
-        again = rec["confirm"].speedup_vs_baseline if rec.get("confirm") is not None else None
+        again = a.confirm.speedup_vs_baseline if a.confirm is not None else None
         body = [proposal.hypothesis, "",
                 f"Measured on {shape_label(bench.shape)}: {cand.median_ms * 1e3:.2f} us median "
                 f"(p10 {cand.p10_ms * 1e3:.2f}, p90 {cand.p90_ms * 1e3:.2f}); "
@@ -432,53 +407,53 @@ class Loop:
             f"agent: {proposal.summary()}", body,
             {"Agent-Run": self.cfg.run_id, "Agent-Iteration": str(i),
              "Speedup": f"{ci.median:.3f}x (95% CI {ci.low:.3f}-{ci.high:.3f})"}))
-        times.git += time.monotonic() - t0
+        a.times.git += time.monotonic() - t0
         snapshot_lib(d / self._lib_name(), self.best_lib)
         self.state.best_sha, self.state.best_iteration = sha, i
-        self.best_launch = rec.get("launch")
+        self.best_launch = a.launch
         self._stage(i, "profile")
         t0 = time.monotonic()
         self._profile_best(d)
-        times.profile += time.monotonic() - t0
-        summary = _profile_summary(self.profile) if self.task.spec.device == "cuda" else None
-        rec.update(commit_sha=sha, profile_summary=summary)
-        return self._record(rec, Decision.kept, Outcome.kept, f"kept: {ci.median:.3f}x over the parent", times, usage,
+        a.times.profile += time.monotonic() - t0
+        a.profile_summary = _profile_summary(self.profile) if self.task.spec.device == "cuda" else None
+        a.commit_sha = sha
+        return self._record(a, Decision.kept, Outcome.kept, f"kept: {ci.median:.3f}x over the parent",
                             speedup_vs_best=ci.median)
 
-    def _reject(self, i: int, d: Path, e: IterationEnded, commit_sha: str | None, rec: dict, times: StageTimes,
-                usage: Usage, decision: Decision | None = None) -> IterationRecord:
+    def _reject(self, i: int, d: Path, e: IterationEnded, a: Attempt,
+                decision: Decision | None = None) -> IterationRecord:
         t0 = time.monotonic()
+        commit_sha = a.commit_sha
         if commit_sha is not None:
             rejected_sha = commit_sha
             try:
                 if self.git.head() == commit_sha:
                     rejected_sha = self.git.amend_message(gitops.commit_message(
-                        f"agent (rejected): {rec['proposal'].summary() if rec.get('proposal') else 'candidate'}",
-                        [rec["proposal"].hypothesis if rec.get("proposal") else "", "", f"Rejected: {e.reason}"],
+                        f"agent (rejected): {a.proposal.summary() if a.proposal else 'candidate'}",
+                        [a.proposal.hypothesis if a.proposal else "", "", f"Rejected: {e.reason}"],
                         {"Agent-Run": self.cfg.run_id, "Agent-Iteration": str(i)}))
             finally:
-                rec["rejected_ref"] = self.git.keep_ref("rejected", i, rejected_sha)
-                rec["commit_sha"] = rejected_sha
+                a.rejected_ref = self.git.keep_ref("rejected", i, rejected_sha)
+                a.commit_sha = rejected_sha
         self.git.reset_to(self.state.best_sha)
-        times.git += time.monotonic() - t0
+        a.times.git += time.monotonic() - t0
         self.task = self._load_task()
         self.evaluator.task = self.task
-        _keep_failed_result(d, e, rec)
+        _keep_failed_result(d, e, a)
         if decision is None:
             decision = Decision.reverted if commit_sha is not None else Decision.skipped
-        bench = rec.get("bench")
-        s = bench.speedup_vs_baseline.median if bench is not None and bench.speedup_vs_baseline else None
-        if isinstance(e, (ProposalFailedErr,)) and not rec.get("proposal"):
-            rec["proposal_error"] = e.reason
-        return self._record(rec, decision, e.outcome, e.reason, times, usage, speedup_vs_best=s)
+        s = a.bench.speedup_vs_baseline.median if a.bench is not None and a.bench.speedup_vs_baseline else None
+        if isinstance(e, ProposalFailedErr) and a.proposal is None:
+            a.proposal_error = e.reason
+        return self._record(a, decision, e.outcome, e.reason, speedup_vs_best=s)
 
-    def _record(self, rec: dict, decision: Decision, outcome: Outcome, reason: str, times: StageTimes,
-                usage: Usage, speedup_vs_best: float | None = None) -> IterationRecord:
-        r = IterationRecord(**rec, finished=now(), decision=decision, outcome=outcome, reason=reason,
+    def _record(self, a: Attempt, decision: Decision, outcome: Outcome, reason: str,
+                speedup_vs_best: float | None = None) -> IterationRecord:
+        r = IterationRecord(**{k: getattr(a, k) for k in _RECORDED}, finished=now(), decision=decision,
+                            outcome=outcome, reason=reason,
                             wall_s=time.monotonic() - self._iter_t0 if self._iter_t0 is not None else None,
                             speedup_vs_best=speedup_vs_best, speedup_vs_initial=self.speedup_vs("initial"),
-                            speedup_vs_reference=self.speedup_vs("reference"), best_ms=self.state.best_ms,
-                            times=times, usage=usage)
+                            speedup_vs_reference=self.speedup_vs("reference"), best_ms=self.state.best_ms)
         append_iteration(self.run_dir, r)
         return r
 
@@ -556,16 +531,22 @@ _FAILED_STAGE = {Outcome.compile_failed: ("build", None), Outcome.launch_rejecte
                  Outcome.parity_failed: ("parity", "parity.json"), Outcome.bench_failed: ("bench", "bench.json")}
 
 
-def _keep_failed_result(d: Path, e: IterationEnded, rec: dict) -> None:
+def _keep_failed_result(d: Path, e: IterationEnded, a: Attempt) -> None:
     field, artifact = _FAILED_STAGE.get(e.outcome, (None, None))
     res = e.result[0] if isinstance(e.result, list) and e.result else e.result
-    if field is None or res is None or rec.get(field) is not None:
+    if field is None or res is None or getattr(a, field) is not None:
         return
-    rec[field] = res
+    setattr(a, field, res)
     if artifact:
         _dump(d / artifact, res)
     elif field == "build" and getattr(res, "log", None) is not None:
         (d / "build.log").write_text(res.log)
+
+
+# the Attempt's fields that the iteration record carries as they are (the rest the loop adds)
+_RECORDED = ("run_id", "iteration", "started", "proposal", "proposal_error", "patch", "patch_message", "parent_sha",
+             "commit_sha", "rejected_ref", "build", "launch", "parity", "bench", "confirm", "profile_summary",
+             "times", "usage")
 
 
 def _task_error(task_dir: Path) -> str | None:

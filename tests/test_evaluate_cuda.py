@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from agent.attempt import Attempt
 from agent.evaluate import Evaluator, LaunchRejected
 from agent.runlog import StageTimes, read_iterations, read_state
 from tests.userrepo import REPO, agent, git
@@ -33,12 +34,12 @@ def test_static_launch_check_through_the_evaluator(tmp_path):
     with pytest.raises(LaunchRejected, match="collapse|CTA"):
         ev.launch(b, parent, times)
     # the loop's path: the same check inside the one evaluate child, before anything runs
-    rec: dict = {}
+    att = Attempt(iteration=1, run_id="r", started="t", parent_sha="p")
     t2 = StageTimes()
     with pytest.raises(LaunchRejected, match="collapse|CTA"):
-        ev.check_candidate(b, Path(b.lib_path), None, parent, t2, rec)
-    assert rec["launch"].status == LaunchStatus.rejected and rec["launch"].main_ctas == 2048
-    assert "parity" not in rec and t2.launch > 0
+        ev.check_candidate(b, Path(b.lib_path), None, parent, t2, att)
+    assert att.launch.status == LaunchStatus.rejected and att.launch.main_ctas == 2048
+    assert att.parity is None and t2.launch > 0
 
 
 def _cuda() -> bool:

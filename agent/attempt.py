@@ -1,0 +1,109 @@
+"""One iteration's candidate as typed data (`Attempt`), and the keep rule as one pure function (`decide`).
+
+Each stage fills its own field of the Attempt with its typed result. `decide` reads only the Attempt
+and the rule, runs nothing and touches nothing, and answers one of three things: keep it, reject it
+(with the outcome and the reason the proposer will see), or confirm it first (a second, independent
+interleaved bench, and for an implausible gain a parity on fresh seeds). The loop runs what `decide`
+asks for, fills the Attempt again and asks again.
+
+Why two benches: one bench of a few rounds passes a no-op now and then (with 6 rounds a candidate that
+changes nothing wins every round with probability 1/64, and a run tries 20); two independent ones
+square that chance. Why the implausible rule: a kernel fast only the first time it is timed (a cache
+keyed on its inputs, a timing-loop detector) shows a gain the second bench does not reproduce.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+from agent.proposal import Proposal
+from agent.runlog import Outcome, StageTimes, Usage
+from tools.results import BenchResult, BuildResult, LaunchResult, ParityResult, SpeedupCI
+
+
+class KeepRule(BaseModel):
+    """What a gain must be to be kept."""
+    min_gain: float = Field(default=0.02, ge=0)   # the median over the parent at least 1 + min_gain
+    implausible: float = Field(default=10.0, gt=1)   # a gain above this must reproduce within 2x
+
+
+class Attempt(BaseModel):
+    """Everything one iteration learned about its candidate, stage by stage (None: not reached)."""
+    iteration: int
+    run_id: str
+    started: str
+    parent_sha: str
+    proposal: Proposal | None = None
+    proposal_error: str | None = None
+    patch: str = ""
+    patch_message: str = ""
+    commit_sha: str | None = None
+    rejected_ref: str | None = None
+    build: BuildResult | None = None
+    launch: LaunchResult | None = None
+    parity: ParityResult | None = None
+    bench: BenchResult | None = None          # the candidate against the best, interleaved
+    confirm: BenchResult | None = None        # the second, independent bench in a fresh process
+    confirm_error: str | None = None          # the confirmation (or the fresh-seed parity) failed: why
+    profile_summary: dict | None = None
+    times: StageTimes = Field(default_factory=StageTimes)
+    usage: Usage = Field(default_factory=Usage)
+
+
+class Verdict(BaseModel):
+    """decide()'s answer. `confirm`: run the confirmation (with `reparity`, parity on fresh seeds first)
+    and decide again. The record's own fate (kept, reverted, ...) is runlog.Decision."""
+    action: Literal["keep", "reject", "confirm"]
+    outcome: Outcome
+    reason: str
+    speedup: float | None = None   # the median over the parent, from the first bench
+    reparity: bool = False
+
+
+def ratio(bench: BenchResult | None) -> SpeedupCI | None:
+    return bench.speedup_vs_baseline if bench is not None else None
+
+
+def _ci(s: SpeedupCI) -> str:
+    return f"{s.median:.3f}x [{s.low:.3f}, {s.high:.3f}]"
+
+
+def decide(a: Attempt, rule: KeepRule) -> Verdict:
+    """The keep rule: the first bench's interval above 1 with at least the minimum gain; then an
+    independent second bench that shows it again (both together above the minimum gain); and a gain
+    above `rule.implausible` must also reproduce within 2x (or with overlapping intervals)."""
+    ci = ratio(a.bench)
+    if ci is None:
+        return Verdict(action="reject", outcome=Outcome.not_faster, reason="bench returned no candidate-vs-best ratio")
+    if not (ci.low > 1.0 and ci.median >= 1.0 + rule.min_gain):
+        why = ("within noise" if not ci.excludes_one() else "slower" if ci.high < 1 else
+               f"below the {rule.min_gain:.0%} minimum gain")
+        return Verdict(action="reject", outcome=Outcome.not_faster, speedup=ci.median,
+                       reason=f"speedup {_ci(ci)} over the best: {why}")
+    implausible = ci.median > rule.implausible
+    if a.confirm is None and a.confirm_error is None:
+        return Verdict(action="confirm", outcome=Outcome.kept, speedup=ci.median, reparity=implausible,
+                       reason=f"{ci.median:.3f}x over the parent: confirm it with a second bench")
+    if a.confirm_error is not None:
+        if implausible:
+            return Verdict(action="reject", outcome=Outcome.implausible, speedup=ci.median,
+                           reason=f"a {ci.median:.1f}x speedup did not survive re-verification: {a.confirm_error}")
+        return Verdict(action="reject", outcome=Outcome.not_faster, speedup=ci.median,
+                       reason=f"the {ci.median:.3f}x gain was not confirmed: {a.confirm_error}")
+    again = ratio(a.confirm)
+    got = _ci(again) if again is not None else "no ratio"
+    # the same gain again: medians within 2x of each other, or intervals that overlap (a 5-10x gain on
+    # a loaded CPU can measure 10.9x and then 5.0x [2.8, 10.0])
+    same = again is not None and (0.5 <= again.median / ci.median <= 2.0
+                                  or (again.low <= ci.high and ci.low <= again.high))
+    if implausible and (again is None or again.low <= 1.0 or not same):
+        return Verdict(action="reject", outcome=Outcome.implausible, speedup=ci.median,
+                       reason=f"a {ci.median:.1f}x speedup was not reproduced on re-verification ({got})")
+    if again is None or again.low <= 1.0 or math.sqrt(again.median * ci.median) < 1.0 + rule.min_gain:
+        return Verdict(action="reject", outcome=Outcome.not_faster, speedup=ci.median,
+                       reason=f"a {_ci(ci)} gain was not confirmed by a second interleaved bench ({got})")
+    return Verdict(action="keep", outcome=Outcome.kept, speedup=ci.median,
+                   reason=f"kept: {ci.median:.3f}x over the parent")
