@@ -127,7 +127,7 @@ class Evaluator:
 
     def launch_context(self, build: BuildResult, parent: LaunchResult | None) -> dict | None:
         """What a child needs to run the static launch check on the plan of the library it loaded
-        (tools.runner._static_launch): the device limits, ptxas' resources, the parent's launch.
+        (tools.runner.static_launch): the device limits, ptxas' resources, the parent's launch.
         None for a CPU task or where no limits are known."""
         if self.task.spec.device == "cpu" or self.limits is None:
             return None

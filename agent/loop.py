@@ -28,6 +28,8 @@ from agent.proposers.base import (BudgetExhausted, Context, HistoryItem, Proposa
 from agent.runlog import (Decision, IterationRecord, LogError, Outcome, RunConfig, RunState, StageTimes, Usage,
                           append_iteration, read_config, read_iterations, read_state, write_json_atomic)
 from agent.view import View
+from tools.device import task_limits
+from tools.profile.compact import profile_summary
 from tools.results import LaunchResult, ParityResult
 from tools.task import Task, TaskError, load_task, shape_label
 
@@ -58,7 +60,7 @@ class Loop:
         self.records: list[IterationRecord] = read_iterations(run_dir)
         self.profile = None
         self.best_launch: LaunchResult | None = None
-        self.limits = _device_limits(self.task)
+        self.limits = task_limits(self.task)
         self.evaluator = Evaluator(self.task, run_dir / "build", self.limits)
         self.t_start = time.monotonic()
         self._iter_t0: float | None = None     # the iteration under way started (monotonic)
@@ -415,7 +417,7 @@ class Loop:
         t0 = time.monotonic()
         self._profile_best(d)
         a.times.profile += time.monotonic() - t0
-        a.profile_summary = _profile_summary(self.profile) if self.task.spec.device == "cuda" else None
+        a.profile_summary = profile_summary(self.profile) if self.task.spec.device == "cuda" else None
         a.commit_sha = sha
         return self._record(a, Decision.kept, Outcome.kept, f"kept: {ci.median:.3f}x over the parent",
                             speedup_vs_best=ci.median)
@@ -556,23 +558,6 @@ def _task_error(task_dir: Path) -> str | None:
     except TaskError as e:
         return f"{e.field}: {e.message}"
     return None
-
-
-def _device_limits(task: Task):
-    if task.spec.device != "cuda":
-        return None
-    from tools.device import device_limits
-    return device_limits(task.spec.build.arch)
-
-
-def _profile_summary(rep) -> dict | None:
-    if rep is None or not rep.kernels:
-        return None
-    k = max(rep.kernels, key=lambda k: k.duration_us or 0)
-    return {"kernel": k.name, "ctas": k.ctas, "sol_compute_pct": k.sol_compute_pct,
-            "sol_memory_pct": k.sol_memory_pct, "dram_pct": k.dram_pct,
-            "occupancy_achieved_pct": k.occupancy_achieved_pct, "registers": k.registers_per_thread,
-            "bottleneck": k.bottleneck.value, "source": rep.source}
 
 
 def _dump(path: Path, model) -> None:

@@ -36,6 +36,7 @@ from pydantic import BaseModel
 from agent.evaluate import Evaluator, IterationEnded, snapshot_lib
 from agent.runlog import StageTimes
 from tools import batch as batch_eval
+from tools.device import task_limits
 from tools.results import BatchItemResult, BatchStatus, LaunchResult, LaunchStatus
 from tools.task import Task, knob_pattern, load_task, shape_label
 
@@ -121,7 +122,6 @@ def sweep(task: Task, out_dir: Path, limit: int | None = None, seed: int = 0, pr
 
     progress(n, total, point) is called once per configuration as its point is recorded; log(line)
     gets the build progress and the verification of the best."""
-    from agent.loop import _device_limits
     say = log or (lambda _: None)
     if screen is not None and screen < 1:
         raise ValueError("screen must keep at least 1 configuration")
@@ -132,7 +132,7 @@ def sweep(task: Task, out_dir: Path, limit: int | None = None, seed: int = 0, pr
     space = [c for c in space if c != initial]
     if limit is not None and limit < len(space):
         space = random.Random(seed).sample(space, limit)
-    limits = _device_limits(task)
+    limits = task_limits(task)
     res = SweepResult(task=task.name, shape=task.spec.main, started=datetime.now().isoformat(timespec="seconds"),
                       initial_knobs=initial, total=len(space), jobs=jobs, batch=batch, screen=screen)
     path = out_dir / "sweep.json"

@@ -9,7 +9,7 @@ the interleaved bench against the baseline on the main shape (`tools.bench.measu
 With --screen: only a short timing of each library alone on the main shape (the bench's own output
 spot checks included, no parity), to rank a huge space before the full checks of the fastest.
 With --contexts (a JSON list, one launch context or null per library): first the static launch
-check of the library's own plan (tools.runner._static_launch, as in the loop's evaluate child);
+check of the library's own plan (tools.runner.static_launch, as in the loop's evaluate child);
 a library it rejects runs nothing on the GPU.
 
 Output, as in tools/runner.py: fd 1 points at stderr before any generated code loads; one JSON
@@ -35,7 +35,7 @@ import sys
 import threading
 import time
 
-from tools.runner import _private_stdout, _static_launch, load_lib, parity_then_bench
+from tools.runner import load_lib, parity_then_bench, private_stdout, static_launch
 
 # failures after which the process is not trusted with the next library
 UNSAFE_PARITY = {"error", "crashed", "timeout", "out_of_bounds"}
@@ -88,7 +88,7 @@ def _launch(task, mod, lib, ctx: dict | None, t0: float) -> tuple[dict, dict | N
     this library, or None to go on)."""
     if ctx is None:
         return {}, None
-    launch = _static_launch(task, mod, lib, ctx)
+    launch = static_launch(task, mod, lib, ctx)
     if launch["status"] == "ok":
         return {"launch": launch}, None
     return {}, {"launch": launch, "status": "launch_rejected", "message": f"launch {launch['status']}: {launch['message']}",
@@ -159,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--contexts", help="JSON file: a list of launch contexts (or null), one per library")
     ap.add_argument("libs", nargs="+")
     a = ap.parse_args(argv)
-    out = _private_stdout()
+    out = private_stdout()
     rep = _Reporter(out, a.limit_s)
     try:
         from tools.task import load_task

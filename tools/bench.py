@@ -38,7 +38,7 @@ from typing import NamedTuple
 
 from tools.results import (BenchResult, BenchStatus, LaunchResult, LaunchStatus, ParityResult, ParityStatus,
                            SpeedupCI, TimingStats)
-from tools.sandbox import Prestarted, ProcStatus, last_json, prestart_python, run_python_json
+from tools.sandbox import STAGE_MARK, Prestarted, ProcStatus, last_json, prestart_python, run_python_json
 from tools.task import Task, load_task, shape_label
 
 FLUSH_BYTES = 256 * 1024 * 1024
@@ -134,8 +134,7 @@ def run_candidate(task: Task, lib_path: Path, baseline_lib: Path | None, *, seed
     task's files, else a child is started here; either way it is spent."""
     import secrets
 
-    from tools.parity import _child_status, child_failure
-    from tools.runner import STAGE_MARK
+    from tools.parity import child_failure, child_status
     seed = secrets.randbits(31) if seed is None else seed
     shapes = [dict(s) for s in (shapes or [task.spec.main])]
     job = {"lib": str(Path(lib_path).resolve()), "seed": seed, "shapes": shapes, "launch_context": launch_context,
@@ -171,7 +170,7 @@ def run_candidate(task: Task, lib_path: Path, baseline_lib: Path | None, *, seed
     if stage == "bench":
         return CandidateChecks(launch_ok, ParityResult(status=ParityStatus.ok, message=lost, seconds=dt),
                                _child_died(proc, data, shapes, dt))
-    return CandidateChecks(launch_ok, ParityResult(status=_child_status(proc.status), seconds=dt,
+    return CandidateChecks(launch_ok, ParityResult(status=child_status(proc.status), seconds=dt,
                                                    message=child_failure("parity", proc, data)), None)
 
 

@@ -11,7 +11,6 @@ statically: they load (and their launch plan can be asked) on a machine without 
 from __future__ import annotations
 
 import argparse
-import os
 import re
 import shlex
 import shutil
@@ -21,6 +20,7 @@ import time
 from pathlib import Path
 
 from tools.device import gpu_arch
+from tools.toolchain import cuda_home, find_cxx, find_ninja, find_nvcc, toolchain_hint
 from tools.results import BuildResult, BuildStatus, KernelResources
 from tools.sandbox import REPO_ROOT, ProcStatus, run_isolated
 from tools.task import Task, load_task
@@ -34,62 +34,6 @@ CXX_FLAGS = ["-O3", "-march=native", "-fPIC", "-std=c++17"]
 NVCC_FLAGS = ["-O3", "-lineinfo", "-std=c++17", "-Xcompiler", "-fPIC,-O1", "-Xptxas", "-v"]
 STATUS_MARK = "@@ninja "          # NINJA_STATUS prefix: one such line per edge that ran
 DEFAULT_ARCH = "sm_90"
-
-
-# --- toolchain --------------------------------------------------------------------------------
-def find_ninja() -> str | None:
-    found = shutil.which("ninja")
-    if found:
-        return found
-    try:  # the `ninja` PyPI package ships the binary
-        import ninja  # type: ignore[import-untyped]
-        cand = Path(ninja.BIN_DIR) / "ninja"
-        return str(cand) if cand.is_file() else None
-    except ImportError:
-        return None
-
-
-def find_cxx() -> str | None:
-    env = os.environ.get("CXX")
-    if env and shutil.which(env):
-        return shutil.which(env)
-    for name in ("c++", "g++", "clang++"):
-        if shutil.which(name):
-            return shutil.which(name)
-    return None
-
-
-def find_nvcc() -> str | None:
-    """nvcc on PATH, else under $CUDA_HOME / $CUDA_PATH. Resolves wrapper scripts to the real install."""
-    found = shutil.which("nvcc")
-    if not found:
-        for var in ("CUDA_HOME", "CUDA_PATH"):
-            base = os.environ.get(var)
-            if base and (Path(base) / "bin" / "nvcc").is_file():
-                found = str(Path(base) / "bin" / "nvcc")
-                break
-    return found
-
-
-def cuda_home(nvcc: str | None) -> Path | None:
-    """The CUDA install that nvcc belongs to (nvcc may be a wrapper script outside it)."""
-    cands = [os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH")]
-    if nvcc:
-        cands.append(str(Path(nvcc).resolve().parent.parent))
-    cands.append("/usr/local/cuda")
-    for c in cands:
-        if c and (Path(c) / "include" / "cuda_runtime.h").is_file():
-            return Path(c).resolve()
-    return None
-
-
-def toolchain_hint(tool: str) -> str:
-    return {
-        "ninja": "ninja not found: `pip install ninja` (or apt-get install ninja-build)",
-        "c++": "no C++ compiler (c++/g++/clang++) on PATH: apt-get install g++ (or set CXX)",
-        "nvcc": ("nvcc not found on PATH or under $CUDA_HOME: install the CUDA toolkit "
-                 "(https://developer.nvidia.com/cuda-downloads) and `export PATH=/usr/local/cuda/bin:$PATH`"),
-    }[tool]
 
 
 def resolve_arch(task: Task) -> str:

@@ -7,7 +7,6 @@ so the static launch check still runs in CI; on the GPU they are read with torch
 
 from __future__ import annotations
 
-import glob
 import os
 import re
 import shutil
@@ -20,6 +19,7 @@ from pathlib import Path
 from pydantic import BaseModel
 
 from tools.results import DeviceLimits
+from tools.toolchain import find_ncu, find_nvcc, ncu_python_dirs
 
 # opt-in shared memory per block (bytes), SMs, registers per SM: the usual part for each arch
 _TABLE: dict[str, dict] = {
@@ -64,6 +64,14 @@ def gpu_arch() -> str | None:
         major, minor = torch.cuda.get_device_capability(0)
         return f"sm_{major}{minor}"
     return None
+
+
+def task_limits(task) -> DeviceLimits | None:
+    """The limits a task's launches are checked against: the device's for a CUDA task (the GPU's own,
+    else the table's for the task's arch), None for a CPU task (no launch geometry)."""
+    if task.spec.device != "cuda":
+        return None
+    return device_limits(task.spec.build.arch)
 
 
 def table_limits(arch: str | None) -> DeviceLimits:
@@ -112,26 +120,12 @@ def _run(argv: list[str], timeout: float = 20) -> str | None:
 
 
 def nvcc_info() -> ToolInfo:
-    from tools.build import find_nvcc
     path = find_nvcc()
     if not path:
         return ToolInfo(found=False)
     out = _run([path, "--version"]) or ""
     m = re.search(r"release ([\d.]+), V([\d.]+)", out)
     return ToolInfo(found=True, path=path, version=m.group(2) if m else None)
-
-
-def find_ncu() -> str | None:
-    """$NCU, else ncu on PATH, else the usual install places. The doctor and the profiler both use this."""
-    found = os.environ.get("NCU") or shutil.which("ncu")
-    if found:
-        return found
-    cands = []
-    for base in filter(None, [os.environ.get("CUDA_HOME"), "/usr/local/cuda"]):
-        cands.append(str(Path(base) / "bin" / "ncu"))
-    cands += sorted(glob.glob("/opt/nvidia/nsight-compute/*/ncu"), reverse=True)
-    cands += sorted(glob.glob("/usr/local/cuda*/nsight-compute*/ncu"), reverse=True)
-    return next((c for c in cands if Path(c).is_file()), None)
 
 
 def ncu_info() -> ToolInfo:
@@ -149,7 +143,6 @@ def ncu_report_info(ncu_path: str | None) -> ToolInfo:
     out = _run([sys.executable, "-c", code])
     if out:
         return ToolInfo(found=True, path=out.strip().splitlines()[-1], detail="importable")
-    from tools.profile.reader import ncu_python_dirs   # the same search the profiler loads from
     for d in ncu_python_dirs(ncu_path):
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(d), os.environ.get("PYTHONPATH")]))}
         try:

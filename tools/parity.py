@@ -55,10 +55,10 @@ def run_parity(task: Task, lib_path: Path, *, timeout_s: float | None = None, hi
             return ParityResult(status=ParityStatus.error, message=f"parity child answered malformed JSON: {e}",
                                 seconds=dt)
         return res
-    return ParityResult(status=_child_status(proc.status), message=child_failure("parity", proc, data), seconds=dt)
+    return ParityResult(status=child_status(proc.status), message=child_failure("parity", proc, data), seconds=dt)
 
 
-def _child_status(st: ProcStatus) -> ParityStatus:
+def child_status(st: ProcStatus) -> ParityStatus:
     return {ProcStatus.timeout: ParityStatus.timeout, ProcStatus.crashed: ParityStatus.crashed}.get(
         st, ParityStatus.error)
 

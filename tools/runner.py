@@ -30,8 +30,10 @@ import os
 import sys
 from pathlib import Path
 
+from tools.sandbox import STAGE_MARK
 
-def _private_stdout():
+
+def private_stdout():
     sys.stdout.flush()
     fd = os.dup(1)
     os.dup2(2, 1)
@@ -46,7 +48,6 @@ def load_lib(path: str) -> ctypes.CDLL:
     return ctypes.CDLL(str(p.resolve()), mode=os.RTLD_LOCAL | os.RTLD_NOW)
 
 
-STAGE_MARK = "@@agent-stage "
 
 
 def _error_json(mode: str, msg: str, shapes: list[dict]) -> dict:
@@ -73,7 +74,7 @@ def parity_then_bench(task, mod, lib, base, *, seed: int, shapes: list[dict], hi
     return par, measure(task, mod, lib, baseline=base, shapes=shapes, with_reference=with_reference)
 
 
-def _static_launch(task, mod, lib, ctx: dict) -> dict:
+def static_launch(task, mod, lib, ctx: dict) -> dict:
     """tools.launch's static check on the plan of the library loaded here (no second child)."""
     import time
 
@@ -122,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
                          "(lib, baseline_lib, seed, shapes, launch_context) as one JSON line on stdin; "
                          "end quietly on end-of-file")
     a = ap.parse_args(argv)
-    out = _private_stdout()
+    out = private_stdout()
     shapes: list[dict] = []
     try:
         from tools.task import load_task
@@ -151,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
             launch = None
             if a.launch_context:
                 _mark("launch")
-                launch = _static_launch(task, mod, lib, json.loads(a.launch_context))
+                launch = static_launch(task, mod, lib, json.loads(a.launch_context))
                 if launch["status"] != "ok":
                     out.write(json.dumps({"launch": launch, "parity": None, "bench": None}) + "\n")
                     out.flush()

@@ -21,6 +21,9 @@ from pathlib import Path
 from pydantic import BaseModel
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
+# a child that runs stages in turn writes this and the stage's name on stderr as it enters each, so that
+# the parent can charge a crash or a timeout to the stage the child was in
+STAGE_MARK = "@@agent-stage "
 
 
 class ProcStatus(str, Enum):

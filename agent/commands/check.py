@@ -160,7 +160,7 @@ def _first_line(argv: list[str]) -> str:
 
 def doctor(probe: bool = True) -> DoctorReport:
     from tools import device
-    from tools.build import find_cxx, find_ninja, toolchain_hint
+    from tools.toolchain import find_cxx, find_ninja, toolchain_hint
 
     rows: list[DoctorRow] = []
     py_ok = sys.version_info >= (3, 11)

@@ -24,9 +24,9 @@ def initial_profile_summary(run: Run) -> dict | None:
     if not p.exists():
         return None
     try:
-        from agent.loop import _profile_summary
+        from tools.profile.compact import profile_summary
         from tools.profile.model import ProfileReport
-        return _profile_summary(ProfileReport.model_validate_json(p.read_text()))
+        return profile_summary(ProfileReport.model_validate_json(p.read_text()))
     except (ImportError, ValueError):
         return None
 

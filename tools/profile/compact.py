@@ -61,3 +61,14 @@ def compact(report: ProfileReport) -> str:
     for k in report.kernels:
         lines += _kernel(k)
     return "\n".join(lines)
+
+
+def profile_summary(rep: ProfileReport | None) -> dict | None:
+    """The few figures of the main (longest) kernel that an iteration record keeps for the review."""
+    if rep is None or not rep.kernels:
+        return None
+    k = max(rep.kernels, key=lambda k: k.duration_us or 0)
+    return {"kernel": k.name, "ctas": k.ctas, "sol_compute_pct": k.sol_compute_pct,
+            "sol_memory_pct": k.sol_memory_pct, "dram_pct": k.dram_pct,
+            "occupancy_achieved_pct": k.occupancy_achieved_pct, "registers": k.registers_per_thread,
+            "bottleneck": k.bottleneck.value, "source": rep.source}

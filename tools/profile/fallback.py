@@ -16,7 +16,7 @@ from pydantic import BaseModel
 from tools.profile.classify import HINTS, classify_bottleneck
 from tools.profile.model import KernelProfile, ProfileEnv, ProfileReport, ProfileStatus
 from tools.results import KernelResources
-from tools.sandbox import REPO_ROOT, run_isolated
+from tools.sandbox import REPO_ROOT, python_env, run_isolated
 from tools.task import Task
 
 
@@ -116,11 +116,11 @@ def report_from_trace(trace_path: str | Path, kernel_regex: str | None,
 def profile_fallback(task: Task, lib_path: str | Path, *, shape: int | None = None, timeout_s: float = 300,
                      resources: list[KernelResources] | None = None, out_dir: str | Path | None = None) -> ProfileReport:
     """Run the target once under the torch profiler (needs CUDA) and read its trace."""
-    from tools.profile.ncu import child_env, target_argv
+    from tools.profile.target import target_argv
     out = Path(out_dir) if out_dir else Path(tempfile.mkdtemp(prefix="agent-trace-"))
     out.mkdir(parents=True, exist_ok=True)
     trace = out / "trace.json"
-    proc = run_isolated(target_argv(task, lib_path, shape, 2, 1, trace=str(trace)), timeout_s, cwd=REPO_ROOT, env=child_env())
+    proc = run_isolated(target_argv(task, lib_path, shape, 2, 1, trace=str(trace)), timeout_s, cwd=REPO_ROOT, env=python_env())
     if proc.status.value != "ok" or not trace.is_file():
         status = ProfileStatus.timeout if proc.status.value == "timeout" else ProfileStatus.target_failed
         last = (proc.tail(1) or proc.reason()).strip()

@@ -17,20 +17,19 @@ profiled launch still comes after at least W matching launches: warm, never the 
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 from tools.profile.classify import HINTS, classify_failure, missing_metric
 from tools.profile.model import ProfileEnv, ProfileReport, ProfileStatus
-from tools.device import find_ncu
+from tools.toolchain import find_ncu
 from tools.profile.reader import read_report_isolated as read_report
-from tools.sandbox import REPO_ROOT, ProcResult, run_isolated
+from tools.profile.target import shape_index, target_argv
+from tools.sandbox import REPO_ROOT, ProcResult, python_env, run_isolated
 from tools.task import Task
 
 TIER_SECTIONS = {
@@ -67,28 +66,6 @@ def driver_version() -> str | None:
     return out[0].strip() if out else None
 
 
-def target_argv(task: Task, lib_path: str | Path, shape: int | dict | None, warmup: int, iters: int,
-                trace: str | None = None) -> list[str]:
-    argv = [sys.executable, "-m", "tools.profile.target", "--task", str(task.root), "--lib", str(Path(lib_path).resolve()),
-            "--warmup", str(warmup), "--iters", str(iters)]
-    if shape is not None:
-        argv += ["--shape-index", str(shape_index(task, shape))]
-    if trace:
-        argv += ["--trace", trace]
-    return argv
-
-
-def shape_index(task: Task, shape: int | dict) -> int:
-    if isinstance(shape, int):
-        if not 0 <= shape < len(task.spec.shapes):
-            raise ValueError(f"shape index {shape} is outside the task's {len(task.spec.shapes)} shapes")
-        return shape
-    try:
-        return task.spec.shapes.index(shape)
-    except ValueError:
-        raise ValueError(f"shape {shape} is not one of the task's shapes {task.spec.shapes}") from None
-
-
 def ncu_argv(ncu: str, tier: int, kernel_regex: str | None, launch_skip: int, launch_count: int, report_stem: Path,
              metrics: list[str]) -> list[str]:
     if tier not in TIER_SECTIONS:
@@ -102,11 +79,6 @@ def ncu_argv(ncu: str, tier: int, kernel_regex: str | None, launch_skip: int, la
     if metrics:
         argv += ["--metrics", ",".join(metrics)]
     return argv + ["-o", str(report_stem), "-f"]
-
-
-def child_env() -> dict[str, str]:
-    return {"PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")])),
-            "PYTHONUNBUFFERED": "1"}
 
 
 def _failure(status: ProfileStatus, message: str, task: Task, shape: dict, env: ProfileEnv) -> ProfileReport:
@@ -141,7 +113,7 @@ def profile_task(task: Task, lib_path: str | Path, *, tier: int = 1, shape: int 
     while True:
         rep.unlink(missing_ok=True)
         argv = ncu_argv(ncu, tier, spec.kernel_regex, warmup * launches_per_call, launches_per_call, stem, metrics) + target
-        proc = run_isolated(argv, max(1.0, t_end - time.monotonic()), cwd=REPO_ROOT, env=child_env())
+        proc = run_isolated(argv, max(1.0, t_end - time.monotonic()), cwd=REPO_ROOT, env=python_env())
         failure = classify_failure(proc, rep.is_file())
         gone = missing_metric(proc.stdout + proc.stderr) if failure else None
         if gone in metrics:          # this ncu/GPU lacks one of our extra metrics: drop it, try once more
@@ -161,7 +133,7 @@ def profile_task(task: Task, lib_path: str | Path, *, tier: int = 1, shape: int 
     env.replay_passes = int(m[-1]) if m else None
     env.gpu, env.sm_count = report.env.gpu, report.env.sm_count
     if measure_bare:
-        bare = run_isolated(target, timeout_s, cwd=REPO_ROOT, env=child_env())
+        bare = run_isolated(target, timeout_s, cwd=REPO_ROOT, env=python_env())
         env.bare_seconds = round(bare.seconds, 3) if bare.status.value == "ok" else None
     notes = [f"report: {rep}"] + ([f"dropped metrics this ncu/GPU lacks: {', '.join(dropped)}"] if dropped else [])
     return report.model_copy(update={"env": env, "task": task.name, "shape": shp,

@@ -14,35 +14,10 @@ from types import ModuleType
 
 from tools.profile.classify import HINTS, classify_bottleneck
 from tools.profile.model import KernelProfile, ProfileEnv, ProfileReport, ProfileStatus, RuleResult, Stall
+from tools.toolchain import ncu_python_dirs
 
 # --- where ncu_report comes from -----------------------------------------------------------
 _MODULE: ModuleType | None = None
-
-
-def ncu_python_dirs(ncu: str | None = None) -> list[Path]:
-    """extras/python folders of the Nsight Compute install that `ncu` belongs to."""
-    from tools.device import find_ncu
-    exe = ncu or find_ncu()
-    if not exe:
-        return []
-    real = Path(exe).resolve()
-    cands = [real.parent / "extras" / "python"]
-    # /usr/local/cuda/bin/ncu is a wrapper: the install is ../nsight-compute-<ver>/
-    for base in (real.parent.parent, real.parent):
-        cands += sorted(base.glob("nsight-compute*/extras/python"), reverse=True)
-    # a wrapper script names the install it runs (e.g. /opt/nvidia/nsight-compute/2025.3.1/ncu)
-    try:
-        head = real.read_bytes()[:4096].decode("utf-8", "replace") if real.stat().st_size < 65536 else ""
-    except OSError:
-        head = ""
-    for m in re.finditer(r"(/[\w./-]*nsight-compute[\w./-]*)", head):
-        p = Path(m.group(1))
-        for d in (p, *p.parents):
-            if "nsight-compute" in d.name:
-                cands.append(d / "extras" / "python")
-                break
-    cands += sorted(Path("/opt/nvidia/nsight-compute").glob("*/extras/python"), reverse=True)
-    return [c for c in cands if (c / "ncu_report.py").is_file()]
 
 
 def load_module() -> ModuleType:

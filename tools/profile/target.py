@@ -14,6 +14,34 @@ import ctypes
 import json
 import sys
 import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:   # the target itself loads the task at run time; the type is for the argv builder
+    from tools.task import Task
+
+
+def target_argv(task: Task, lib_path: str | Path, shape: int | dict | None, warmup: int, iters: int,
+                trace: str | None = None) -> list[str]:
+    """How to start this program on one shape of a task (ncu wraps it; the fallback traces it)."""
+    argv = [sys.executable, "-m", "tools.profile.target", "--task", str(task.root), "--lib", str(Path(lib_path).resolve()),
+            "--warmup", str(warmup), "--iters", str(iters)]
+    if shape is not None:
+        argv += ["--shape-index", str(shape_index(task, shape))]
+    if trace:
+        argv += ["--trace", trace]
+    return argv
+
+
+def shape_index(task: Task, shape: int | dict) -> int:
+    if isinstance(shape, int):
+        if not 0 <= shape < len(task.spec.shapes):
+            raise ValueError(f"shape index {shape} is outside the task's {len(task.spec.shapes)} shapes")
+        return shape
+    try:
+        return task.spec.shapes.index(shape)
+    except ValueError:
+        raise ValueError(f"shape {shape} is not one of the task's shapes {task.spec.shapes}") from None
 
 
 def main(argv: list[str] | None = None) -> int:
