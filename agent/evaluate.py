@@ -27,10 +27,6 @@ class IterationEnded(Exception):
         self.reason, self.result = reason, result
 
 
-class ProposalFailedErr(IterationEnded):
-    outcome = Outcome.proposal_failed
-
-
 class PatchDidNotApply(IterationEnded):
     outcome = Outcome.patch_did_not_apply
 

@@ -21,10 +21,9 @@ from pathlib import Path
 from agent import gitops
 from agent.attempt import Attempt, KeepRule, decide
 from agent.evaluate import (EditOutsideEditable, Evaluator, Implausible, IterationEnded, NoChange, NotFaster,
-                            PatchDidNotApply, ProposalFailedErr, snapshot_lib)
+                            PatchDidNotApply, snapshot_lib)
 from agent.proposal import Proposal
-from agent.proposers.base import (BudgetExhausted, Context, HistoryItem, ProposalFailed, Proposer,
-                                  ProposerExhausted)
+from agent.proposers.base import Context, HistoryItem, Proposer, ProposerError
 from agent.runlog import (Decision, IterationRecord, LogError, Outcome, RunConfig, RunState, StageTimes, Usage,
                           append_iteration, read_config, read_iterations, read_state, write_json_atomic)
 from agent.view import View
@@ -265,9 +264,13 @@ class Loop:
             self._interrupt_after_keep = sig.hit
             return kept
         except IterationEnded as e:
-            return self._reject(i, d, e, a)
+            return self._reject(i, d, a, e.outcome, e.reason, e.result)
+        except ProposerError as e:   # not one that ends the run (_propose_and_patch): this iteration is lost
+            if a.proposal is None:
+                a.proposal_error = f"proposer: {e}"
+            return self._reject(i, d, a, Outcome.proposal_failed, f"proposer: {e}")
         except KeyboardInterrupt:
-            rec_i = self._reject(i, d, _Interrupted("interrupted by the user; candidate reverted"), a,
+            rec_i = self._reject(i, d, a, Outcome.interrupted, "interrupted by the user; candidate reverted",
                                  decision=Decision.interrupted)
             self.records.append(rec_i)
             self.state.iterations_done = i
@@ -283,13 +286,11 @@ class Loop:
             t0 = time.monotonic()
             try:
                 proposal, u = self.proposer.propose(ctx)
-            except (ProposalFailed, BudgetExhausted) as e:
-                _add_usage_into(a.usage, getattr(e, "usage", None) or Usage())
-                if isinstance(e, BudgetExhausted) or getattr(e, "ends_run", False):
+            except ProposerError as e:
+                _add_usage_into(a.usage, e.usage)
+                if e.ends_run:
                     raise _StopRun(str(e)) from None
-                raise ProposalFailedErr(f"proposer: {e}") from None
-            except ProposerExhausted as e:
-                raise _StopRun(str(e)) from None
+                raise
             finally:
                 a.times.propose += time.monotonic() - t0
             _add_usage_into(a.usage, u)
@@ -309,7 +310,7 @@ class Loop:
                 # verification suite: a rewrite that drops a knob's #define made the task unloadable and
                 # ended the whole run; now it is a patch that does not apply, with the reason
                 feedback, kind = f"Your edit breaks the task: {broken}", "patch_did_not_apply"
-                if attempt == PATCH_REPAIRS or not getattr(self.proposer, "can_repair", True):
+                if attempt == PATCH_REPAIRS or not self.proposer.can_repair:
                     raise PatchDidNotApply(f"the edit breaks the task: {broken}")
                 continue
             if res.status == PatchStatus.outside_editable:
@@ -317,7 +318,7 @@ class Loop:
             if res.status == PatchStatus.no_change:
                 raise NoChange(res.message)
             feedback, kind = f"Your patch did not apply:\n{res.message}", res.status.value
-            if attempt == PATCH_REPAIRS or not getattr(self.proposer, "can_repair", True):
+            if attempt == PATCH_REPAIRS or not self.proposer.can_repair:
                 raise PatchDidNotApply(res.message)
         raise AssertionError("unreachable")
 
@@ -422,8 +423,10 @@ class Loop:
         return self._record(a, Decision.kept, Outcome.kept, f"kept: {ci.median:.3f}x over the parent",
                             speedup_vs_best=ci.median)
 
-    def _reject(self, i: int, d: Path, e: IterationEnded, a: Attempt,
+    def _reject(self, i: int, d: Path, a: Attempt, outcome: Outcome, reason: str, failed=None,
                 decision: Decision | None = None) -> IterationRecord:
+        """Revert the candidate (its commit stays reviewable under a rejected ref) and record why;
+        `failed` is the typed result of the stage that failed, if it raised one."""
         t0 = time.monotonic()
         commit_sha = a.commit_sha
         if commit_sha is not None:
@@ -432,7 +435,7 @@ class Loop:
                 if self.git.head() == commit_sha:
                     rejected_sha = self.git.amend_message(gitops.commit_message(
                         f"agent (rejected): {a.proposal.summary() if a.proposal else 'candidate'}",
-                        [a.proposal.hypothesis if a.proposal else "", "", f"Rejected: {e.reason}"],
+                        [a.proposal.hypothesis if a.proposal else "", "", f"Rejected: {reason}"],
                         {"Agent-Run": self.cfg.run_id, "Agent-Iteration": str(i)}))
             finally:
                 a.rejected_ref = self.git.keep_ref("rejected", i, rejected_sha)
@@ -441,13 +444,11 @@ class Loop:
         a.times.git += time.monotonic() - t0
         self.task = self._load_task()
         self.evaluator.task = self.task
-        _keep_failed_result(d, e, a)
+        _keep_failed_result(d, outcome, failed, a)
         if decision is None:
             decision = Decision.reverted if commit_sha is not None else Decision.skipped
         s = a.bench.speedup_vs_baseline.median if a.bench is not None and a.bench.speedup_vs_baseline else None
-        if isinstance(e, ProposalFailedErr) and a.proposal is None:
-            a.proposal_error = e.reason
-        return self._record(a, decision, e.outcome, e.reason, speedup_vs_best=s)
+        return self._record(a, decision, outcome, reason, speedup_vs_best=s)
 
     def _record(self, a: Attempt, decision: Decision, outcome: Outcome, reason: str,
                 speedup_vs_best: float | None = None) -> IterationRecord:
@@ -523,19 +524,15 @@ class _StopRun(Exception):
         self.reason = reason
 
 
-class _Interrupted(IterationEnded):
-    outcome = Outcome.interrupted
-
-
 # The typed result of the stage that failed goes into the record and its artifact (verification suite:
 # the log must show WHICH check rejected a candidate - rec.parity.status, rec.bench.message, ...).
 _FAILED_STAGE = {Outcome.compile_failed: ("build", None), Outcome.launch_rejected: ("launch", None),
                  Outcome.parity_failed: ("parity", "parity.json"), Outcome.bench_failed: ("bench", "bench.json")}
 
 
-def _keep_failed_result(d: Path, e: IterationEnded, a: Attempt) -> None:
-    field, artifact = _FAILED_STAGE.get(e.outcome, (None, None))
-    res = e.result[0] if isinstance(e.result, list) and e.result else e.result
+def _keep_failed_result(d: Path, outcome: Outcome, failed, a: Attempt) -> None:
+    field, artifact = _FAILED_STAGE.get(outcome, (None, None))
+    res = failed[0] if isinstance(failed, list) and failed else failed
     if field is None or res is None or getattr(a, field) is not None:
         return
     setattr(a, field, res)

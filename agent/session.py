@@ -164,8 +164,7 @@ def resume_run(run_dir: Path, view: View, extra: dict | None = None) -> Loop:
     proposer = make_proposer(cfg.proposer, task, merged, Path(cfg.repo))
     loop = Loop(run_dir, cfg, rgit, proposer, view)
     loop.prepare_resume()
-    if hasattr(proposer, "skip_to"):
-        proposer.skip_to(sum(1 for r in read_iterations(run_dir) if r.proposal is not None))
+    proposer.skip_to(sum(1 for r in read_iterations(run_dir) if r.proposal is not None))
     view.message(f"resuming {cfg.run_id} at iteration {loop.state.iterations_done + 1} of {cfg.iters} "
                  f"(best {'initial' if loop.state.best_iteration is None else 'iteration ' + str(loop.state.best_iteration)})")
     return loop

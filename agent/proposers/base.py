@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import ClassVar, Protocol
 
 from agent.proposal import Proposal
 from agent.runlog import Usage
@@ -11,16 +11,29 @@ from tools.profile.model import ProfileReport
 from tools.task import Task
 
 
-class ProposalFailed(Exception):
-    """The proposer could not produce a valid proposal this iteration (reason in the message)."""
+class ProposerError(Exception):
+    """A way out of propose(). `usage` is what its calls cost before it gave up (a failed proposal is
+    paid for too); `ends_run` says whether the run ends (no later iteration can do better) or only this
+    iteration is lost."""
+    ends_run: ClassVar[bool] = False
+
+    def __init__(self, message: str, usage: Usage | None = None):
+        super().__init__(message)
+        self.usage: Usage = usage if usage is not None else Usage()
 
 
-class ProposerExhausted(Exception):
+class ProposalFailed(ProposerError):
+    """No valid proposal this iteration (reason in the message); the next iteration tries again."""
+
+
+class ProposerExhausted(ProposerError):
     """The proposer has nothing left to try (the heuristic explored every configuration; replay ran out)."""
+    ends_run = True
 
 
-class BudgetExhausted(Exception):
+class BudgetExhausted(ProposerError):
     """Token or cost budget spent: the run ends cleanly."""
+    ends_run = True
 
 
 @dataclass
@@ -56,5 +69,11 @@ class Proposer(Protocol):
     can_repair: bool   # False: a patch that does not apply is recorded at once, not sent back for repair
 
     def propose(self, ctx: Context) -> tuple[Proposal, Usage]:
-        """Return a proposal (and what it cost), or raise ProposalFailed / ProposerExhausted / BudgetExhausted."""
+        """Return a proposal and what it cost, or raise a ProposerError (ProposalFailed: this iteration
+        is lost; ProposerExhausted, BudgetExhausted: the run ends)."""
+        ...
+
+    def skip_to(self, n: int) -> None:
+        """On resume: the first n proposals of this run were already evaluated. A proposer that derives
+        its next move from ctx.history alone has nothing to do here."""
         ...

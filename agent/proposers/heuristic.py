@@ -54,6 +54,9 @@ class HeuristicProposer:
         self.knobs: dict[str, Knob] = {k.name: k for k in task.spec.knobs}
 
     # --- the interface ----------------------------------------------------------------------
+    def skip_to(self, n: int) -> None:
+        """Nothing to skip: the next move is derived from ctx.history, which a resumed run carries."""
+
     def propose(self, ctx: Context) -> tuple[Proposal, Usage]:
         current = {k: v for k, v in ctx.knobs.items() if v is not None and k in self.knobs}
         if not current:

@@ -7,8 +7,9 @@ ctx.feedback (a patch miss, a compile error, a parity mismatch, a launch violati
 repair prompt continues the conversation of that iteration. Every prompt and raw reply is saved
 under ctx.iter_dir as prompt-K.json / response-K.json; the key never is.
 
-Exceptions carry `.usage` (what the call(s) of this propose() cost) so the loop can account for a
-failed proposal too; `self.spent` is the run's running total.
+Its exceptions are the proposer contract's (agent/proposers/base.py): each carries `usage`, what the
+call(s) of this propose() cost, so the loop accounts for a failed proposal too; `self.spent` is the
+run's running total.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from agent.llm.errors import LLMError
 from agent.llm.structured import ReplyInvalid, parse_proposal, proposal_schema
 from agent.prompts import agent_rules, render
 from agent.proposal import Proposal
-from agent.proposers.base import BudgetExhausted, Context, ProposalFailed
+from agent.proposers.base import BudgetExhausted, Context, ProposalFailed, ProposerError
 from agent.runlog import Usage
 from agent.settings import LLMSettings
 from tools.profile.model import ProfileReport
@@ -76,6 +77,9 @@ class LLMProposer:
     def spent(self) -> Usage:
         return self.budget.spent
 
+    def skip_to(self, n: int) -> None:
+        """Nothing to skip: each prompt is built from ctx (sources, profile, history) afresh."""
+
     def propose(self, ctx: Context) -> tuple[Proposal, Usage]:
         usage = Usage()
         if why := (self._stop_next or self.budget.over()):
@@ -107,15 +111,11 @@ class LLMProposer:
             self._last = _Conversation(ctx.iteration, messages, dict(ctx.sources))
             return proposal, usage
         except LLMError as e:
-            exc: ProposalFailed = (LLMUnusable if e.fatal else ProposalFailed)(f"LLM: {e}")
-            exc.usage = usage  # type: ignore[attr-defined]
-            raise exc from None
+            raise (LLMUnusable if e.fatal else ProposalFailed)(f"LLM: {e}", usage) from None
         except ContextTooLarge as e:
-            exc = LLMUnusable(str(e))
-            exc.usage = usage  # type: ignore[attr-defined]
-            raise exc from None
-        except (ProposalFailed, BudgetExhausted) as e:
-            e.usage = usage  # type: ignore[attr-defined]
+            raise LLMUnusable(str(e), usage) from None
+        except ProposerError as e:
+            e.usage = usage
             raise
 
     # --- the conversation ------------------------------------------------------------------
