@@ -202,7 +202,7 @@ def test_cuda_compile_error_uses_file_colon_line(tmp_path):
 def test_cli_json(tmp_path):
     out = subprocess.run([sys.executable, "-m", "tools.build", str(FIX / "cpp_bad"), "--build-dir", str(tmp_path),
                           "--json"], capture_output=True, text=True, cwd=ROOT,
-                         env={**os.environ, "PYTHONPATH": str(ROOT)})
+                         env={**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))})
     assert out.returncode == 1
     data = json.loads(out.stdout)
     assert data["status"] == "compile_error" and "bad.cpp:6" in data["message"]

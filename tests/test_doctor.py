@@ -16,7 +16,10 @@ FIX = Path(__file__).resolve().parent / "fixtures"
 
 
 def _agent(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    full = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
+    # the repository first; an existing PYTHONPATH kept (on the device the dependencies are installed with
+    # --target and found through it: without it this test's agent failed to import pydantic there)
+    path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+    full = {**os.environ, "PYTHONPATH": path, **(env or {})}
     return subprocess.run([sys.executable, "-m", "agent", *args], capture_output=True, text=True, cwd=ROOT,
                           env=full, timeout=300)
 

@@ -173,7 +173,7 @@ def test_missing_metric_is_dropped_and_retried(monkeypatch, task, tmp_path):
 def test_cli_json_and_exit_code(tmp_path):
     bad = tmp_path / "x.ncu-rep"
     bad.write_text("garbage")
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     p = subprocess.run([sys.executable, "-m", "agent", "profile", "--from-report", str(bad), "--json"],
                        capture_output=True, text=True, cwd=ROOT, env=env, timeout=120)
     assert p.returncode == 1

@@ -94,7 +94,7 @@ def test_target_runs_the_task_and_writes_a_real_trace(matmul_lib, tmp_path):
     """The profiled program for real (CPU task): W+N calls, one JSON line; --trace writes a torch
     profiler trace, in which the fallback finds no CUDA kernel and says so (never an empty ok)."""
     trace = tmp_path / "trace.json"
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     p = subprocess.run([sys.executable, "-m", "tools.profile.target", "--task", str(ROOT / "kernels/matmul_cpu"),
                         "--lib", str(matmul_lib), "--shape-index", "0", "--warmup", "2", "--iters", "3",
                         "--trace", str(trace)], capture_output=True, text=True, env=env, timeout=300)

@@ -53,7 +53,7 @@ def run_repo(tmp_path_factory):
     git(repo, "config", "user.email", "user@example.com")
     git(repo, "add", "-A")
     git(repo, "commit", "-qm", "init")
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "AGENT_BASE_URL": "", "AGENT_MODEL": ""}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])), "AGENT_BASE_URL": "", "AGENT_MODEL": ""}
     p = subprocess.run([sys.executable, "-m", "agent", "optimize", TASK_REL, "--iters", "3", "--target", "100x",
                         "--proposer", "heuristic", "--run-id", RUN_ID, "--quiet"],
                        cwd=repo, env=env, capture_output=True, text=True, timeout=400)
