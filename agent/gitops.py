@@ -135,3 +135,24 @@ def commit_message(title: str, body: list[str], trailers: dict[str, str]) -> str
     lines += [b for b in body if b is not None]
     lines += [""] + [f"{k}: {v}" for k, v in trailers.items()]
     return "\n".join(lines).strip() + "\n"
+
+
+# --- the messages of the run's commits --------------------------------------------------------
+def _trailers(run_id: str, iteration: int) -> dict[str, str]:
+    return {"Agent-Run": run_id, "Agent-Iteration": str(iteration)}
+
+
+def candidate_message(run_id: str, iteration: int, hypothesis: str) -> str:
+    """A candidate under evaluation; the keep or the reject amends it."""
+    return commit_message(f"agent: iteration {iteration} (under evaluation)", [hypothesis], _trailers(run_id, iteration))
+
+
+def rejected_message(run_id: str, iteration: int, summary: str, hypothesis: str, reason: str) -> str:
+    return commit_message(f"agent (rejected): {summary}", [hypothesis, "", f"Rejected: {reason}"],
+                          _trailers(run_id, iteration))
+
+
+def kept_message(run_id: str, iteration: int, summary: str, body: list[str], speedup: str) -> str:
+    """A kept candidate: the measured figures in the body, the speedup also as a trailer (for `git log
+    --format=%(trailers)` and the review commands)."""
+    return commit_message(f"agent: {summary}", body, {**_trailers(run_id, iteration), "Speedup": speedup})

@@ -24,8 +24,9 @@ from agent.evaluate import (EditOutsideEditable, Evaluator, Implausible, Iterati
                             PatchDidNotApply, snapshot_lib)
 from agent.proposal import Proposal
 from agent.proposers.base import Context, HistoryItem, Proposer, ProposerError
-from agent.runlog import (Decision, IterationRecord, LogError, Outcome, RunConfig, RunState, StageTimes, Usage,
+from agent.runlog import (Decision, IterationRecord, LogError, Outcome, RunConfig, RunState, StageTimes,
                           append_iteration, read_config, read_iterations, read_state, write_json_atomic)
+from agent.signals import DeferSigint
 from agent.view import View
 from tools.device import task_limits
 from tools.profile.compact import profile_summary
@@ -72,6 +73,12 @@ class Loop:
 
     def _load_task(self) -> Task:
         return load_task(self._task_dir())
+
+    def reload_task(self) -> None:
+        """The task as the worktree has it now (after a commit, a revert or a reset), for the loop and
+        its evaluator alike."""
+        self.task = self._load_task()
+        self.evaluator.task = self.task
 
     def _lib_name(self) -> str:
         return f"lib{self.cfg.task}.so"
@@ -165,7 +172,7 @@ class Loop:
                     break
                 self.records.append(rec)
                 self.state.iterations_done = i
-                self.state.usage = _add_usage(self.state.usage, rec.usage)
+                self.state.usage = self.state.usage + rec.usage
                 write_json_atomic(self.run_dir / "state.json", self.state)
                 self.view.done(rec, self.state)
                 if self._interrupt_after_keep:   # Ctrl-C arrived during a keep (deferred, see _keep)
@@ -246,20 +253,17 @@ class Loop:
             if not diff.strip():
                 raise NoChange("the proposal changes nothing in the editable files")
             a.commit_sha = self.git.commit(self._rel(self.task.spec.editable),
-                                           gitops.commit_message(f"agent: iteration {i} (under evaluation)",
-                                                                 [proposal.hypothesis],
-                                                                 {"Agent-Run": self.cfg.run_id, "Agent-Iteration": str(i)}))
+                                           gitops.candidate_message(self.cfg.run_id, i, proposal.hypothesis))
             a.times.git += time.monotonic() - t0
             a.patch = diff
             (d / "patch.diff").write_text(diff)
-            self.task = self._load_task()
-            self.evaluator.task = self.task
+            self.reload_task()
             self._evaluate(i, d, a)
             # Ctrl-C during a keep is deferred until the kept record is written (verification suite:
             # an interrupt between the state update and the record left state.best_sha on a commit that
             # no record calls kept); SIGKILL there is repaired by prepare_resume
             self._stage(i, "keep")
-            with _DeferSigint() as sig:
+            with DeferSigint() as sig:
                 kept = self._keep(i, d, proposal, a)
             self._interrupt_after_keep = sig.hit
             return kept
@@ -287,13 +291,13 @@ class Loop:
             try:
                 proposal, u = self.proposer.propose(ctx)
             except ProposerError as e:
-                _add_usage_into(a.usage, e.usage)
+                a.usage = a.usage + e.usage
                 if e.ends_run:
                     raise _StopRun(str(e)) from None
                 raise
             finally:
                 a.times.propose += time.monotonic() - t0
-            _add_usage_into(a.usage, u)
+            a.usage = a.usage + u
             proposal.proposer = proposal.proposer or self.proposer.name
             # in the record at once: an interrupt or a refused patch still says what was proposed
             # (and a resumed replay counts it as consumed)
@@ -406,10 +410,8 @@ class Loop:
                 f"Predicted: {proposal.predicted.metric} {proposal.predicted.direction}, "
                 f"{proposal.predicted.speedup:g}x."]
         t0 = time.monotonic()
-        sha = self.git.amend_message(gitops.commit_message(
-            f"agent: {proposal.summary()}", body,
-            {"Agent-Run": self.cfg.run_id, "Agent-Iteration": str(i),
-             "Speedup": f"{ci.median:.3f}x (95% CI {ci.low:.3f}-{ci.high:.3f})"}))
+        sha = self.git.amend_message(gitops.kept_message(self.cfg.run_id, i, proposal.summary(), body,
+                                                         f"{ci.median:.3f}x (95% CI {ci.low:.3f}-{ci.high:.3f})"))
         a.times.git += time.monotonic() - t0
         snapshot_lib(d / self._lib_name(), self.best_lib)
         self.state.best_sha, self.state.best_iteration = sha, i
@@ -433,17 +435,15 @@ class Loop:
             rejected_sha = commit_sha
             try:
                 if self.git.head() == commit_sha:
-                    rejected_sha = self.git.amend_message(gitops.commit_message(
-                        f"agent (rejected): {a.proposal.summary() if a.proposal else 'candidate'}",
-                        [a.proposal.hypothesis if a.proposal else "", "", f"Rejected: {reason}"],
-                        {"Agent-Run": self.cfg.run_id, "Agent-Iteration": str(i)}))
+                    rejected_sha = self.git.amend_message(gitops.rejected_message(
+                        self.cfg.run_id, i, a.proposal.summary() if a.proposal else "candidate",
+                        a.proposal.hypothesis if a.proposal else "", reason))
             finally:
                 a.rejected_ref = self.git.keep_ref("rejected", i, rejected_sha)
                 a.commit_sha = rejected_sha
         self.git.reset_to(self.state.best_sha)
         a.times.git += time.monotonic() - t0
-        self.task = self._load_task()
-        self.evaluator.task = self.task
+        self.reload_task()
         _keep_failed_result(d, outcome, failed, a)
         if decision is None:
             decision = Decision.reverted if commit_sha is not None else Decision.skipped
@@ -459,64 +459,6 @@ class Loop:
                             speedup_vs_reference=self.speedup_vs("reference"), best_ms=self.state.best_ms)
         append_iteration(self.run_dir, r)
         return r
-
-    # --- resume -----------------------------------------------------------------------------
-    def prepare_resume(self) -> None:
-        """Bring the branch back to the best recorded commit and make sure its library exists."""
-        head = self.git.head()
-        n = len(self.records)
-        if head != self.state.best_sha:
-            self.git.keep_ref("interrupted", n + 1, head)
-        # reset even when HEAD is the best (verification suite): a SIGKILL between patch and commit left
-        # the candidate's edit uncommitted in the worktree, and the resumed run built on top of it
-        self.git.reset_to(self.state.best_sha)
-        self.state.iterations_done = n
-        self.state.status = "running"
-        self.task = self._load_task()
-        self.evaluator.task = self.task
-        times = StageTimes()
-        # always rebuilt (verification suite): a SIGKILL during a keep may have left the candidate's
-        # library at best/ while state.json still names the parent as the best
-        b = self.evaluator.build(times)
-        snapshot_lib(b.lib_path, self.best_lib)
-        last = next((self.run_dir / f"iter-{r.iteration}" for r in reversed(self.records)
-                     if r.decision == Decision.kept), self.run_dir / "initial")
-        prof = last / "profile.json"
-        if prof.exists():
-            from tools.profile.model import ProfileReport
-            rep = ProfileReport.model_validate_json(prof.read_text())
-            self.profile = rep if rep.kernels else None
-        write_json_atomic(self.run_dir / "state.json", self.state)
-
-
-class _DeferSigint:
-    """Hold SIGINT for the duration of the block; `hit` says whether one arrived (main thread only).
-
-    SIGINT is also blocked at the OS level, so that the git children of the block (the keep's amend, a
-    user's post-commit hook) inherit the mask and are not killed mid-commit by a terminal's Ctrl-C,
-    which goes to the whole foreground process group.
-    """
-
-    def __enter__(self) -> "_DeferSigint":
-        self.hit, self.prev = False, None
-        try:
-            self.prev = signal.signal(signal.SIGINT, self._held)
-            signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
-        except (ValueError, AttributeError):   # not the main thread / no sigmask: nothing to defer
-            pass
-        return self
-
-    def _held(self, signum, frame) -> None:
-        self.hit = True
-
-    def __exit__(self, *exc) -> bool:
-        if self.prev is not None:
-            if signal.SIGINT in signal.sigpending():
-                self.hit = True
-            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})   # a pending one goes to _held
-            signal.signal(signal.SIGINT, self.prev)
-        return False
-
 
 class _StopRun(Exception):
     def __init__(self, reason: str):
@@ -564,18 +506,6 @@ def _dump(path: Path, model) -> None:
 
 def _x(v: float | None) -> str:
     return f"{v:.3f}x" if v is not None and math.isfinite(v) else "n/a"
-
-
-def _add_usage(a: Usage, b: Usage) -> Usage:
-    return Usage(calls=a.calls + b.calls, prompt_tokens=a.prompt_tokens + b.prompt_tokens,
-                 completion_tokens=a.completion_tokens + b.completion_tokens, cost_usd=a.cost_usd + b.cost_usd)
-
-
-def _add_usage_into(into: Usage, u: Usage) -> None:
-    into.calls += u.calls
-    into.prompt_tokens += u.prompt_tokens
-    into.completion_tokens += u.completion_tokens
-    into.cost_usd += u.cost_usd
 
 
 def load_run(run_dir: Path) -> tuple[RunConfig, RunState]:

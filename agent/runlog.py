@@ -109,6 +109,11 @@ class Usage(BaseModel):
     completion_tokens: int = 0
     cost_usd: float = 0.0
 
+    def __add__(self, other: "Usage") -> "Usage":
+        return Usage(calls=self.calls + other.calls, prompt_tokens=self.prompt_tokens + other.prompt_tokens,
+                     completion_tokens=self.completion_tokens + other.completion_tokens,
+                     cost_usd=self.cost_usd + other.cost_usd)
+
 
 class IterationRecord(BaseModel):
     schema_version: int = SCHEMA_VERSION

@@ -12,8 +12,10 @@ from agent import gitops
 from agent.envinfo import fingerprint
 from agent.loop import Loop, SetupFailed, load_run, now
 from agent.proposers.base import Proposer
-from agent.runlog import RunConfig, read_iterations, write_json_atomic
+from agent.evaluate import snapshot_lib
+from agent.runlog import Decision, RunConfig, StageTimes, read_iterations, write_json_atomic
 from agent.view import View
+from tools.profile.model import ProfileReport
 from tools.task import Task, first_fitting_task, load_task
 
 
@@ -150,6 +152,32 @@ def start_run(task_dir: Path, *, target: float, iters: int, proposer_kind: str, 
     return loop
 
 
+def prepare_resume(loop: Loop) -> None:
+    """Bring the run's branch back to the best recorded commit, rebuild the best's library and reload
+    its profile, so that the loop can go on from its log."""
+    head = loop.git.head()
+    n = len(loop.records)
+    if head != loop.state.best_sha:
+        loop.git.keep_ref("interrupted", n + 1, head)
+    # reset even when HEAD is the best (verification suite): a SIGKILL between patch and commit left
+    # the candidate's edit uncommitted in the worktree, and the resumed run built on top of it
+    loop.git.reset_to(loop.state.best_sha)
+    loop.state.iterations_done = n
+    loop.state.status = "running"
+    loop.reload_task()
+    # always rebuilt (verification suite): a SIGKILL during a keep may have left the candidate's
+    # library at best/ while state.json still names the parent as the best
+    b = loop.evaluator.build(StageTimes())
+    snapshot_lib(b.lib_path, loop.best_lib)
+    last = next((loop.run_dir / f"iter-{r.iteration}" for r in reversed(loop.records)
+                 if r.decision == Decision.kept), loop.run_dir / "initial")
+    prof = last / "profile.json"
+    if prof.exists():
+        rep = ProfileReport.model_validate_json(prof.read_text())
+        loop.profile = rep if rep.kernels else None
+    write_json_atomic(loop.run_dir / "state.json", loop.state)
+
+
 def resume_run(run_dir: Path, view: View, extra: dict | None = None) -> Loop:
     cfg, state = load_run(run_dir)
     if state.status == "done":
@@ -163,7 +191,7 @@ def resume_run(run_dir: Path, view: View, extra: dict | None = None) -> Loop:
     merged["spent"] = state.usage
     proposer = make_proposer(cfg.proposer, task, merged, Path(cfg.repo))
     loop = Loop(run_dir, cfg, rgit, proposer, view)
-    loop.prepare_resume()
+    prepare_resume(loop)
     proposer.skip_to(sum(1 for r in read_iterations(run_dir) if r.proposal is not None))
     view.message(f"resuming {cfg.run_id} at iteration {loop.state.iterations_done + 1} of {cfg.iters} "
                  f"(best {'initial' if loop.state.best_iteration is None else 'iteration ' + str(loop.state.best_iteration)})")

@@ -24,12 +24,6 @@ def no_price_note(model: str) -> str:
             "USD per 1M tokens in/out)")
 
 
-def add(total: Usage, part: Usage) -> Usage:
-    return Usage(calls=total.calls + part.calls, prompt_tokens=total.prompt_tokens + part.prompt_tokens,
-                 completion_tokens=total.completion_tokens + part.completion_tokens,
-                 cost_usd=total.cost_usd + part.cost_usd)
-
-
 class Budget:
     """What the run has spent on the LLM, against --budget-tokens / --budget-usd."""
 
@@ -49,7 +43,7 @@ class Budget:
                                   f"costs about ${call_cost(prompt_estimate, 0, self.price):.4f}")
 
     def record(self, usage: Usage) -> None:
-        self.spent = add(self.spent, usage)
+        self.spent = self.spent + usage
 
     def over(self) -> str | None:
         """Why the budget is spent after the last call, or None."""

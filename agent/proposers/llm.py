@@ -22,7 +22,7 @@ from typing import Callable
 
 from agent.llm.client import ChatReply, LLMClient
 from agent.llm.context import ContextTooLarge, compact_profile, format_sources, iteration_prompt
-from agent.llm.costs import Budget, add, estimate_tokens
+from agent.llm.costs import Budget, estimate_tokens
 from agent.llm.errors import LLMError
 from agent.llm.structured import ReplyInvalid, parse_proposal, proposal_schema
 from agent.prompts import agent_rules, render
@@ -90,7 +90,7 @@ class LLMProposer:
             while True:
                 reply = self._call(messages, ctx)
                 replies += 1
-                usage = add(usage, reply.usage)
+                usage = usage + reply.usage
                 messages = messages + [{"role": "assistant", "content": reply.text}]
                 try:
                     # a valid proposal already paid for is evaluated; the budget stops the next call
