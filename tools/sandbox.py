@@ -122,7 +122,7 @@ class Prestarted:
     def close(self) -> None:
         """End the child if it never got its job (or is still running); idempotent."""
         if isinstance(self._proc, subprocess.Popen) and self._proc.poll() is None:
-            _kill_group(self._proc)
+            kill_tree(self._proc.pid)
             try:
                 self._proc.communicate(timeout=5)
             except (subprocess.TimeoutExpired, ValueError, OSError):
@@ -158,7 +158,7 @@ def _spawn(argv: list[str], cwd: Path | str | None, env: dict[str, str] | None,
         if held:   # a held Ctrl-C is raised here (pthread_sigmask runs the handler), and the child goes
             signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     except KeyboardInterrupt:
-        _kill_group(proc)
+        kill_tree(proc.pid)
         proc.communicate()
         raise
     return proc
@@ -169,17 +169,15 @@ def _finish(proc: subprocess.Popen, argv: list[str], t0: float, timeout_s: float
     try:
         out, err = proc.communicate(input=stdin, timeout=timeout_s)
     except subprocess.TimeoutExpired:
-        _kill_group(proc)
+        kill_tree(proc.pid)
         out, err = _drain(proc)
         return ProcResult(status=ProcStatus.timeout, seconds=time.monotonic() - t0, stdout=out or "",
                           stderr=err or "", argv=argv)
     except KeyboardInterrupt:
-        _kill_group(proc)
+        kill_tree(proc.pid)
         raise
-    finally:
-        # a finished leader may leave children behind (e.g. a build's compiler): end them too
-        if proc.poll() is not None:
-            _kill_group(proc, quiet=True)
+    # a finished leader may leave children behind (e.g. a build's compiler): end them too
+    kill_tree(proc.pid)
     dt = time.monotonic() - t0
     rc = proc.returncode
     if rc == 0:
@@ -211,11 +209,6 @@ def _hold_sigint() -> bool:
         return signal.SIGINT not in signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     except (AttributeError, ValueError, OSError):
         return False
-
-
-def _kill_group(proc: subprocess.Popen, quiet: bool = False) -> None:
-    """Kill the child and everything it started, and wait (bounded) until they are gone."""
-    kill_tree(proc.pid)
 
 
 KILL_WAIT_S = 5.0
