@@ -20,7 +20,7 @@ from typing import Literal
 from pydantic import BaseModel, Field
 
 from agent.proposal import Proposal
-from agent.runlog import Outcome, StageTimes, Usage
+from agent.runlog import IterationRecord, Outcome, StageTimes, Usage
 from tools.results import BenchResult, BuildResult, LaunchResult, ParityResult, SpeedupCI
 
 
@@ -51,6 +51,17 @@ class Attempt(BaseModel):
     profile_summary: dict | None = None
     times: StageTimes = Field(default_factory=StageTimes)
     usage: Usage = Field(default_factory=Usage)
+
+    def to_record(self, **rest) -> IterationRecord:
+        """The iteration's record: this attempt's fields as they are, plus what the loop adds (the
+        decision, outcome, reason, the run's figures after it)."""
+        return IterationRecord(**{k: getattr(self, k) for k in _RECORDED}, **rest)
+
+
+# the Attempt's fields that the iteration record carries as they are (confirm_error is in the reason)
+_RECORDED = ("run_id", "iteration", "started", "proposal", "proposal_error", "patch", "patch_message", "parent_sha",
+             "commit_sha", "rejected_ref", "build", "launch", "parity", "bench", "confirm", "profile_summary",
+             "times", "usage")
 
 
 class Verdict(BaseModel):

@@ -10,6 +10,7 @@ import os
 import shutil
 import time
 from pathlib import Path
+from typing import ClassVar
 
 from agent.attempt import Attempt
 from agent.runlog import Outcome, StageTimes
@@ -18,13 +19,26 @@ from tools.results import (BenchResult, BenchStatus, BuildResult, BuildStatus, D
 from tools.task import Task
 
 
-class IterationEnded(Exception):
-    """Ends an iteration with an outcome and a reason (the proposer sees the reason next time)."""
-    outcome = Outcome.proposal_failed
+StageResult = BuildResult | LaunchResult | ParityResult | BenchResult
 
-    def __init__(self, reason: str, result=None):
+
+class IterationEnded(Exception):
+    """Ends an iteration with an outcome and a reason (the proposer sees the reason next time). A stage
+    that fails carries its typed result, which goes into the Attempt's field named by `field`: the log
+    shows which check rejected a candidate (its parity status, its bench message, its build log)."""
+    outcome: ClassVar[Outcome] = Outcome.proposal_failed
+    field: ClassVar[str | None] = None
+
+    def __init__(self, reason: str, result: StageResult | None = None):
         super().__init__(reason)
         self.reason, self.result = reason, result
+
+    def fill(self, a: Attempt) -> bool:
+        """Put the failed stage's result into the attempt, unless the stage already did. True if it did."""
+        if self.field is None or self.result is None or getattr(a, self.field) is not None:
+            return False
+        setattr(a, self.field, self.result)
+        return True
 
 
 class PatchDidNotApply(IterationEnded):
@@ -40,18 +54,22 @@ class NoChange(IterationEnded):
 
 
 class CompileFailed(IterationEnded):
+    field = "build"
     outcome = Outcome.compile_failed
 
 
 class LaunchRejected(IterationEnded):
+    field = "launch"
     outcome = Outcome.launch_rejected
 
 
 class ParityFailed(IterationEnded):
+    field = "parity"
     outcome = Outcome.parity_failed
 
 
 class BenchFailed(IterationEnded):
+    field = "bench"
     outcome = Outcome.bench_failed
 
 
@@ -168,11 +186,11 @@ class Evaluator:
         if par.status != ParityStatus.ok:
             raise ParityFailed(f"parity {par.status.value}: {par.message}", par)
         if not bench:
-            raise BenchFailed("bench: the child returned no result after parity passed", bench)
+            raise BenchFailed("bench: the child returned no result after parity passed")
         into.bench = bench[0]
         bad = next((r for r in bench if r.status != BenchStatus.ok), None)
         if bad is not None:
-            raise BenchFailed(f"bench {bad.status.value}: {bad.message}", bench)
+            raise BenchFailed(f"bench {bad.status.value}: {bad.message}", bench[0])
         return bench[0]
 
     def bench(self, lib: Path, baseline: Path | None, times: StageTimes, with_reference: bool = False,
@@ -183,7 +201,7 @@ class Evaluator:
         times.bench += time.monotonic() - t0
         bad = next((r for r in res if r.status != BenchStatus.ok), None)
         if bad is not None:
-            raise BenchFailed(f"bench {bad.status.value}: {bad.message}", res)
+            raise BenchFailed(f"bench {bad.status.value}: {bad.message}", res[0])
         return res
 
 

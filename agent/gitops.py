@@ -8,10 +8,15 @@ already ignored, so that the run folder never shows up in the user's `git status
 
 from __future__ import annotations
 
+import math
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import git
+
+if TYPE_CHECKING:
+    from agent.attempt import Attempt
 
 AGENT_IDENTITY = {
     "GIT_AUTHOR_NAME": "kernel-agent", "GIT_AUTHOR_EMAIL": "kernel-agent@localhost",
@@ -152,7 +157,26 @@ def rejected_message(run_id: str, iteration: int, summary: str, hypothesis: str,
                           _trailers(run_id, iteration))
 
 
-def kept_message(run_id: str, iteration: int, summary: str, body: list[str], speedup: str) -> str:
+def kept_message(run_id: str, a: "Attempt", vs_initial: float | None, vs_reference: float | None) -> str:
     """A kept candidate: the measured figures in the body, the speedup also as a trailer (for `git log
     --format=%(trailers)` and the review commands)."""
-    return commit_message(f"agent: {summary}", body, {**_trailers(run_id, iteration), "Speedup": speedup})
+    from tools.task import shape_label
+    p, bench, parity = a.proposal, a.bench, a.parity
+    ci, cand = bench.speedup_vs_baseline, bench.timing("candidate")
+    again = a.confirm.speedup_vs_baseline if a.confirm is not None else None
+    max_err = max((c.max_abs_err or 0.0) for c in parity.checks) if parity.checks else 0.0
+    body = [p.hypothesis, "",
+            f"Measured on {shape_label(bench.shape)}: {cand.median_ms * 1e3:.2f} us median "
+            f"(p10 {cand.p10_ms * 1e3:.2f}, p90 {cand.p90_ms * 1e3:.2f}); "
+            f"{ci.median:.3f}x over the parent (95% CI {ci.low:.3f}-{ci.high:.3f}, {ci.rounds} ABAB rounds)"
+            + (f"; confirmed by a second bench at {again.median:.3f}x (95% CI {again.low:.3f}-{again.high:.3f})."
+               if again else "."),
+            f"Cumulative: {_x(vs_initial)} vs the initial kernel, {_x(vs_reference)} vs the reference.",
+            f"Parity: {len(parity.checks)} checks, max abs error {max_err:.3g}.",
+            f"Predicted: {p.predicted.metric} {p.predicted.direction}, {p.predicted.speedup:g}x."]
+    return commit_message(f"agent: {p.summary()}", body,
+                          {**_trailers(run_id, a.iteration), "Speedup": f"{ci.median:.3f}x (95% CI {ci.low:.3f}-{ci.high:.3f})"})
+
+
+def _x(v: float | None) -> str:
+    return f"{v:.3f}x" if v is not None and math.isfinite(v) else "n/a"

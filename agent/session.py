@@ -10,12 +10,12 @@ from pathlib import Path
 
 from agent import gitops
 from agent.envinfo import fingerprint
-from agent.loop import Loop, SetupFailed, load_run, now
+from agent.best import SetupFailed
+from agent.loop import Loop, load_run, now
 from agent.proposers.base import Proposer
 from agent.evaluate import snapshot_lib
 from agent.runlog import Decision, RunConfig, StageTimes, read_iterations, write_json_atomic
 from agent.view import View
-from tools.profile.model import ProfileReport
 from tools.task import Task, first_fitting_task, load_task
 
 
@@ -145,9 +145,9 @@ def start_run(task_dir: Path, *, target: float, iters: int, proposer_kind: str, 
     write_json_atomic(run_dir / "run.json", cfg)
     loop = Loop(run_dir, cfg, rgit, proposer, view)
     try:
-        loop.measure_initial()
+        loop.best.measure_initial(rgit.head())
     except SetupFailed:
-        loop._finish("failed", "the initial kernel could not be measured")
+        loop.finish("failed", "the initial kernel could not be measured")
         raise
     return loop
 
@@ -168,14 +168,11 @@ def prepare_resume(loop: Loop) -> None:
     # always rebuilt (verification suite): a SIGKILL during a keep may have left the candidate's
     # library at best/ while state.json still names the parent as the best
     b = loop.evaluator.build(StageTimes())
-    snapshot_lib(b.lib_path, loop.best_lib)
+    snapshot_lib(b.lib_path, loop.best.lib)
     last = next((loop.run_dir / f"iter-{r.iteration}" for r in reversed(loop.records)
                  if r.decision == Decision.kept), loop.run_dir / "initial")
-    prof = last / "profile.json"
-    if prof.exists():
-        rep = ProfileReport.model_validate_json(prof.read_text())
-        loop.profile = rep if rep.kernels else None
-    write_json_atomic(loop.run_dir / "state.json", loop.state)
+    loop.best.load_profile(last / "profile.json")
+    loop.best.save()
 
 
 def resume_run(run_dir: Path, view: View, extra: dict | None = None) -> Loop:

@@ -94,3 +94,28 @@ def test_no_private_name_is_imported_from_another_module():
                 bad += [f"{m}: from {n.module} import {a.name}" for a in n.names
                         if a.name.startswith("_") and not a.name.startswith("__")]
     assert bad == []
+
+
+# Size limits that keep each module one job: the loop reads as its steps (DESIGN.md "One iteration"),
+# each function fits a screen. tools/ joins this list when its last oversized module is split.
+LINE_LIMITS = {"agent/loop.py": 300}
+FUNCTION_LIMIT = {"agent/loop.py": 60}
+
+
+def _long_functions(path: Path, limit: int) -> list[str]:
+    return [f"{path.name}:{n.lineno} {n.name} ({n.end_lineno - n.lineno + 1} lines)"
+            for n in ast.walk(ast.parse(path.read_text()))
+            if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.end_lineno - n.lineno + 1 > limit]
+
+
+def test_modules_stay_within_their_size_limits():
+    over = [f"{rel}: {n} lines > {limit}" for rel, limit in LINE_LIMITS.items()
+            if (n := len((ROOT / rel).read_text().splitlines())) > limit]
+    over += [f for rel, limit in FUNCTION_LIMIT.items() for f in _long_functions(ROOT / rel, limit)]
+    assert over == []
+
+
+def test_the_function_length_check_sees_a_long_function(tmp_path):
+    p = tmp_path / "m.py"
+    p.write_text("def f():\n" + "    x = 1\n" * 70 + "\n\ndef g():\n    return 1\n")
+    assert _long_functions(p, 60) == ["m.py:1 f (71 lines)"]

@@ -9,7 +9,8 @@ from rich.console import Console
 from rich.table import Table
 
 from agent import gitops
-from agent.loop import Loop, SetupFailed
+from agent.best import SetupFailed
+from agent.loop import Loop
 from agent.runlog import Decision, LogError, find_run, read_iterations
 from agent.settings import SettingsError
 from agent.session import (UsageError, choose_task, default_proposer, parse_target, repo_root_of, resume_run,
@@ -117,7 +118,7 @@ def _run_and_summarize(loop: Loop) -> int:
                   (r.proposal.summary() if r.proposal else "-")[:60], r.reason[:80])
     Console().print(t)
     kept = [r for r in recs if r.decision == Decision.kept]
-    vi, vr = loop.speedup_vs("initial"), loop.speedup_vs("reference")
+    vi, vr = loop.best.speedup_vs("initial"), loop.best.speedup_vs("reference")
     best = state.best_sha[:10]
     Console().print(
         f"best: {state.best_ms * 1e3:.2f} us, {vi:.3f}x vs initial"

@@ -1,0 +1,115 @@
+"""Steps 1-3 of an iteration: what the proposer sees, its proposal, and the proposal applied to the
+run's worktree (with up to PATCH_REPAIRS chances to repair a patch that does not apply)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Callable
+
+from agent.attempt import Attempt
+from agent.evaluate import EditOutsideEditable, NoChange, PatchDidNotApply
+from agent.patch import PatchStatus, apply_edits
+from agent.proposal import Proposal
+from agent.proposers.base import Context, HistoryItem, Proposer, ProposerError
+from agent.runlog import IterationRecord, Outcome, RunState
+from tools.profile.model import ProfileReport
+from tools.task import Task, TaskError, load_task
+
+PATCH_REPAIRS = 2            # a patch that does not apply goes back to the proposer at most this often
+
+
+class StopRun(Exception):
+    """The proposer can do no more (exhausted, or its budget is spent): the run ends cleanly."""
+
+    def __init__(self, reason: str):
+        super().__init__(reason)
+        self.reason = reason
+
+
+def candidate_ms(r: IterationRecord) -> float | None:
+    t = r.bench.timing("candidate") if r.bench is not None else None
+    return t.median_ms if t is not None else None
+
+
+def last_failure(records: list[IterationRecord]) -> tuple[str | None, str | None]:
+    """A candidate that failed to compile, launch or match the reference: the proposer sees why."""
+    if not records:
+        return None, None
+    r = records[-1]
+    if r.outcome in (Outcome.compile_failed, Outcome.parity_failed, Outcome.launch_rejected):
+        hyp = r.proposal.summary() if r.proposal else "the last candidate"
+        return f"Iteration {r.iteration} ({hyp}) was rejected: {r.reason}", r.outcome.value
+    return None, None
+
+
+def context(task: Task, i: int, d: Path, records: list[IterationRecord], state: RunState,
+            profile: ProfileReport | None, feedback: str | None, kind: str | None) -> Context:
+    sources = {f: task.path(f).read_text() for f in task.spec.editable}
+    history = [HistoryItem(iteration=r.iteration, hypothesis=r.proposal.hypothesis if r.proposal else "-",
+                           outcome=r.outcome.value, reason=r.reason, speedup=r.speedup_vs_best,
+                           knobs=r.proposal.knobs if r.proposal else None, ms=candidate_ms(r))
+               for r in records]
+    return Context(task=task, iteration=i, sources=sources, profile=profile, history=history,
+                   best_ms=state.best_ms, reference_ms=state.reference_ms,
+                   knobs=task.read_knobs(), measured_knobs=[state.initial_knobs],
+                   feedback=feedback, feedback_kind=kind, iter_dir=str(d))
+
+
+def task_error(task_dir: Path) -> str | None:
+    """Why the patched task no longer loads (e.g. a knob's #define removed), or None."""
+    try:
+        load_task(task_dir)
+    except TaskError as e:
+        return f"{e.field}: {e.message}"
+    return None
+
+
+def propose_and_apply(proposer: Proposer, make_context: Callable[[str | None, str | None], Context],
+                      task_dir: Path, editable: list[str], revert: Callable[[], None], stage: Callable[[], None],
+                      feedback: tuple[str | None, str | None], a: Attempt, d: Path) -> tuple[Proposal, str]:
+    """Ask for a proposal and apply its edits to the worktree; a patch that does not apply (or breaks
+    the task) goes back to a proposer that can repair it. Returns the proposal and the patch's message;
+    raises an IterationEnded for a patch that cannot be used, StopRun where the proposer ends the run."""
+    text, kind = feedback
+    for n in range(PATCH_REPAIRS + 1):
+        stage()
+        ctx = make_context(text, kind)
+        t0 = time.monotonic()
+        try:
+            proposal, u = proposer.propose(ctx)
+        except ProposerError as e:
+            a.usage = a.usage + e.usage
+            if e.ends_run:
+                raise StopRun(str(e)) from None
+            raise
+        finally:
+            a.times.propose += time.monotonic() - t0
+        a.usage = a.usage + u
+        proposal.proposer = proposal.proposer or proposer.name
+        # in the record at once: an interrupt or a refused patch still says what was proposed (and a
+        # resumed replay counts it as consumed)
+        a.proposal = proposal
+        (d / (f"proposal-{n}.json" if n else "proposal.json")).write_text(proposal.model_dump_json(indent=2))
+        t0 = time.monotonic()
+        res = apply_edits(proposal.edits, task_dir, editable)
+        a.times.patch += time.monotonic() - t0
+        broken = task_error(task_dir) if res.ok else None
+        if res.ok and broken is None:
+            return proposal, res.message
+        revert()   # all-or-nothing, but never trust a half state
+        if broken is not None:
+            # an edit that drops a knob's #define leaves the task unloadable: a patch that does not
+            # apply, with the reason, rather than the end of the run
+            text, kind = f"Your edit breaks the task: {broken}", "patch_did_not_apply"
+            if n == PATCH_REPAIRS or not proposer.can_repair:
+                raise PatchDidNotApply(f"the edit breaks the task: {broken}")
+            continue
+        if res.status == PatchStatus.outside_editable:
+            raise EditOutsideEditable(res.message)
+        if res.status == PatchStatus.no_change:
+            raise NoChange(res.message)
+        text, kind = f"Your patch did not apply:\n{res.message}", res.status.value
+        if n == PATCH_REPAIRS or not proposer.can_repair:
+            raise PatchDidNotApply(res.message)
+    raise AssertionError("unreachable")
