@@ -151,11 +151,11 @@ class Evaluator:
 
     def prestart(self):
         """The candidate's evaluate child, started before its build so that the child's start-up
-        (torch, the CUDA context) runs while nvcc does: a tools.bench.WarmChild for check_candidate,
+        (torch, the CUDA context) runs while nvcc does: a tools.candidate.WarmChild for check_candidate,
         which the caller closes in any case. None when AGENT_NO_PRESTART=1 (one cold child instead)."""
         if os.environ.get("AGENT_NO_PRESTART") == "1":
             return None
-        from tools.bench import prestart_candidate
+        from tools.candidate import prestart_candidate
         return prestart_candidate(self.task)
 
     def check_candidate(self, build: BuildResult, lib: Path, baseline: Path | None, parent: LaunchResult | None,
@@ -164,7 +164,7 @@ class Evaluator:
         are known), parity, then the main-shape bench against `baseline`. Each result goes into the
         attempt `into` as soon as it exists; a failure ends like launch(), parity() or bench() would.
         The child's start-up, where it is not hidden by a prestart(), is charged to parity."""
-        from tools.bench import run_candidate
+        from tools.candidate import run_candidate
         into = Attempt(iteration=0, run_id="", started="", parent_sha="") if into is None else into
         ctx = self.launch_context(build, parent)
         if ctx is None:

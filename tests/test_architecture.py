@@ -5,7 +5,6 @@ module (a name with a leading underscore is its module's own business)."""
 from __future__ import annotations
 
 import ast
-import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -97,8 +96,8 @@ def test_no_private_name_is_imported_from_another_module():
 
 
 # Size limits that keep each module one job: the loop reads as its steps (DESIGN.md "One iteration"),
-# each function fits a screen. tools/ joins this list when its last oversized module is split.
-LINE_LIMITS = {"agent/loop.py": 300}
+# each of its functions fits a screen; an instrument in tools/ that outgrows 350 lines is doing two jobs.
+LINE_LIMITS = {"agent/loop.py": 300, "tools/*.py": 350, "tools/*/*.py": 350}
 FUNCTION_LIMIT = {"agent/loop.py": 60}
 
 
@@ -109,8 +108,9 @@ def _long_functions(path: Path, limit: int) -> list[str]:
 
 
 def test_modules_stay_within_their_size_limits():
-    over = [f"{rel}: {n} lines > {limit}" for rel, limit in LINE_LIMITS.items()
-            if (n := len((ROOT / rel).read_text().splitlines())) > limit]
+    assert all(list(ROOT.glob(pattern)) for pattern in LINE_LIMITS)   # each limit applies to something
+    over = [f"{p.relative_to(ROOT)}: {n} lines > {limit}" for pattern, limit in LINE_LIMITS.items()
+            for p in sorted(ROOT.glob(pattern)) if (n := len(p.read_text().splitlines())) > limit]
     over += [f for rel, limit in FUNCTION_LIMIT.items() for f in _long_functions(ROOT / rel, limit)]
     assert over == []
 

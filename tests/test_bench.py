@@ -9,7 +9,8 @@ import shutil
 import pytest
 
 from tests.fixtures.cpu_faults.faults import compile_lib, make_task, source
-from tools.bench import quantile, run_bench, speedup_ci, stats
+from tools.bench import run_bench
+from tools.stats import quantile, speedup_ci, stats
 from tools.results import BenchStatus
 
 pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++")
@@ -92,7 +93,7 @@ def _crash_after(calls: int) -> str:
 
 @pytest.mark.parametrize("prestarted", [False, True], ids=["cold", "prestarted"])
 def test_candidate_checks_share_one_child_and_a_crash_is_charged_to_its_stage(tmp_path, prestarted):
-    from tools.bench import prestart_candidate, run_candidate
+    from tools.candidate import prestart_candidate, run_candidate
     from tools.results import ParityStatus
 
     def check(task, lib, base):
@@ -129,7 +130,7 @@ def test_a_prestarted_child_is_used_only_for_the_files_it_loaded_and_never_outli
     import os
     import time
 
-    from tools.bench import prestart_candidate, run_candidate
+    from tools.candidate import prestart_candidate, run_candidate
     from tools.results import ParityStatus
     task, lib = make_task(tmp_path, "correct", rounds=4)
     base = compile_lib(source("correct"), tmp_path / "base.so")

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from agent.runlog import Decision, Outcome, read_iterations, read_state
-from tests.fake_openai import FakeOpenAI, completion, error_body
+from tests.fake_openai import FakeOpenAI, error_body
 from tests.userrepo import agent, git, make_user_repo, snapshot
 
 pytestmark = pytest.mark.slow

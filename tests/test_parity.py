@@ -14,7 +14,8 @@ import pytest
 import torch
 
 from tests.fixtures.cpu_faults.faults import compile_lib, make_task, source
-from tools.parity import compare, poison_, poisoned_mask, run_parity
+from tools.compare import compare, poison_, poisoned_mask
+from tools.parity import run_parity
 from tools.results import ParityStatus
 
 pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++")

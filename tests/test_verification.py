@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.runlog import Decision, Outcome, read_config, read_iterations, read_state
+from agent.runlog import Decision, read_config, read_iterations, read_state
 from tests.fixtures.cheats.cheats import CASES, GOOD, proposal, source
 from tests.userrepo import agent, git, make_user_repo, snapshot
 from tools.roofline import floor_ms
@@ -199,7 +199,7 @@ def test_cuda_launch_faults_are_rejected_statically_without_a_gpu(tmp_path):
     import shutil
     from tools.build import build, find_nvcc
     from tools.device import table_limits
-    from tools.bench import run_candidate
+    from tools.candidate import run_candidate
     from tools.launch import static_check
     from tools.task import load_task
     if find_nvcc() is None:
@@ -210,7 +210,7 @@ def test_cuda_launch_faults_are_rejected_statically_without_a_gpu(tmp_path):
     spec.loader.exec_module(vg)
     from agent.evaluate import Evaluator
     from tools import batch as batch_eval
-    from tools.bench import prestart_candidate
+    from tools.candidate import prestart_candidate
     cases = {c[0]: c for c in vg.CASES}
     limits = table_limits("sm_90")
     rejected = []

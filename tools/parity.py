@@ -26,14 +26,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+from tools.compare import bits_equal, compare, describe, disagree, poison_, poisoned_mask, tolerance_for
 from tools.results import ParityResult, ParityStatus, ShapeCheck
 from tools.sandbox import ProcStatus, run_python_json
 from tools.task import Task, load_task, shape_label
 
 GUARD_BYTES = 64 * 1024
-# quiet NaNs with a payload no arithmetic produces (arithmetic NaNs carry an empty payload)
-_POISON_BITS = {"float32": ("int32", 0x7FC0DEAD), "float64": ("int64", 0x7FF8DEADBEEFDEAD),
-                "float16": ("int16", 0x7E6D), "bfloat16": ("int16", 0x7FCD)}
 
 
 # --- parent side ----------------------------------------------------------------------------
@@ -78,131 +76,6 @@ def child_failure(stage: str, proc, data: dict | None) -> str:
     return f"{stage} child printed no JSON result (exit code {proc.returncode}){tail}"
 
 
-# --- child side: comparison (shared with the bench spot check) -------------------------------
-def dtype_name(t) -> str:
-    return str(t.dtype).removeprefix("torch.")
-
-
-def poison_(t) -> None:
-    """Fill t with the poison of its dtype (NaN with payload; integers a sentinel)."""
-    import torch
-    name = dtype_name(t)
-    if name in _POISON_BITS and t.is_contiguous():
-        idt, bits = _POISON_BITS[name]
-        t.view(getattr(torch, idt)).fill_(bits)
-    elif t.is_floating_point() or t.is_complex():
-        t.fill_(float("nan"))
-    elif t.dtype == torch.bool:
-        t.fill_(True)
-    else:
-        t.fill_(_int_sentinel(t.dtype))
-
-
-def _int_sentinel(dtype) -> int:
-    import torch
-    info = torch.iinfo(dtype)
-    return info.min + 0x5A if info.min < 0 else info.max - 0x5A
-
-
-def poisoned_mask(t):
-    """Elements that still hold the poison."""
-    import torch
-    name = dtype_name(t)
-    if name in _POISON_BITS and t.is_contiguous():
-        idt, bits = _POISON_BITS[name]
-        return t.view(getattr(torch, idt)) == bits
-    if t.is_floating_point():
-        return torch.isnan(t)
-    if t.dtype == torch.bool:
-        return torch.zeros_like(t, dtype=torch.bool)   # no spare value: unwritten shows as a mismatch
-    return t == _int_sentinel(t.dtype)
-
-
-def tolerance_for(task: Task, out) -> tuple[float, float]:
-    name = dtype_name(out)
-    tol = task.spec.tolerance.get(name)
-    if tol is not None:
-        return tol.atol, tol.rtol
-    if not out.is_floating_point():
-        return 0.0, 0.0
-    raise ValueError(f"the output is {name} but task.toml has no [tolerance.{name}]")
-
-
-def compare(got, exp, atol: float, rtol: float) -> dict[str, Any]:
-    """Every element of got against exp. Returns status (ParityStatus value), errors, worst element."""
-    import torch
-    if tuple(got.shape) != tuple(exp.shape):
-        return {"status": "error", "message": f"output shape {tuple(got.shape)} but reference {tuple(exp.shape)}"}
-    unw = poisoned_mask(got)
-    g, e = got.detach().double(), exp.detach().double()
-    efin = torch.isfinite(e)
-    unw = unw & efin
-    gfin = torch.isfinite(g)
-    both = efin & gfin
-    err = torch.where(both, (g - e).abs(), torch.zeros_like(e))
-    scale = e.abs().clamp_min(max(atol, 1e-30))
-    rel = err / scale
-    limit = atol + rtol * e.abs()
-    res: dict[str, Any] = {"numel": got.numel(),
-                           "max_abs_err": float(err.max()) if got.numel() else 0.0,
-                           "max_rel_err": float(rel.max()) if got.numel() else 0.0}
-    nonfin = ~gfin & efin & ~unw
-    # where the reference itself is not finite the candidate must agree (any NaN for NaN, same Inf)
-    bad_special = ~efin & ~((torch.isnan(e) & torch.isnan(g)) | (g == e))
-    over = (both & (err > limit)) | bad_special
-    for status, mask, score in (("unwritten", unw, None), ("nan_inf", nonfin, None),
-                                ("mismatch", over, torch.where(both, err / limit.clamp_min(1e-300), 1.0))):
-        n = int(mask.sum())
-        if n:
-            flat = mask.reshape(-1)
-            i = int(flat.nonzero()[0]) if score is None else int(torch.where(flat, score.reshape(-1), -1.0).argmax())
-            idx = [int(x) for x in torch.unravel_index(torch.tensor(i), tuple(got.shape))] if got.dim() else []
-            res.update(status=status, mismatches=n, worst_index=idx,
-                       expected=float(e.reshape(-1)[i]), got=float(g.reshape(-1)[i]))
-            return res
-    res.update(status="ok", mismatches=0)
-    return res
-
-
-def disagree(a, b, exp, atol: float, rtol: float) -> dict[str, Any] | None:
-    """Two candidate outputs that each passed: do they differ from each other beyond tolerance?"""
-    import torch
-    x, y, e = a.double(), b.double(), exp.double()
-    d = (x - y).abs()
-    over = (d > atol + rtol * e.abs()) & torch.isfinite(e)
-    n = int(over.sum())
-    if not n:
-        return None
-    i = int(torch.where(over.reshape(-1), d.reshape(-1), -1.0).argmax())
-    idx = [int(v) for v in torch.unravel_index(torch.tensor(i), tuple(a.shape))] if a.dim() else []
-    return {"mismatches": n, "worst_index": idx, "first": float(x.reshape(-1)[i]), "second": float(y.reshape(-1)[i])}
-
-
-def bits_equal(a, b) -> bool:
-    import torch
-    if not isinstance(a, torch.Tensor):
-        return a == b
-    if a.shape != b.shape or a.dtype != b.dtype:
-        return False
-    return torch.equal(a.contiguous().reshape(-1).view(torch.uint8), b.contiguous().reshape(-1).view(torch.uint8))
-
-
-def describe(label: str, dist: str, c: dict[str, Any], atol: float, rtol: float) -> str:
-    """One line naming a failure: where, expected vs got, how many."""
-    where = f"{label} dist={dist}"
-    st = c["status"]
-    if st == "unwritten":
-        return (f"{where}: {c['mismatches']} of {c['numel']} output elements never written (poison still there), "
-                f"first at {c['worst_index']}: expected {c['expected']:.6g}")
-    if st == "nan_inf":
-        return (f"{where}: {c['mismatches']} NaN/Inf outputs where the reference is finite, first at "
-                f"{c['worst_index']}: expected {c['expected']:.6g} got {c['got']}")
-    return (f"{where}: {c['mismatches']} of {c['numel']} elements outside atol={atol:g} rtol={rtol:g}; worst at "
-            f"{c['worst_index']}: expected {c['expected']:.6g} got {c['got']:.6g} "
-            f"(max abs err {c['max_abs_err']:.3g}, max rel err {c['max_rel_err']:.3g})")
-
-
-# --- child side: the check --------------------------------------------------------------------
 class _Buffers:
     """Per-shape input and output buffers, reused across seeds (pointer-keyed caches go stale)."""
 

@@ -1,0 +1,106 @@
+"""The candidate check in one child process (launch plan check, parity, bench), and the child started
+ahead of time so that its start-up (torch, the CUDA context) overlaps the candidate's build."""
+
+from __future__ import annotations
+
+import json
+import secrets
+import time
+from pathlib import Path
+from typing import NamedTuple
+
+from tools.bench import failed_bench
+from tools.parity import child_failure, child_status
+from tools.results import BenchResult, LaunchResult, LaunchStatus, ParityResult, ParityStatus
+from tools.sandbox import STAGE_MARK, Prestarted, ProcStatus, last_json, prestart_python
+from tools.task import Task
+
+
+class CandidateChecks(NamedTuple):
+    """What the evaluate child answered: each part None when an earlier one failed (or, for launch,
+    when no launch context was given)."""
+    launch: LaunchResult | None
+    parity: ParityResult | None
+    bench: list[BenchResult] | None
+
+
+def prestart_candidate(task: Task) -> WarmChild:
+    """The evaluate child of run_candidate, started now: its torch import and CUDA context overlap the
+    candidate's build. Pass it to run_candidate, and close() it if the candidate never gets there."""
+    return WarmChild(task, prestart_python("tools.runner", ["evaluate", "--task", str(task.root), "--no-reference",
+                                                            "--job-stdin"]))
+
+
+class WarmChild:
+    """A pre-started evaluate child and what it loaded: it serves a task whose files are unchanged."""
+
+    def __init__(self, task: Task, proc: Prestarted):
+        self.root, self.stamp, self.proc = Path(task.root), _task_stamp(task), proc
+
+    def serves(self, task: Task) -> bool:
+        return (self.proc.alive and not self.proc.used and self.root == Path(task.root)
+                and self.stamp == _task_stamp(task))
+
+    def close(self) -> None:
+        self.proc.close()
+
+
+def _task_stamp(task: Task) -> tuple:
+    """What the child loaded before its job: the task's spec and its Python files."""
+    out = []
+    for p in sorted(Path(task.root).glob("*.py")) + [Path(task.root) / "task.toml"]:
+        try:
+            st = p.stat()
+            out.append((p.name, st.st_mtime_ns, st.st_size))
+        except OSError:
+            out.append((p.name, None, None))
+    return tuple(out)
+
+
+def run_candidate(task: Task, lib_path: Path, baseline_lib: Path | None, *, seed: int | None = None,
+                  shapes: list[dict] | None = None, launch_context: dict | None = None,
+                  warm: WarmChild | None = None) -> CandidateChecks:
+    """The loop's candidate check in ONE child process: with `launch_context` ({limits, kernels,
+    parent}: see tools.launch.from_plan) the static launch check of the library's own plan, and
+    nothing runs if it fails; then parity; then, only if it passed, the bench against the baseline.
+    The same checks as tools.launch.static_check + run_parity + run_bench, two torch starts and two
+    CUDA contexts fewer per iteration. A crash or timeout is charged to the stage the child had
+    entered (it says so on stderr). `warm` (prestart_candidate) is used if it still serves this
+    task's files, else a child is started here; either way it is spent."""
+    seed = secrets.randbits(31) if seed is None else seed
+    shapes = [dict(s) for s in (shapes or [task.spec.main])]
+    job = {"lib": str(Path(lib_path).resolve()), "seed": seed, "shapes": shapes, "launch_context": launch_context,
+           "baseline_lib": str(Path(baseline_lib).resolve()) if baseline_lib is not None else None}
+    timeout = task.spec.parity.timeout_s + task.spec.bench.timeout_s
+    t0 = time.monotonic()
+    if warm is None or not warm.serves(task):
+        if warm is not None:
+            warm.close()
+        warm = prestart_candidate(task)   # started cold: the same child, given its job at once
+    proc = warm.proc.run(json.dumps(job), timeout)
+    data = last_json(proc.stdout)
+    dt = time.monotonic() - t0
+    if proc.status == ProcStatus.ok and data is not None:
+        try:
+            launch = None if data.get("launch") is None else LaunchResult.model_validate(data["launch"])
+            par = None if data["parity"] is None else ParityResult.model_validate(data["parity"])
+            bench = None if data["bench"] is None else [BenchResult.model_validate(r) for r in data["bench"]["results"]]
+            return CandidateChecks(launch, par, bench)
+        except (KeyError, TypeError, ValueError) as e:
+            return CandidateChecks(None, ParityResult(status=ParityStatus.error, seconds=dt,
+                                                      message=f"evaluate child answered malformed JSON: {e}"), None)
+    lines = proc.stderr.splitlines()
+    marks = [ln[len(STAGE_MARK):].strip() for ln in lines if ln.startswith(STAGE_MARK)]
+    proc = proc.model_copy(update={"stderr": "\n".join(ln for ln in lines if not ln.startswith(STAGE_MARK))})
+    stage = marks[-1] if marks else "parity"
+    # the stages before the one that died passed in this child; their details were never printed
+    lost = "ok (its details were lost when the child died in a later stage)"
+    launch_ok = (LaunchResult(status=LaunchStatus.ok, message=lost) if launch_context is not None else None)
+    if stage == "launch":
+        return CandidateChecks(LaunchResult(status=LaunchStatus.error, seconds=dt,
+                                            message=child_failure("launch plan", proc, data)), None, None)
+    if stage == "bench":
+        return CandidateChecks(launch_ok, ParityResult(status=ParityStatus.ok, message=lost, seconds=dt),
+                               failed_bench(proc, data, shapes, dt))
+    return CandidateChecks(launch_ok, ParityResult(status=child_status(proc.status), seconds=dt,
+                                                   message=child_failure("parity", proc, data)), None)

@@ -1,0 +1,138 @@
+"""The bench's cross-checks: after the timing, each probe looks for one class of kernel that was fast
+only because it did not do the work while timed. A probe returns None, or the one-line reason that
+marks the bench `suspicious` (the candidate is rejected with it).
+
+- fresh_inputs: fresh inputs in the timed buffers, then fresh buffers, poisoned: a kernel that caches
+  on its input pointers or skips repeated calls is wrong here;
+- burst: BURST calls back to back, as the timing loop makes them, each on fresh inputs into its own
+  poisoned buffer: a kernel that detects a timing loop by the spacing or count of calls is wrong here;
+- roofline (tools/roofline.py): a median below the floor that the task's FLOP and byte formulas and the
+  device's peaks allow;
+- side_stream (CUDA): N back-to-back calls timed by wall clock with a device-wide sync; if the events
+  say the kernel is over 2x faster than that (and a call takes over 50 us of wall time, above launch
+  overhead), work runs where the events do not see it.
+
+A new probe is a function of a `Probe` here, added to PROBES.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from tools.compare import compare, describe, dtype_name, poison_, tolerance_for
+from tools.roofline import floor_ms
+from tools.task import Task, shape_label
+
+SIDE_STREAM_MIN_WALL_MS = 0.05
+BURST = 3
+BURST_REPEATS = 4
+
+
+@dataclass
+class Probe:
+    """What the probes see of one shape's bench (child side): the loaded task module and library, the
+    timed input sets and output buffers, and the candidate's measured median."""
+    task: Task
+    mod: Any
+    lib: Any
+    shape: dict
+    device: str             # "cuda" or "cpu"
+    device_name: str
+    clock: Any
+    torch: Any
+    sets: list[tuple]
+    outs: list
+    cand_ms: float
+    flops: float | None
+    nbytes: float | None
+    rng: random.SystemRandom = field(default_factory=random.SystemRandom)
+
+    def inputs(self, dist: str) -> tuple:
+        return tuple(self.mod.make_inputs(self.shape, self.rng.getrandbits(31), self.device, dist))
+
+    def wrong(self, out, inputs: tuple, dist: str, exp=None) -> str | None:
+        """Why `out` is not the reference's answer for `inputs` (`exp`, where computed before the call),
+        or None."""
+        exp = self.mod.reference(self.shape, *inputs) if exp is None else exp
+        atol, rtol = tolerance_for(self.task, out)
+        c = compare(out, exp, atol, rtol)
+        if c["status"] == "ok":
+            return None
+        return f"({c['status']}): " + (c.get("message") or describe(shape_label(self.shape), dist, c, atol, rtol))
+
+
+def fresh_inputs(p: Probe) -> str | None:
+    """Fresh inputs in the buffers of the latest timed call (pointer-keyed caches go stale), then fresh
+    buffers; each output poisoned before the call."""
+    dists = p.task.spec.distributions
+    p.mod.run(p.lib, p.shape, p.outs[0], *p.sets[0])
+    p.clock.sync()
+    for x, y in zip(p.sets[0], p.inputs(dists[-1])):
+        x.copy_(y)
+    fresh = p.inputs(dists[0])
+    for inputs, out, where, dist in ((p.sets[0], p.outs[0], "the timed buffers", dists[-1]),
+                                     (fresh, p.mod.empty_output(p.shape, *fresh), "fresh buffers", dists[-1])):
+        poison_(out)
+        p.clock.sync()
+        p.mod.run(p.lib, p.shape, out, *inputs)
+        p.clock.sync()
+        why = p.wrong(out, inputs, dist)
+        if why is not None:
+            return f"after timing, the candidate was wrong on fresh inputs in {where} {why}"
+    return None
+
+
+def burst(p: Probe) -> str | None:
+    """BURST_REPEATS bursts, fresh poisoned buffers and fresh inputs each time (on a loaded CPU one
+    burst's calls can come too far apart to look like a timing loop to a kernel that watches the gap;
+    input caches are parity's and the roofline's business)."""
+    dist = p.task.spec.distributions[0]
+    for rep in range(BURST_REPEATS):
+        calls = [p.inputs(dist) for _ in range(BURST)]
+        expected = [p.mod.reference(p.shape, *x) for x in calls]   # before the calls: inputs stay as given
+        outs = [p.mod.empty_output(p.shape, *x) for x in calls]
+        for o in outs:
+            poison_(o)
+        p.clock.sync()
+        for x, o in zip(calls, outs):
+            p.mod.run(p.lib, p.shape, o, *x)
+        p.clock.sync()
+        for k, (x, o, exp) in enumerate(zip(calls, outs, expected)):
+            why = p.wrong(o, x, dist, exp)
+            if why is not None:
+                return (f"in {BURST} calls back to back (as the timing loop makes them; burst {rep + 1} of "
+                        f"{BURST_REPEATS}), call {k + 1} was wrong {why}")
+    return None
+
+
+def roofline(p: Probe) -> str | None:
+    fl = floor_ms(p.flops, p.nbytes, p.device_name or p.device, dtype_name(p.outs[0]))
+    if fl is not None and p.cand_ms < fl.ms:
+        return (f"{shape_label(p.shape)}: candidate median {p.cand_ms * 1e3:.3g} us is below the "
+                f"{fl.describe()}: the timed calls cannot have done the work")
+    return None
+
+
+def side_stream(p: Probe) -> str | None:
+    if p.device != "cuda":
+        return None
+    n = max(10, min(1000, int(50 / max(p.cand_ms, 1e-3))))
+    p.torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for i in range(n):
+        s = i % len(p.sets)
+        p.mod.run(p.lib, p.shape, p.outs[s], *p.sets[s])
+    t_host = time.perf_counter()
+    p.torch.cuda.synchronize()
+    t1 = time.perf_counter()
+    wall_ms, host_ms = (t1 - t0) * 1e3 / n, (t_host - t0) * 1e3 / n
+    if wall_ms > SIDE_STREAM_MIN_WALL_MS and wall_ms > 2 * max(p.cand_ms, host_ms):
+        return (f"{shape_label(p.shape)}: events say {p.cand_ms * 1e3:.1f} us per call but back-to-back calls "
+                f"with a device-wide sync take {wall_ms * 1e3:.1f} us each: work runs outside the timed stream")
+    return None
+
+
+PROBES: tuple[Callable[[Probe], str | None], ...] = (fresh_inputs, burst, roofline, side_stream)
