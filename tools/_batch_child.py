@@ -3,8 +3,8 @@
     python -m tools._batch_child --task DIR --baseline-lib PATH --limit-s S [--screen] [--contexts JSON_FILE] LIB ...
 
 Loads the task module and the baseline library once (the torch import and the CUDA context are
-paid once per batch, not per library), then for each library in turn runs what the loop runs in
-two fresh children: parity (`tools.parity.check`, hidden shapes, a fresh seed) and, if it passes,
+paid once per batch, not per library), then for each library in turn runs what the loop's evaluate
+child runs: parity (`tools.parity.check`, hidden shapes, a fresh seed) and, if it passes,
 the interleaved bench against the baseline on the main shape (`tools.bench.measure`).
 With --screen: only a short timing of each library alone on the main shape (the bench's own output
 spot checks included, no parity), to rank a huge space before the full checks of the fastest.

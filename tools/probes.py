@@ -105,6 +105,7 @@ def burst(p: Probe) -> str | None:
             if why is not None:
                 return (f"in {BURST} calls back to back (as the timing loop makes them; burst {rep + 1} of "
                         f"{BURST_REPEATS}), call {k + 1} was wrong {why}")
+        del calls, outs, expected   # before the next burst allocates its own: one burst's memory at a time
     return None
 
 

@@ -13,8 +13,8 @@ parent can tell a crash in one stage from one in the next. With --job-stdin the 
 early (while the candidate builds): it loads the task module, torch and the CUDA context, then waits
 for its job on stdin, so the start-up leaves the iteration's critical path.
 
-The parent (tools/parity.py, tools/bench.py) runs this through tools.sandbox.run_python_json, in a
-new process group with a timeout; a segfault, a hang or a poisoned CUDA context dies with this
+The parent (tools/parity.py, tools/bench.py, tools/candidate.py) runs this through tools.sandbox
+(run_python_json, or prestart_python for a child started early), in a new session with a timeout; a segfault, a hang or a poisoned CUDA context dies with this
 process. The last line on stdout is the one JSON result. Anything the kernel or the task prints
 goes to stderr: fd 1 is pointed at stderr before any generated code loads, and the result is
 written to a private copy of the original stdout, so a kernel's buffered printf flushed at exit

@@ -1,8 +1,10 @@
 """Run generated code where it cannot take the agent down.
 
 Every stage that runs generated code (build, parity, bench, profile) goes through `run_isolated`:
-a child in its own process group (so a hung kernel's helpers die with it), a wall-clock timeout
-after which the whole group is killed, and a typed outcome. A CUDA fault poisons the context of
+a child in its own session, a wall-clock timeout, and a typed outcome. When the child ends, for
+any reason, `kill_tree` stops and kills everything in its session and every descendant found
+through parent links (a compiler that ninja put in a process group of its own included), so no
+helper of a hung kernel or a timed-out build outlives it. A CUDA fault poisons the context of
 the process it happens in; here that process is always a throwaway child.
 """
 
@@ -86,7 +88,7 @@ def _child_setup(parent: int | None = None) -> None:
 
 def run_isolated(argv: list[str], timeout_s: float, cwd: Path | str | None = None,
                  env: dict[str, str] | None = None, stdin: str | None = None) -> ProcResult:
-    """Run argv in a new session; kill its process group on timeout. Never raises for the child."""
+    """Run argv in a new session; when it ends (or times out) kill its tree. Never raises for the child."""
     t0 = time.monotonic()
     proc = _spawn(argv, cwd, env, pipe_stdin=bool(stdin))
     if isinstance(proc, ProcResult):
