@@ -1,7 +1,7 @@
 """Evaluate one version of a task: build, launch (CTA) check, parity, bench, cheapest first.
 
 Each way out is an exception carrying the outcome and a one-line reason, which the loop logs and
-shows to the proposer. The loop, `agent sweep` and `agent gate` share this pipeline.
+shows to the proposer. Optimize, `agent sweep`, `agent check` and `agent gate` share evaluate_candidate().
 """
 
 from __future__ import annotations
@@ -151,26 +151,34 @@ class Evaluator:
 
     def prestart(self):
         """The candidate's evaluate child, started before its build so that the child's start-up
-        (torch, the CUDA context) runs while nvcc does: a tools.candidate.WarmChild for check_candidate,
+        (torch, the CUDA context) runs while nvcc does: a tools.candidate.WarmChild for evaluate_candidate,
         which the caller closes in any case. None when AGENT_NO_PRESTART=1 (one cold child instead)."""
         if os.environ.get("AGENT_NO_PRESTART") == "1":
             return None
         from tools.candidate import prestart_candidate
         return prestart_candidate(self.task)
 
-    def check_candidate(self, build: BuildResult, lib: Path, baseline: Path | None, parent: LaunchResult | None,
-                        times: StageTimes, into: Attempt | None = None, warm=None) -> BenchResult:
-        """The loop's candidate check in one child: the static launch check (CUDA, where device limits
-        are known), parity, then the main-shape bench against `baseline`. Each result goes into the
-        attempt `into` as soon as it exists; a failure ends like launch(), parity() or bench() would.
-        The child's start-up, where it is not hidden by a prestart(), is charged to parity."""
+    def evaluate_candidate(self, lib: Path, baseline: Path | None, times: StageTimes, *,
+                           launch_context: dict | None = None, into: Attempt | None = None, warm=None,
+                           with_reference: bool = False, verify_launch: bool = False) -> Attempt:
+        """The one candidate pipeline of optimize, sweep, `agent check` and `agent gate`: in ONE child,
+        the static launch check of the library's own plan (where `launch_context` is given: see
+        launch_context()), parity, then the main-shape bench against `baseline` (None: the candidate
+        alone) and, `with_reference`, the reference. With `verify_launch`, a candidate that passed all
+        of it then gets the dynamic launch check (the profiler trace; on a GPU only).
+
+        Each result goes into the attempt (`into`, or a new one, returned) as soon as it exists; a
+        failure raises the stage's IterationEnded with its typed result. The child's start-up, where
+        a prestart() `warm` child does not hide it, is charged to parity."""
         from tools.candidate import run_candidate
-        into = Attempt(iteration=0, run_id="", started="", parent_sha="") if into is None else into
-        ctx = self.launch_context(build, parent)
-        if ctx is None:
-            into.launch = self.launch(build, parent, times)    # not applicable: nothing to run
+        a = Attempt(iteration=0, run_id="", started="", parent_sha="") if into is None else into
+        if launch_context is None:
+            a.launch = LaunchResult(status=LaunchStatus.not_applicable,
+                                    message="CPU task: no launch geometry" if self.task.spec.device == "cpu"
+                                    else "no device limits known: no launch check")
         t0 = time.monotonic()
-        launch, par, bench = run_candidate(self.task, lib, baseline, launch_context=ctx, warm=warm)
+        launch, par, bench = run_candidate(self.task, lib, baseline, launch_context=launch_context, warm=warm,
+                                           with_reference=with_reference)
         total = time.monotonic() - t0
         l_secs = launch.seconds if launch is not None else 0.0
         b_secs = sum(b.seconds for b in bench) if bench else 0.0
@@ -178,20 +186,22 @@ class Evaluator:
         times.bench += min(b_secs, max(total - l_secs, 0.0))
         times.parity += max(total - l_secs - b_secs, 0.0)
         if launch is not None:
-            into.launch = launch
+            a.launch = launch
             _launch_ok(launch)
         if par is None:
             raise ParityFailed("parity: the evaluate child returned no parity result")
-        into.parity = par
+        a.parity = par
         if par.status != ParityStatus.ok:
             raise ParityFailed(f"parity {par.status.value}: {par.message}", par)
         if not bench:
             raise BenchFailed("bench: the child returned no result after parity passed")
-        into.bench = bench[0]
+        a.bench = bench[0]
         bad = next((r for r in bench if r.status != BenchStatus.ok), None)
         if bad is not None:
             raise BenchFailed(f"bench {bad.status.value}: {bad.message}", bench[0])
-        return bench[0]
+        if verify_launch:
+            a.launch = self.verify_launch(lib, a.launch, times)
+        return a
 
     def bench(self, lib: Path, baseline: Path | None, times: StageTimes, with_reference: bool = False,
               shapes: list[dict] | None = None) -> list[BenchResult]:

@@ -194,7 +194,8 @@ class Loop:
             lib = snapshot_lib(a.build.lib_path, d / self.best.lib.name)
             # the static launch check, parity and the bench, in one child (a failed launch check runs nothing)
             self._stage(i, "check+bench")
-            self.evaluator.check_candidate(a.build, lib, self.best.lib, self.best.launch, a.times, a, warm=warm)
+            self.evaluator.evaluate_candidate(lib, self.best.lib, a.times, into=a, warm=warm,
+                                              launch_context=self.evaluator.launch_context(a.build, self.best.launch))
         finally:
             if warm is not None:
                 warm.close()

@@ -280,19 +280,17 @@ def _point(b: _Built, r: BatchItemResult) -> SweepPoint:
 
 def _verify_best(res: SweepResult, built: dict[int, _Built], base_lib: Path, out_dir: Path, limits,
                  say: Callable[[str], None]) -> SweepPoint | None:
-    """The best by median gets the dynamic launch check, a fresh parity (new seed) and a fresh bench
-    against the initial, each in its own process; on a failure the point is marked and the next best
-    is tried. Returns the verified point (also recorded in res.verified)."""
+    """The best by median goes through the pipeline every candidate of optimize goes through
+    (Evaluator.evaluate_candidate: the static launch check, a fresh parity with a new seed and a fresh
+    bench against the initial, in a fresh child), then the dynamic launch check; on a failure the
+    point is marked and the next best is tried. Returns the verified point (also in res.verified)."""
     while (p := res.best()) is not None:
         b = built[p.index]   # type: ignore[index]
         ev = Evaluator(b.task, out_dir / f"cfg-{b.index}" / "build", limits)
         t = StageTimes()
         say(f"verifying the best, {p.knobs} at {p.median_ms * 1e3:.1f} us (launch check, fresh parity and bench)")
-        static = b.launch or LaunchResult(status=LaunchStatus.not_applicable, message="CPU task: no launch geometry")
         try:
-            ev.verify_launch(b.lib, static, t)
-            ev.parity(b.lib, t)
-            bench = ev.bench(b.lib, base_lib, t)[0]
+            bench = ev.evaluate_candidate(b.lib, base_lib, t, launch_context=b.launch_context, verify_launch=True).bench
         except IterationEnded as e:
             p.ok, p.outcome, p.reason = False, e.outcome.value, "on verification: " + _line(e.reason)
             say(f"{p.knobs} failed verification: {p.reason}")

@@ -37,7 +37,7 @@ def test_static_launch_check_through_the_evaluator(tmp_path):
     att = Attempt(iteration=1, run_id="r", started="t", parent_sha="p")
     t2 = StageTimes()
     with pytest.raises(LaunchRejected, match="collapse|CTA"):
-        ev.check_candidate(b, Path(b.lib_path), None, parent, t2, att)
+        ev.evaluate_candidate(Path(b.lib_path), None, t2, into=att, launch_context=ev.launch_context(b, parent))
     assert att.launch.status == LaunchStatus.rejected and att.launch.main_ctas == 2048
     assert att.parity is None and t2.launch > 0
 

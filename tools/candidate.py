@@ -59,7 +59,7 @@ def _task_stamp(task: Task) -> tuple:
 
 def run_candidate(task: Task, lib_path: Path, baseline_lib: Path | None, *, seed: int | None = None,
                   shapes: list[dict] | None = None, launch_context: dict | None = None,
-                  warm: WarmChild | None = None) -> CandidateChecks:
+                  warm: WarmChild | None = None, with_reference: bool = False) -> CandidateChecks:
     """The loop's candidate check in ONE child process: with `launch_context` ({limits, kernels,
     parent}: see tools.launch.from_plan) the static launch check of the library's own plan, and
     nothing runs if it fails; then parity; then, only if it passed, the bench against the baseline.
@@ -70,7 +70,8 @@ def run_candidate(task: Task, lib_path: Path, baseline_lib: Path | None, *, seed
     seed = secrets.randbits(31) if seed is None else seed
     shapes = [dict(s) for s in (shapes or [task.spec.main])]
     job = {"lib": str(Path(lib_path).resolve()), "seed": seed, "shapes": shapes, "launch_context": launch_context,
-           "baseline_lib": str(Path(baseline_lib).resolve()) if baseline_lib is not None else None}
+           "baseline_lib": str(Path(baseline_lib).resolve()) if baseline_lib is not None else None,
+           "no_reference": not with_reference}
     timeout = task.spec.parity.timeout_s + task.spec.bench.timeout_s
     t0 = time.monotonic()
     if warm is None or not warm.serves(task):

@@ -15,7 +15,7 @@ from pydantic import BaseModel
 from rich.console import Console
 from rich.table import Table
 
-from tools.results import BenchStatus, BuildStatus, CheckSummary, LaunchResult, LaunchStatus, ParityStatus
+from tools.results import BuildStatus, CheckSummary
 from tools.sandbox import REPO_ROOT
 
 out = Console()
@@ -53,16 +53,24 @@ class _Steps:
 
 
 def run_check(task_path: Path, build_dir: Path | None = None) -> tuple[CheckSummary, _Steps]:
-    from tools.build import build, default_build_dir
-    from tools.device import device_limits, torch_cuda_available
-    from tools.bench import run_bench
-    from tools.launch import dynamic_check, static_check
-    from tools.parity import run_parity
+    """Build, then the pipeline every candidate goes through (Evaluator.evaluate_candidate: the static
+    launch check, parity and the main-shape bench with the reference, in one child), then the dynamic
+    launch check where a GPU is visible. Stops at the first failure."""
+    from agent.attempt import Attempt
+    from agent.evaluate import CompileFailed, Evaluator, IterationEnded
+    from agent.runlog import StageTimes
+    from tools.build import default_build_dir
+    from tools.device import device_limits
     from tools.task import load_task
 
     task = load_task(task_path)
     steps = _Steps()
-    b = build(task, build_dir or default_build_dir(task))
+    times = StageTimes()
+    ev = Evaluator(task, build_dir or default_build_dir(task), None)
+    try:
+        b = ev.build(times)
+    except CompileFailed as e:
+        b = e.result
     kern = "; ".join(f"{k.name.split('(')[0]}: {k.registers} regs, {k.spill_stores_bytes} B spilled, "
                      f"{k.smem_static_bytes} B smem" for k in b.kernels)
     steps.add("build", b.status.value, b.message or f"{b.steps_run} steps, {b.seconds:.1f}s" + (f"; {kern}" if kern else ""))
@@ -70,40 +78,45 @@ def run_check(task_path: Path, build_dir: Path | None = None) -> tuple[CheckSumm
     if b.status != BuildStatus.ok:
         return summary, steps
 
-    limits = device_limits(b.arch)
-    launch: LaunchResult = static_check(task, b, limits)
-    steps.add("launch (static)", launch.status.value, launch.message)
-    if launch.status == LaunchStatus.ok and task.spec.device == "cuda" and torch_cuda_available():
-        launch = dynamic_check(task, b.lib_path or "", limits, launch)
-        steps.add("launch (trace)", launch.status.value, launch.message)
-    summary.launch = launch
-    if launch.status in (LaunchStatus.rejected, LaunchStatus.error):
-        return summary, steps
-
+    ev.limits = device_limits(b.arch) if task.spec.device == "cuda" else None
+    a = Attempt(iteration=0, run_id="check", started="", parent_sha="")
+    failed: IterationEnded | None = None
     try:
-        parity = run_parity(task, b.lib_path)
+        ev.evaluate_candidate(Path(b.lib_path), None, times, into=a, launch_context=ev.launch_context(b, None),
+                              with_reference=True)
+    except IterationEnded as e:
+        e.fill(a)
+        failed = e
     except Exception as e:  # noqa: BLE001 - the instrument's own bug: one line, not a traceback
-        steps.add("parity", "error", f"tools.parity raised {type(e).__name__}: {e}")
+        steps.add("evaluate", "error", f"the evaluate pipeline raised {type(e).__name__}: {e}")
         return summary, steps
-    summary.parity = parity
-    steps.add("parity", parity.status.value, parity.message or f"{len(parity.checks)} checks")
-    if parity.status != ParityStatus.ok:
-        return summary, steps
-
-    try:
-        bench = run_bench(task, b.lib_path)
-    except Exception as e:  # noqa: BLE001
-        steps.add("bench", "error", f"tools.bench raised {type(e).__name__}: {e}")
-        return summary, steps
-    summary.bench = list(bench)
-    for r in summary.bench:
+    summary.launch, summary.parity = a.launch, a.parity
+    if a.launch is not None:
+        steps.add("launch (static)", a.launch.status.value, a.launch.message)
+    if a.parity is not None:
+        steps.add("parity", a.parity.status.value, a.parity.message or f"{len(a.parity.checks)} checks")
+    if a.bench is not None:
+        summary.bench = [a.bench]
+        r = a.bench
         cand = r.timing("candidate")
-        label = ",".join(f"{k}={int(v)}" for k, v in r.shape.items())
         detail = r.message or (f"{cand.median_ms:.4f} ms median" if cand else "")
         if r.speedup_vs_reference is not None and "vs reference" not in detail:
             detail += f", {r.speedup_vs_reference:.2f}x vs reference"
-        steps.add(f"bench {label}", r.status.value, detail)
-    summary.ok = bool(summary.bench) and all(r.status == BenchStatus.ok for r in summary.bench)
+        steps.add(f"bench {','.join(f'{k}={int(v)}' for k, v in r.shape.items())}", r.status.value, detail)
+    if failed is not None:
+        if a.parity is None and a.launch is not None and a.launch.status.value in ("ok", "not_applicable"):
+            steps.add("parity", "error", failed.reason)   # the child died before it said anything
+        return summary, steps
+    if a.launch is not None and a.launch.status.value == "ok":
+        try:
+            summary.launch = ev.verify_launch(Path(b.lib_path), a.launch, times)
+        except IterationEnded as e:
+            summary.launch = e.result if e.result is not None else summary.launch
+            steps.add("launch (trace)", summary.launch.status.value, e.reason)
+            return summary, steps
+        if summary.launch is not a.launch:
+            steps.add("launch (trace)", summary.launch.status.value, summary.launch.message)
+    summary.ok = True
     return summary, steps
 
 

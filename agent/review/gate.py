@@ -18,8 +18,8 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
-from agent.evaluate import (BenchFailed, CompileFailed, Evaluator, IterationEnded, LaunchRejected, ParityFailed,
-                            snapshot_lib)
+from agent.attempt import Attempt
+from agent.evaluate import CompileFailed, Evaluator, IterationEnded, snapshot_lib
 from agent.review.runs import Run, list_runs, load_run, resolve_run
 from agent.runlog import LogError, StageTimes
 from tools.results import ParityResult, SpeedupCI
@@ -139,22 +139,24 @@ def gate(task_dir: Path, against: str | None, limit: float, runs_dir: Path | Non
         base = Evaluator(base_task, tmp / "build-baseline", limits)
         try:
             b = cur.build(times)
-            cur.launch(b, None, times)
-            lib = snapshot_lib(b.lib_path, tmp / "current" / lib_name)
-            res.parity = cur.parity(lib, times)
-        except (CompileFailed, LaunchRejected, ParityFailed) as e:
-            if isinstance(e, ParityFailed):
-                res.parity = e.result
+        except CompileFailed as e:
             return _failed(res, e, times)
+        lib = snapshot_lib(b.lib_path, tmp / "current" / lib_name)
         try:
             bb = base.build(StageTimes())
             base_lib = snapshot_lib(bb.lib_path, tmp / "baseline" / lib_name)
         except IterationEnded as e:
             raise GateError(f"the baseline ({label}, {sha[:10]}) does not build: {e.reason}") from None
+        # the pipeline every candidate goes through: launch check, parity, the bench against the baseline
+        a = Attempt(iteration=0, run_id="gate", started="", parent_sha=sha)
         try:
-            bench = cur.bench(lib, base_lib, times)[0]
-        except BenchFailed as e:
+            cur.evaluate_candidate(lib, base_lib, times, into=a, launch_context=cur.launch_context(b, None),
+                                   verify_launch=True)
+        except IterationEnded as e:
+            e.fill(a)
+            res.parity = a.parity
             return _failed(res, e, times)
+        res.parity, bench = a.parity, a.bench
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     ci = bench.speedup_vs_baseline
