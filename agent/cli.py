@@ -27,7 +27,7 @@ def build_parser() -> argparse.ArgumentParser:
         try:
             mod = importlib.import_module(name)
         except ModuleNotFoundError as e:
-            if e.name == name:       # that family is not installed in this checkout yet
+            if e.name == name:       # that family's module is absent from this checkout: skip it
                 continue
             raise
         mod.register(sub)

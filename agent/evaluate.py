@@ -100,7 +100,7 @@ class Evaluator:
                dynamic: bool = True) -> LaunchResult:
         """The static check (the library's own plan + ptxas against the limits), then, on a GPU and
         when `dynamic`, the real geometry from a profiler trace. The loop asks for the dynamic part
-        only for a candidate about to be kept (it costs a fresh torch process, 12-15 s on the H200)."""
+        only for a candidate about to be kept (it costs a fresh torch process, 12-15 s on an H200)."""
         if self.task.spec.device == "cpu" or self.limits is None:
             return LaunchResult(status=LaunchStatus.not_applicable, message="CPU task: no launch geometry")
         from tools import launch as launch_tool

@@ -67,7 +67,7 @@ class Loop:
     def _on_sigint(self, signum, frame) -> None:
         """A Ctrl-C is remembered as well as raised: a KeyboardInterrupt that lands inside a finalizer
         (GitPython reaps its git processes in __del__, where Python ignores exceptions) is lost, and
-        the run went on to the end once (kill-safety suite, SIGINT at parity, under load). The next
+        the run would go on to the end (a SIGINT at parity under load can land there). The next
         stage boundary raises it again."""
         self._sigint = True
         raise KeyboardInterrupt

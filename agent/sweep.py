@@ -37,7 +37,7 @@ from agent.evaluate import Evaluator, IterationEnded, snapshot_lib
 from agent.runlog import StageTimes
 from tools import batch as batch_eval
 from tools.device import task_limits
-from tools.results import BatchItemResult, BatchStatus, LaunchResult, LaunchStatus
+from tools.results import BatchItemResult, BatchStatus, LaunchResult
 from tools.task import Task, knob_pattern, load_task, shape_label
 
 

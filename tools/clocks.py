@@ -33,7 +33,7 @@ class CudaClock:
     def rep_cost(self, fn, n: int = 3) -> float:
         """GPU milliseconds one rep really costs: the flush and the call (as triton's do_bench estimates
         it), so that the rep budgets are spent as budgeted. For a 40 us kernel the 256 MB flush costs
-        more than the kernel: counting only the kernel made softmax's bench take 2-3x its budget."""
+        more than the kernel: counting only the kernel makes a bench like softmax's take 2-3x its budget."""
         t = self.torch
         s, e = t.cuda.Event(enable_timing=True), t.cuda.Event(enable_timing=True)
         s.record()

@@ -76,8 +76,8 @@ def _child_setup(parent: int | None = None) -> None:
             libc.prctl(1, signal.SIGKILL)   # PR_SET_PDEATHSIG
         except OSError:
             pass
-    # verification suite (kill safety): the agent may have died between fork and prctl, when no death
-    # signal can come any more; such a child must not run on alone
+    # the agent may have died between fork and prctl, when no death signal can come any more; such a
+    # child must not run on alone
     if parent is not None and os.getppid() != parent:
         os._exit(137)
     # SIGINT was blocked by the parent around the fork (see run_isolated); the child, now in its own
@@ -142,9 +142,9 @@ def _spawn(argv: list[str], cwd: Path | str | None, env: dict[str, str] | None,
            pipe_stdin: bool) -> subprocess.Popen | ProcResult:
     """Popen in a new session that dies with the agent; a ProcResult (not_started) if argv[0] is missing."""
     full_env = {**os.environ, **(env or {})}
-    # verification suite (kill safety): a Ctrl-C to the agent's process group that lands between fork and
-    # setsid reached the child, not the agent, and was lost (the run went on). SIGINT is held around the
-    # fork and delivered to the agent right after it.
+    # a Ctrl-C to the agent's process group that lands between fork and setsid would reach the child,
+    # not the agent, and be lost (the run would go on). So SIGINT is held around the fork and delivered
+    # to the agent right after it.
     held = _hold_sigint()
     try:
         proc = subprocess.Popen(argv, cwd=cwd, env=full_env, stdin=subprocess.PIPE if pipe_stdin else subprocess.DEVNULL,
@@ -264,8 +264,8 @@ def kill_tree(leader: int, wait_s: float = KILL_WAIT_S) -> int:
     Returns how many processes it found (the leader included, if still running).
 
     The child leads its own session, but its process group is not enough: ninja starts each compiler
-    in a process group of its own, so killpg(ninja) left cc1plus running at 100% of a core (8.5 GB)
-    long after a build timed out. Whatever the child starts keeps its session id unless it calls
+    in a process group of its own, so killpg(ninja) alone leaves cc1plus running at 100% of a core
+    (8.5 GB) long after a build timed out. Whatever the child starts keeps its session id unless it calls
     setsid itself; one that did is still found through the parent links while its parent lives, which
     is why everything found is stopped (SIGSTOP) before anything is killed: a stopped process neither
     exits (orphaning its children out of reach) nor forks. Without /proc (not Linux) only the group dies.

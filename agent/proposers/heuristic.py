@@ -65,8 +65,8 @@ class HeuristicProposer:
         measured = {_key(h.knobs) for h in ctx.history if h.knobs} | {_key(c) for c in ctx.measured_knobs}
         measured.add(_key(current))
         # a knob value that already failed (in a rejected configuration) is tried again only after
-        # everything else: on the H200 the same "compute-bound: larger tiles" move was retried three
-        # times from three configurations, each slower
+        # everything else: a rule that keeps firing (say "compute-bound: larger tiles") would otherwise
+        # retry the same move from each new configuration, each time slower
         failed = {(n, v) for h in ctx.history if h.knobs and h.outcome != "kept"
                   for n, v in h.knobs.items() if current.get(n) != v}
         rules = self._rule_moves(ctx.profile, current)
@@ -158,8 +158,8 @@ class HeuristicProposer:
                                          f"{cur[k.name]}->{v}", ev, "tensor_pipe_pct", "up", 2.0))
         if kp.bottleneck == Bottleneck.compute:
             # "compute" at a few FLOP per byte is instruction issue (address math, narrow loads), not math:
-            # on the H200 softmax (no declared FLOPs, 73% compute, 52% DRAM) lost its first iteration to a
-            # tile move, while wider accesses gave 1.12x, 1.09x and 1.03x
+            # softmax on an H200 (no declared FLOPs, 73% compute, 52% DRAM) is slower after a tile move,
+            # while wider accesses give 1.12x, 1.09x and 1.03x
             ai = self._intensity()
             if ai is None or ai < LOW_INTENSITY:
                 what = f"{ai:.1f} FLOP/B" if ai is not None else "no declared FLOPs"
@@ -185,8 +185,8 @@ class HeuristicProposer:
     # --- exploration ------------------------------------------------------------------------
     def _explore_moves(self, cur: Config) -> list[Move]:
         moves = []
-        # roles with the larger typical effect first (seen on the H200: softmax's VEC was never reached
-        # in 5 iterations when THREADS, declared first, was explored value by value)
+        # roles with the larger typical effect first, not declaration order: exploring a knob declared
+        # first value by value (softmax's THREADS) can use up a short run before a stronger one (its VEC)
         knobs = sorted(self.task.spec.knobs, key=lambda k: _EXPLORE_ORDER.index(k.role))
         for k in knobs:
             if k.name not in cur:

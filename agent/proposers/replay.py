@@ -2,8 +2,8 @@
 
 Each proposal is evaluated afresh by the loop: a change kept on one GPU may be rejected on another.
 With `kept_only`, only the proposals that run kept are replayed. A proposals file (a JSON list of
-Proposal objects, or JSON lines) works too, which is how the verification suite pushes crafted
-candidates through the real loop.
+Proposal objects, or JSON lines) works too, which is how crafted candidates (the cheats of
+VERIFICATION.md) go through the real loop.
 """
 
 from __future__ import annotations

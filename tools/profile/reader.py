@@ -238,9 +238,9 @@ def read_report(path: str | Path, source: str = "report") -> ProfileReport:
 
 
 def read_report_isolated(path: str | Path, source: str = "report", timeout_s: float = 120.0) -> ProfileReport:
-    """read_report in a child process: ncu_report is native code, and a crash in it (seen once on
-    the device, inside a process that had torch and two ncu_report builds loaded) must not take
-    the agent down. The child prints the report as one JSON line."""
+    """read_report in a child process: ncu_report is native code, and a crash in it (it can crash in a
+    process that has torch and two ncu_report builds loaded) must not take the agent down. The child
+    prints the report as one JSON line."""
     from tools.sandbox import ProcStatus, run_python_json
     res, data = run_python_json("tools.profile.reader", [str(path), "--source", source], timeout_s)
     if data is not None:
