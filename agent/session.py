@@ -29,9 +29,23 @@ def parse_target(text: str) -> float:
         v = float(t)
     except ValueError:
         raise UsageError(f"--target {text!r}: give a speedup such as 1.5x or 1.5") from None
-    if not v > 0:
-        raise UsageError(f"--target {text!r}: must be positive")
+    if not v > 1:
+        raise UsageError(f"--target {text}: a target at or below 1x is met before the first iteration; "
+                         "give more than 1, e.g. 1.5x")
     return v
+
+
+def check_limits(iters: int, min_gain: float | None = None, budget_seconds: float | None = None,
+                 budget_tokens: int | None = None, budget_usd: float | None = None) -> None:
+    """The run's numbers, refused before anything is created (a run folder, a branch, a worktree)."""
+    if iters < 1:
+        raise UsageError(f"--iters {iters}: give at least 1")
+    if min_gain is not None and not min_gain >= 0:
+        raise UsageError(f"--min-gain {min_gain:g}: give 0 or more (0.02 keeps a change 2% faster)")
+    for flag, v in (("--budget-seconds", budget_seconds), ("--budget-tokens", budget_tokens),
+                    ("--budget-usd", budget_usd)):
+        if v is not None and not v > 0:
+            raise UsageError(f"{flag} {v:g}: give more than 0, or leave it out for no budget")
 
 
 def repo_root_of(path: Path) -> Path:
@@ -41,9 +55,14 @@ def repo_root_of(path: Path) -> Path:
 def choose_task(arg: str | None, cwd: Path) -> tuple[Path, str]:
     """The task folder and a sentence saying why it was chosen."""
     if arg:
-        p = Path(arg)
+        p = Path(arg) if Path(arg).is_absolute() else cwd / arg
         if not p.exists() and (cwd / "kernels" / arg).exists():
             p = cwd / "kernels" / arg
+        if not p.is_dir():
+            raise UsageError(f"{arg} does not exist: give a task folder (one holding task.toml), "
+                             "e.g. kernels/matmul_cpu" if not p.exists() else f"{arg} is a file, not a task folder")
+        if not (p / "task.toml").is_file():
+            raise UsageError(f"{arg} has no task.toml: give a task folder, e.g. kernels/matmul_cpu")
         return p.resolve(), f"task {p.name} (from the command line)"
     try:
         root = repo_root_of(cwd)
@@ -159,13 +178,13 @@ def prepare_resume(loop: Loop) -> None:
     n = len(loop.records)
     if head != loop.state.best_sha:
         loop.git.keep_ref("interrupted", n + 1, head)
-    # reset even when HEAD is the best (verification suite): a SIGKILL between patch and commit left
-    # the candidate's edit uncommitted in the worktree, and the resumed run built on top of it
+    # reset even when HEAD is the best: a SIGKILL between patch and commit leaves the candidate's
+    # edit uncommitted in the worktree, and the resumed run would build on top of it
     loop.git.reset_to(loop.state.best_sha)
     loop.state.iterations_done = n
     loop.state.status = "running"
     loop.reload_task()
-    # always rebuilt (verification suite): a SIGKILL during a keep may have left the candidate's
+    # always rebuilt: a SIGKILL during a keep may have left the candidate's
     # library at best/ while state.json still names the parent as the best
     b = loop.evaluator.build(StageTimes())
     snapshot_lib(b.lib_path, loop.best.lib)
@@ -195,4 +214,4 @@ def resume_run(run_dir: Path, view: View, extra: dict | None = None) -> Loop:
     return loop
 
 
-__all__ = ["start_run", "resume_run", "choose_task", "parse_target", "UsageError"]
+__all__ = ["start_run", "resume_run", "choose_task", "parse_target", "check_limits", "UsageError"]

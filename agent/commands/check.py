@@ -16,7 +16,6 @@ from rich.console import Console
 from rich.table import Table
 
 from tools.results import BuildStatus, CheckSummary
-from tools.sandbox import REPO_ROOT
 
 out = Console()
 err = Console(stderr=True)
@@ -24,7 +23,8 @@ err = Console(stderr=True)
 
 def register(subparsers) -> None:
     p = subparsers.add_parser("check", help="build, launch-check, parity and bench one task")
-    p.add_argument("task", nargs="?", help="kernels/TASK (default: the first task that fits this machine)")
+    p.add_argument("task", nargs="?", help="kernels/TASK (default: [tool.agent].task, else the first task in the "
+                   "repository's kernels/ that fits this machine)")
     p.add_argument("--build-dir", type=Path, default=None)
     p.add_argument("--json", action="store_true", help="print the CheckSummary as JSON")
     p.set_defaults(func=cmd_check)
@@ -35,13 +35,6 @@ def register(subparsers) -> None:
 
 
 # --- check -------------------------------------------------------------------------------------
-def default_task(kernels_dir: Path = REPO_ROOT / "kernels") -> Path | None:
-    """The first task in kernels/ that fits this machine: a cuda task with a GPU, else a cpu task."""
-    from tools.device import torch_cuda_available
-    from tools.task import first_fitting_task
-    return first_fitting_task(kernels_dir, torch_cuda_available())
-
-
 class _Steps:
     """The rows of the check table, in order."""
 
@@ -121,11 +114,13 @@ def run_check(task_path: Path, build_dir: Path | None = None) -> tuple[CheckSumm
 
 
 def cmd_check(args) -> int:
-    task_path = Path(args.task) if args.task else default_task()
-    if task_path is None:
-        err.print("[red]no task fits this machine[/red] (kernels/*/task.toml with device "
-                  "'cuda' needs a GPU; add a cpu task or pass one)")
+    from agent.session import UsageError, choose_task
+    try:   # the same choice as `agent optimize`: the argument, [tool.agent] task, the repository's kernels/
+        task_path, why = choose_task(args.task, Path.cwd())
+    except UsageError as e:
+        err.print(f"[red]error[/red]: {e}", highlight=False)
         return 2
+    err.print(why, highlight=False)
     summary, steps = run_check(task_path, args.build_dir)
     if args.json:
         print(summary.model_dump_json())

@@ -13,8 +13,8 @@ from agent.best import SetupFailed
 from agent.loop import Loop
 from agent.runlog import Decision, LogError, find_run, read_iterations
 from agent.settings import SettingsError
-from agent.session import (UsageError, choose_task, default_proposer, parse_target, repo_root_of, resume_run,
-                           start_run)
+from agent.session import (UsageError, check_limits, choose_task, default_proposer, parse_target, repo_root_of,
+                           resume_run, start_run)
 from agent.view import make_view
 from tools.task import load_task
 
@@ -72,8 +72,9 @@ def _llm_overrides(args) -> dict:
 
 def cmd_optimize(args) -> int:
     try:
-        task_dir, why = choose_task(args.task, Path.cwd())
+        check_limits(args.iters, args.min_gain, args.budget_seconds, args.budget_tokens, args.budget_usd)
         target = parse_target(args.target)
+        task_dir, why = choose_task(args.task, Path.cwd())
         overrides = _llm_overrides(args)
         root = repo_root_of(task_dir)
         kind = args.proposer or default_proposer(root, overrides)

@@ -1,0 +1,71 @@
+"""Bad arguments are refused before anything is created: no run folder, no branch, no worktree, no ref,
+and one line that names the argument and what to give instead. `agent check` and `agent optimize`
+pick the task the same way."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.userrepo import agent, git, make_user_repo
+
+
+@pytest.fixture(scope="module")
+def user(tmp_path_factory):
+    return make_user_repo(tmp_path_factory.mktemp("args") / "user")
+
+
+def _nothing_created(root) -> None:
+    assert not (root / "runs").exists()
+    assert git(root, "for-each-ref", "--format=%(refname)", "refs/heads/agent", "refs/agent") == ""
+    assert len(git(root, "worktree", "list").splitlines()) == 1
+    assert ".git/info/exclude" not in git(root, "status", "--porcelain")
+
+
+@pytest.mark.parametrize("args, says", [
+    (["--iters", "0"], "--iters 0: give at least 1"),
+    (["--iters", "-3"], "--iters -3: give at least 1"),
+    (["--target", "0.5"], "--target 0.5: a target at or below 1x"),
+    (["--target", "1x"], "--target 1x: a target at or below 1x"),
+    (["--target", "fast"], "--target 'fast': give a speedup such as 1.5x"),
+    (["--min-gain", "-0.1"], "--min-gain -0.1: give 0 or more"),
+    (["--budget-seconds", "0"], "--budget-seconds 0: give more than 0"),
+    (["--budget-tokens", "-5"], "--budget-tokens -5: give more than 0"),
+])
+def test_a_bad_number_is_refused_before_anything_is_created(user, args, says):
+    res = agent(user, "optimize", "kernels/matmul_cpu", *args, "--quiet", timeout=120)
+    out = res.stdout + res.stderr
+    assert res.returncode == 2, out
+    assert says in out and "Traceback" not in out
+    _nothing_created(user)
+
+
+def test_a_missing_task_folder_is_named_as_missing(user):
+    res = agent(user, "optimize", "kernels/no_such_task", "--quiet", timeout=120)
+    out = res.stdout + res.stderr
+    assert res.returncode == 2, out
+    assert "kernels/no_such_task does not exist" in out and "git repository" not in out
+    _nothing_created(user)
+
+
+def test_a_folder_without_task_toml_is_named(user):
+    res = agent(user, "optimize", "kernels", "--quiet", timeout=120)
+    out = res.stdout + res.stderr
+    assert res.returncode == 2, out
+    assert "no task.toml" in out and "Traceback" not in out
+    _nothing_created(user)
+
+
+def test_check_and_optimize_pick_the_same_task(tmp_path):
+    # a user repository whose one task is not the first shipped task: both commands must take the user's
+    root = make_user_repo(tmp_path / "user")
+    git(root, "mv", "kernels/matmul_cpu", "kernels/my_matmul")
+    git(root, "commit", "-qm", "rename")
+    chk = agent(root, "check", "--json", "--build-dir", str(tmp_path / "b"), timeout=300)
+    assert chk.returncode in (0, 1), chk.stderr
+    assert json.loads(chk.stdout)["task"] == "matmul_cpu"   # the task's name is in its task.toml
+    assert "my_matmul" in chk.stderr, chk.stderr             # and the folder it came from is said
+    outside = agent(tmp_path, "check", "--json", timeout=120)   # no repository, no task given
+    assert outside.returncode == 2 and "git repository" not in outside.stderr
+    assert "no task" in outside.stderr
