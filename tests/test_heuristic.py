@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from agent.proposers.base import Context, HistoryItem
+from agent.proposers.base import Context, HistoryItem, ProposerExhausted
 from agent.proposers.heuristic import HeuristicProposer
 from tools.profile.model import Bottleneck, KernelProfile, ProfileEnv, ProfileReport, ProfileStatus
 from tools.task import load_task
@@ -120,3 +120,29 @@ def test_after_every_single_move_it_combines_the_two_cheapest_moves_first():
     ctx.best_ms = best_ms
     q, _ = prop.propose(ctx)
     assert {n: v for n, v in q.knobs.items() if cur[n] != v} == {"BLOCK_M": 32, "KV_SPLITS": 2}, q.hypothesis
+
+
+def test_every_hypothesis_names_its_move_first():
+    """Tables, `agent runs`, the report and the commit subject show the start of a hypothesis: it must be
+    the move ("VEC 1->2: ..."), the reason after it, for a profile rule, exploration and a combination."""
+    import re
+    move = re.compile(r"^[A-Z_]+ -?\d+->-?\d+(, [A-Z_]+ -?\d+->-?\d+)*: \S")
+    seen = []
+    attn = load_task(REPO / "kernels" / "attention_fwd")
+    for prof in (_prof(bottleneck=Bottleneck.small_grid), _prof(2048, smem_bank_conflicts=10 ** 6),
+                 _prof(2048, bottleneck=Bottleneck.compute, tensor_pipe_pct=0.0, sol_compute_pct=80.0)):
+        seen.append(HeuristicProposer(attn).propose(_ctx(attn, prof))[0])
+    cpu = load_task(REPO / "kernels" / "matmul_cpu")
+    h, hist = HeuristicProposer(cpu), []
+    for i in range(len(cpu.spec.knob_space()) - 1):   # exploration until every single move is measured
+        try:
+            p, _ = h.propose(_ctx(cpu, None, hist))
+        except ProposerExhausted:   # the space is explored
+            break
+        seen.append(p)
+        hist.append(HistoryItem(iteration=i + 1, hypothesis=p.hypothesis, outcome="not_faster", reason="slower",
+                                knobs=p.knobs, speedup=0.9))
+    assert len(seen) > 5 and any(len([1 for n, v in p.knobs.items() if cpu.read_knobs().get(n) not in (None, v)]) > 1
+                                 for p in seen[3:]), [p.hypothesis for p in seen]
+    bad = [p.hypothesis for p in seen if not move.match(p.hypothesis)]
+    assert bad == []

@@ -38,7 +38,7 @@ Config = dict[str, int]
 class Move:
     knob: str
     value: int
-    why: str                      # the hypothesis
+    why: str                      # the reason; the hypothesis reads "KNOB a->b: why"
     evidence: list[Evidence]
     metric: str
     direction: str
@@ -104,14 +104,14 @@ class HeuristicProposer:
             for k in self._by_role("split"):
                 for v in _higher(k, cur[k.name]):
                     ratio = v / max(cur[k.name], 1)
-                    moves.append(Move(k.name, v, f"The grid is {kp.ctas} CTAs on {sm or '?'} SMs (small grid): raise "
-                                      f"{k.name} {cur[k.name]}->{v} for about {ratio:.0f}x the CTAs",
+                    moves.append(Move(k.name, v, f"The grid is {kp.ctas} CTAs on {sm or '?'} SMs (small grid): about "
+                                      f"{ratio:.0f}x the CTAs",
                                       ev_grid, "launch.ctas", "up", round(min(ratio, want), 2)))
             for k in self._by_role("tile"):
                 for v in _lower(k, cur[k.name]):
                     ratio = cur[k.name] / v
-                    moves.append(Move(k.name, v, f"The grid is {kp.ctas} CTAs on {sm or '?'} SMs (small grid): lower "
-                                      f"{k.name} {cur[k.name]}->{v} for about {ratio:.0f}x the CTAs",
+                    moves.append(Move(k.name, v, f"The grid is {kp.ctas} CTAs on {sm or '?'} SMs (small grid): smaller "
+                                      f"tiles, about {ratio:.0f}x the CTAs",
                                       ev_grid, "launch.ctas", "up", round(min(ratio, want) * 0.8, 2)))
         limiter = (kp.occupancy_limiter or "").lower()
         if limiter in ("registers", "shared_memory") and (kp.occupancy_theoretical_pct or 100) < 50:
@@ -120,7 +120,7 @@ class HeuristicProposer:
             for k in self._by_role("tile") + self._by_role("threads"):
                 for v in _lower(k, cur[k.name])[:1]:
                     moves.append(Move(k.name, v, f"Occupancy is {kp.occupancy_theoretical_pct}% limited by {limiter}: "
-                                      f"lower {k.name} {cur[k.name]}->{v} to fit more CTAs per SM",
+                                      "fit more CTAs per SM",
                                       ev, "occupancy.achieved_pct", "up", 1.15))
         conflicts = kp.smem_bank_conflicts or 0
         bank_rule = next((r for r in kp.rules if "bank" in r.message.lower()), None)
@@ -130,8 +130,8 @@ class HeuristicProposer:
                 ev.append(Evidence(metric=f"ncu.rule.{bank_rule.id}", value=bank_rule.message[:160]))
             for k in self._by_role("pad"):
                 for v in _higher(k, cur[k.name])[:1]:
-                    moves.append(Move(k.name, v, f"{conflicts} shared-memory bank conflicts: pad rows, {k.name} "
-                                      f"{cur[k.name]}->{v}", ev, "smem.bank_conflicts", "down", 1.1))
+                    moves.append(Move(k.name, v, f"{conflicts} shared-memory bank conflicts: pad rows", ev,
+                                      "smem.bank_conflicts", "down", 1.1))
         mem, comp = kp.sol_memory_pct or 0.0, kp.sol_compute_pct or 0.0
         ev_sol = [Evidence(metric="sol.memory_pct", value=f"{mem:.1f}"),
                   Evidence(metric="sol.compute_pct", value=f"{comp:.1f}")]
@@ -141,12 +141,12 @@ class HeuristicProposer:
             for k in self._by_role("vector"):
                 for v in _higher(k, cur[k.name])[:1]:
                     moves.append(Move(k.name, v, f"Memory-bound at {mem:.0f}% of peak memory throughput: wider "
-                                      f"accesses, {k.name} {cur[k.name]}->{v}", ev_sol, "sol.dram_pct", "up", 1.2))
+                                      "accesses", ev_sol, "sol.dram_pct", "up", 1.2))
         if kp.bottleneck == Bottleneck.latency:
             for k in self._by_role("threads") + self._by_role("split") + self._by_role("vector"):
                 for v in _higher(k, cur[k.name])[:1]:
                     moves.append(Move(k.name, v, f"Latency-bound (memory {mem:.0f}%, compute {comp:.0f}% of peak): "
-                                      f"more work in flight, {k.name} {cur[k.name]}->{v}", ev_sol,
+                                      "more work in flight", ev_sol,
                                       "sol.memory_pct", "up", 1.15))
         tensor = kp.tensor_pipe_pct or 0.0
         if kp.bottleneck in (Bottleneck.compute, Bottleneck.latency) and tensor < 5.0:
@@ -154,8 +154,8 @@ class HeuristicProposer:
             for k in self._by_role("tensor"):
                 for v in _higher(k, cur[k.name])[:1]:
                     moves.insert(0, Move(k.name, v, f"{kp.bottleneck.value.capitalize()}-bound with the tensor pipe "
-                                         f"{tensor:.0f}% busy: move the matrix products to tensor cores, {k.name} "
-                                         f"{cur[k.name]}->{v}", ev, "tensor_pipe_pct", "up", 2.0))
+                                         f"{tensor:.0f}% busy: move the matrix products to tensor cores", ev,
+                                         "tensor_pipe_pct", "up", 2.0))
         if kp.bottleneck == Bottleneck.compute:
             # "compute" at a few FLOP per byte is instruction issue (address math, narrow loads), not math:
             # softmax on an H200 (no declared FLOPs, 73% compute, 52% DRAM) is slower after a tile move,
@@ -166,14 +166,15 @@ class HeuristicProposer:
                 ev = ev_sol + [Evidence(metric="task.flop_per_byte", value=f"{ai:.2f}" if ai is not None else "-")]
                 for k in self._by_role("vector"):
                     for v in _higher(k, cur[k.name])[:1]:
-                        moves.append(Move(k.name, v, f"Compute-bound at {comp:.0f}% of peak with DRAM at {mem:.0f}% and "
+                        moves.append(Move(k.name, v, f"Compute-bound at {comp:.0f}% of peak with DRAM at {mem:.0f}% "
+                                          "and "
                                           f"{what}: the busy pipes are issuing instructions (address math, narrow "
-                                          f"loads), not math; wider accesses, {k.name} {cur[k.name]}->{v}, cut "
-                                          "instructions per byte", ev, "sol.compute_pct", "down", 1.15))
+                                          "loads), not math; wider accesses cut instructions per byte", ev,
+                                          "sol.compute_pct", "down", 1.15))
             for k in self._by_role("tile"):
                 for v in _higher(k, cur[k.name])[:1]:
                     moves.append(Move(k.name, v, f"Compute-bound at {comp:.0f}% of peak: larger tiles for more reuse "
-                                      f"per load, {k.name} {cur[k.name]}->{v}", ev_sol, "sol.compute_pct", "down", 1.1))
+                                      "per load", ev_sol, "sol.compute_pct", "down", 1.1))
         return moves
 
     def _intensity(self) -> float | None:
@@ -195,8 +196,8 @@ class HeuristicProposer:
                           key=lambda v: (abs(k.values.index(v) - _index(k, cur[k.name])), v))
             for v in vals:
                 what = f" ({k.description})" if k.description else ""
-                moves.append(Move(k.name, v, f"No profile rule points at an untried move: explore {k.name} "
-                                  f"{cur[k.name]}->{v}{what}", [Evidence(metric=f"knob.{k.name}", value=str(cur[k.name]))],
+                moves.append(Move(k.name, v, f"explore{what}: no profile rule points at an untried move",
+                                  [Evidence(metric=f"knob.{k.name}", value=str(cur[k.name]))],
                                   "time.median_ms", "down", 1.05))
         return moves
 
@@ -229,7 +230,7 @@ class HeuristicProposer:
         return Edit(file=k.file, search=old_line, replace=new_line)
 
     def _proposal(self, ctx: Context, cur: Config, mv: Move) -> Proposal:
-        return Proposal(hypothesis=mv.why, evidence=mv.evidence,
+        return Proposal(hypothesis=f"{mv.knob} {cur[mv.knob]}->{mv.value}: {mv.why}", evidence=mv.evidence,
                         predicted=PredictedEffect(metric=mv.metric, direction=mv.direction, speedup=mv.speedup),
                         edits=[self._edit(ctx, mv.knob, mv.value)], knobs={**cur, mv.knob: mv.value})
 
@@ -240,7 +241,7 @@ class HeuristicProposer:
         known = [f"{n}->{v} {ratios[(n, v)]:.3f}x" for n, v in changed.items() if (n, v) in ratios]
         why = (f"; alone: {', '.join(known)}, so {est:.3f}x if the moves did not interact: a gain needs an "
                "interaction (a tile reshaped at the same area, say)") if known else ""
-        return Proposal(hypothesis=f"Every single-knob move from the best has been measured: combine {desc}{why}",
+        return Proposal(hypothesis=f"{desc}: every single-knob move from the best has been measured; combine them{why}",
                         evidence=[Evidence(metric=f"knob.{n}", value=str(cur.get(n))) for n in changed]
                         + [Evidence(metric=f"single_move.{n}={v}.speedup", value=f"{ratios[(n, v)]:.3f}")
                            for n, v in changed.items() if (n, v) in ratios],
