@@ -13,8 +13,9 @@ from agent.envinfo import fingerprint
 from agent.best import SetupFailed
 from agent.loop import Loop, load_run, now
 from agent.proposers.base import Proposer
+from agent.proposers.retry import RetryFirst, is_retry, undecided
 from agent.evaluate import snapshot_lib
-from agent.runlog import Decision, RunConfig, StageTimes, read_iterations, write_json_atomic
+from agent.runlog import Decision, RunConfig, StageTimes, write_json_atomic
 from agent.view import View
 from tools.task import Task, first_fitting_task, load_task
 
@@ -208,7 +209,12 @@ def resume_run(run_dir: Path, view: View, extra: dict | None = None) -> Loop:
     proposer = make_proposer(cfg.proposer, task, merged, Path(cfg.repo))
     loop = Loop(run_dir, cfg, rgit, proposer, view)
     prepare_resume(loop)
-    proposer.skip_to(sum(1 for r in read_iterations(run_dir) if r.proposal is not None))
+    proposer.skip_to(sum(1 for r in loop.records if r.proposal is not None and not is_retry(r.proposal)))
+    again = undecided(loop.records)
+    if again is not None:
+        loop.proposer = RetryFirst(proposer, again)
+        view.message(f"iteration {again.iteration} was interrupted before its candidate was decided: "
+                     f"evaluating it again first ({again.proposal.summary()[:80]})")
     view.message(f"resuming {cfg.run_id} at iteration {loop.state.iterations_done + 1} of {cfg.iters} "
                  f"(best {'initial' if loop.state.best_iteration is None else 'iteration ' + str(loop.state.best_iteration)})")
     return loop

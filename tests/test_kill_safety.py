@@ -102,12 +102,13 @@ def test_kill_at_each_stage_then_resume(tmp_path, sig):
     hook.write_text(HOOK.format(arm=arm, reached=reached))
     hook.chmod(hook.stat().st_mode | stat.S_IEXEC)
     before = snapshot(root)
-    # SIGINT: each interrupted iteration is recorded and its proposal consumed, so iteration k meets the
-    # k-th kill and every one of 1-5 tries the faster loop order; SIGKILL: iteration 1 is never recorded
-    # and is retried after each kill
-    props = [_faster(k) for k in range(5)] + [_comment(0)] if sig == "SIGINT" else [_faster(0), _comment(0)]
+    # SIGINT: each interrupted iteration is recorded, undecided, and `agent resume` evaluates its
+    # candidate again first, so iteration k meets the k-th kill and every one of 1-5 is the faster loop
+    # order; SIGKILL: iteration 1 is never recorded and is tried again after each kill. Either way the
+    # replay's next proposal (the comment) comes only after the faster loop order was decided.
+    props = [_faster(0), _comment(0)]
     (tmp_path / "p.json").write_text(json.dumps(props))
-    iters = len(props)
+    iters = 6 if sig == "SIGINT" else 2
     run = root / "runs" / "kills"
     log = tmp_path / "agent.log"
     signum = getattr(signal, sig)
@@ -163,6 +164,11 @@ def test_kill_at_each_stage_then_resume(tmp_path, sig):
     # measures as no faster than it, not as a 3x speedup over a stale library
     last = recs[-1]
     assert last.bench is not None and last.bench.speedup_vs_baseline.median < 1.5, last.reason
+    if sig == "SIGINT":    # each interrupted candidate came back as the next iteration, marked as a retry
+        for a, b in zip(recs, recs[1:]):
+            if a.decision == Decision.interrupted:
+                assert b.proposal.edits == a.proposal.edits and f"retry of iteration {a.iteration}" in b.proposal.proposer
+        assert recs[-1].proposal.hypothesis == "a comment (0)"
     if sig == "SIGKILL":   # the candidates killed mid-evaluation stay reviewable
         refs = git(root, "for-each-ref", "--format=%(refname)", f"refs/agent/{cfg.run_id}/interrupted")
         assert refs, "a killed candidate was not kept under refs/agent/RUN/interrupted/N"
