@@ -15,6 +15,7 @@ COMMAND_MODULES = [
     "agent.commands.profile",    # profile
     "agent.commands.optimize",   # optimize, resume, sweep
     "agent.commands.review",     # runs, show, report, cherry-pick, gate
+    "agent.commands.clean",      # clean
 ]
 
 console = Console(stderr=True)
