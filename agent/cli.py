@@ -23,6 +23,7 @@ console = Console(stderr=True)
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="agent", description="Profile-guided, self-verifying CUDA kernel optimization.")
+    p.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMAND_MODULES:
         try:
@@ -33,6 +34,15 @@ def build_parser() -> argparse.ArgumentParser:
             raise
         mod.register(sub)
     return p
+
+
+def _version() -> str:
+    """The installed distribution's version (pyproject.toml), or "unknown" when run from a bare checkout."""
+    from importlib.metadata import PackageNotFoundError, version
+    try:
+        return version("kernel-agent")
+    except PackageNotFoundError:
+        return "unknown (not installed: pip install -e .)"
 
 
 def main(argv: list[str] | None = None) -> int:

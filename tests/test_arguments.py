@@ -69,3 +69,25 @@ def test_check_and_optimize_pick_the_same_task(tmp_path):
     outside = agent(tmp_path, "check", "--json", timeout=120)   # no repository, no task given
     assert outside.returncode == 2 and "git repository" not in outside.stderr
     assert "no task" in outside.stderr
+
+
+def test_version_is_the_installed_distributions():
+    import tomllib
+    from pathlib import Path
+    want = tomllib.loads((Path(__file__).resolve().parent.parent / "pyproject.toml").read_text())["project"]["version"]
+    res = agent(Path.cwd(), "--version", timeout=60)
+    assert res.returncode == 0 and res.stdout.strip() == f"agent {want}", res.stdout + res.stderr
+
+
+def test_a_run_that_kept_nothing_does_not_suggest_cherry_picking(tmp_path):
+    from agent.proposal import Edit, PredictedEffect, Proposal
+    root = make_user_repo(tmp_path / "user")
+    broken = Proposal(hypothesis="LOOP_ORDER 0->1: a typo", predicted=PredictedEffect(metric="t", direction="down",
+                      speedup=2.0), edits=[Edit(file="matmul.cpp", search="#define LOOP_ORDER 0",
+                                                replace="#define LOOP_ORDER 1\nthis is not C++")])
+    (tmp_path / "p.json").write_text(json.dumps([broken.model_dump()]))
+    res = agent(root, "optimize", "kernels/matmul_cpu", "--proposer", "replay", "--replay", str(tmp_path / "p.json"),
+                "--iters", "1", "--run-id", "none", "--quiet", timeout=300)
+    out = res.stdout + res.stderr
+    assert res.returncode == 0, out
+    assert "0 kept of 1" in out and "cherry-pick" not in out and "agent clean none" in out

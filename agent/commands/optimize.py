@@ -125,7 +125,9 @@ def _run_and_summarize(loop: Loop) -> int:
         f"best: {state.best_ms * 1e3:.2f} us, {vi:.3f}x vs initial"
         + (f", {vr:.3f}x vs reference" if vr else "")
         + f"; {len(kept)} kept of {len(recs)}; best commit {best} on branch {loop.cfg.branch}\n"
-        f"review: agent show {loop.cfg.run_id}   cherry-pick: agent cherry-pick {loop.cfg.run_id} --best",
+        + (f"review: agent show {loop.cfg.run_id}   cherry-pick: agent cherry-pick {loop.cfg.run_id} --best" if kept
+           else f"nothing was kept: review with agent show {loop.cfg.run_id}; agent clean {loop.cfg.run_id} removes "
+                "its worktree and branch"),
         highlight=False)
     return 130 if state.status == "interrupted" else 0
 
