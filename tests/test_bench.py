@@ -5,6 +5,7 @@ post-timing spot check must flag kernels that cheat on repeated calls."""
 from __future__ import annotations
 
 import shutil
+from pathlib import Path
 
 import pytest
 
@@ -12,6 +13,9 @@ from tests.fixtures.cpu_faults.faults import compile_lib, make_task, source
 from tools.bench import run_bench
 from tools.stats import quantile, speedup_ci, stats
 from tools.results import BenchStatus
+from tools.task import load_task
+
+REPO = Path(__file__).resolve().parent.parent
 
 pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++")
 SHAPE = {"M": 48, "N": 48, "K": 48}
@@ -158,3 +162,15 @@ def test_a_prestarted_child_is_used_only_for_the_files_it_loaded_and_never_outli
     res = slow.proc.run(__import__("json").dumps({"lib": str(hang), "seed": 1, "shapes": [SHAPE],
                                                   "launch_context": None, "baseline_lib": None}), 3.0)
     assert res.status.value == "timeout" and time.monotonic() - t0 < 30 and not slow.proc.alive
+
+
+def test_the_cpu_matmul_is_timed_against_what_a_user_calls():
+    """"vs reference" times float32 torch.matmul, not the float64 truth parity compares with (2.5x slower
+    on the 256-cube, which flattered every CPU candidate by that factor)."""
+    import torch
+    task = load_task(REPO / "kernels" / "matmul_cpu")
+    mod = task.module()
+    a, b = mod.make_inputs(task.spec.main, 1, "cpu", "normal")
+    got = mod.timing_reference(task.spec.main, a, b)
+    assert got.dtype == torch.float32 and torch.equal(got, torch.matmul(a, b))
+    assert mod.reference(task.spec.main, a, b).dtype == torch.float32    # the truth: computed in float64
