@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pydantic import BaseModel
+from rich import box
 from rich.table import Table
 from rich.text import Text
 
@@ -45,10 +46,15 @@ _STATUS_STYLE = {"done": "green", "running": "cyan", "interrupted": "yellow", "f
 
 
 def runs_table(rows: list[RunRow], title: str) -> Table:
-    t = Table(title=title)
-    for c, kw in (("run", {"no_wrap": True}), ("task", {}), ("started (UTC)", {"no_wrap": True}), ("proposer", {}),
-                  ("iters", {"justify": "right"}), ("kept", {"justify": "right"}),
-                  ("best vs initial", {"justify": "right"}), ("vs reference", {"justify": "right"}), ("status", {})):
+    # no vertical rules and one space between columns: 20 characters more for the cells
+    t = Table(title=title, box=box.SIMPLE_HEAD, collapse_padding=True)
+    # at 80 columns every column keeps a readable width: text folds onto more lines instead of being cut
+    # to one character and an ellipsis; the start is shown as month-day hour:minute (UTC)
+    fold = {"overflow": "fold", "min_width": 6}
+    for c, kw in (("run", {"overflow": "fold", "min_width": 10}), ("task", fold), ("started", {"min_width": 7}),
+                  ("proposer", fold), ("iters", {"justify": "right"}), ("kept", {"justify": "right"}),
+                  ("vs initial", {"justify": "right", "min_width": 7}),
+                  ("vs ref", {"justify": "right", "min_width": 5}), ("status", fold)):
         t.add_column(c, **kw)
     for r in rows:
         if not r.readable:
@@ -56,9 +62,15 @@ def runs_table(rows: list[RunRow], title: str) -> Table:
             t.add_row(r.id, "", "", "", "", "", "", "", Text(f"unreadable: {reason}", style="red"))
             continue
         mark = "" if r.confirmed else " (est.)"
-        t.add_row(r.id, r.task, r.started.replace("T", " ").removesuffix("+00:00"), r.proposer,
+        t.add_row(r.id, r.task, _short_time(r.started), r.proposer,
                   f"{r.iterations}/{r.iters_max}", str(r.kept),
                   (f"{r.best_vs_initial:.2f}x{mark}" if r.best_vs_initial is not None else "-"),
                   (f"{r.best_vs_reference:.2f}x" if r.best_vs_reference is not None else "-"),
                   f"[{_STATUS_STYLE.get(r.status, 'white')}]{r.status}[/]")
     return t
+
+
+def _short_time(iso: str) -> str:
+    """2026-11-25T07:46:12+00:00 -> 11-25 07:46 (the year and seconds say little in a list of runs)."""
+    date, _, time = iso.partition("T")
+    return f"{date[5:]} {time[:5]}".strip() if time else iso
