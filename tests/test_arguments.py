@@ -23,6 +23,16 @@ def _nothing_created(root) -> None:
     assert ".git/info/exclude" not in git(root, "status", "--porcelain")
 
 
+def _refused(root, *args: str) -> str:
+    """`agent optimize ARGS` exits 2 with no traceback and creates nothing; returns what it printed."""
+    res = agent(root, "optimize", *args, "--quiet", timeout=120)
+    out = res.stdout + res.stderr
+    assert res.returncode == 2, out
+    assert "Traceback" not in out
+    _nothing_created(root)
+    return out
+
+
 @pytest.mark.parametrize("args, says", [
     (["--iters", "0"], "--iters 0: give at least 1"),
     (["--iters", "-3"], "--iters -3: give at least 1"),
@@ -34,27 +44,16 @@ def _nothing_created(root) -> None:
     (["--budget-tokens", "-5"], "--budget-tokens -5: give more than 0"),
 ])
 def test_a_bad_number_is_refused_before_anything_is_created(user, args, says):
-    res = agent(user, "optimize", "kernels/matmul_cpu", *args, "--quiet", timeout=120)
-    out = res.stdout + res.stderr
-    assert res.returncode == 2, out
-    assert says in out and "Traceback" not in out
-    _nothing_created(user)
+    assert says in _refused(user, "kernels/matmul_cpu", *args)
 
 
 def test_a_missing_task_folder_is_named_as_missing(user):
-    res = agent(user, "optimize", "kernels/no_such_task", "--quiet", timeout=120)
-    out = res.stdout + res.stderr
-    assert res.returncode == 2, out
+    out = _refused(user, "kernels/no_such_task")
     assert "kernels/no_such_task does not exist" in out and "git repository" not in out
-    _nothing_created(user)
 
 
 def test_a_folder_without_task_toml_is_named(user):
-    res = agent(user, "optimize", "kernels", "--quiet", timeout=120)
-    out = res.stdout + res.stderr
-    assert res.returncode == 2, out
-    assert "no task.toml" in out and "Traceback" not in out
-    _nothing_created(user)
+    assert "no task.toml" in _refused(user, "kernels")
 
 
 def test_check_and_optimize_pick_the_same_task(tmp_path):
