@@ -1,10 +1,8 @@
 """The run's best version and the figures a run reports about it.
 
 The best is a commit (`RunState.best_sha`), its library (runs/RUN/best/), its launch geometry and its
-profile. Its speedups come from one of two measurements, named here and nowhere else: the
-confirmation bench (the best against the initial kernel, interleaved, and against the reference) once
-the best has been confirmed, else the estimate from the best's median and the baseline's median
-measured at setup.
+profile. Its speedups are agent/figures.py's: the confirmation bench's once the best is confirmed
+(here, `confirm`), else the estimate whose terms are measured here and in the loop's keep.
 """
 
 from __future__ import annotations
@@ -13,10 +11,11 @@ import json
 from pathlib import Path
 
 from agent.evaluate import Evaluator, IterationEnded, snapshot_lib
+from agent.figures import Figure, best_figure, estimate
 from agent.runlog import RunConfig, RunState, StageTimes, write_json_atomic
 from agent.view import View
 from tools.profile.model import ProfileReport
-from tools.results import LaunchResult
+from tools.results import BenchResult, LaunchResult
 from tools.task import shape_label
 
 
@@ -53,6 +52,7 @@ class Best:
         cand, ref = bench.timing("candidate"), bench.timing("reference")
         st.initial_ms = st.best_ms = cand.median_ms if cand else None
         st.reference_ms = ref.median_ms if ref else None
+        st.chain_vs_initial, st.initial_vs_reference = 1.0, bench.speedup_vs_reference
         st.best_sha = head_sha
         st.initial_knobs = {k: v for k, v in ev.task.read_knobs().items() if v is not None}
         dump(self.run_dir / "initial" / "bench.json", bench)
@@ -82,29 +82,34 @@ class Best:
             rep = ProfileReport.model_validate_json(path.read_text())
             self.profile = rep if rep.kernels else None
 
-    def speedup_vs(self, which: str) -> float | None:
-        """The best's speedup over "initial" or "reference": the confirmed (interleaved) figure where the
-        best was confirmed, else an estimate from the best's time and the baseline's time at setup."""
-        st = self.state
-        if st.confirmed_sha and st.confirmed_sha == st.best_sha:
-            return st.confirmed_vs_reference if which == "reference" else st.confirmed_vs_initial
-        base = st.reference_ms if which == "reference" else st.initial_ms
-        if not base or not st.best_ms:
-            return None
-        return base / st.best_ms
+    def speedup_vs(self, which: str) -> Figure | None:
+        """The best's speedup over "initial" or "reference" (agent/figures.py)."""
+        return best_figure(self.state, which)
+
+    def advance(self, bench: BenchResult) -> tuple[Figure | None, Figure | None]:
+        """A candidate is being kept: its time is the best's, its speedup over its parent extends the
+        chain; returns the new estimates vs initial and vs reference (for its commit message)."""
+        st, before = self.state, estimate(self.state, "initial")
+        st.chain_vs_initial = (before.value if before else 1.0) * bench.speedup_vs_baseline.median
+        st.best_ms = bench.timing("candidate").median_ms
+        return estimate(st, "initial"), estimate(st, "reference")
 
     def target_reached(self) -> bool:
         s = self.speedup_vs(self.cfg.baseline)
-        return s is not None and s >= self.cfg.target
+        return s is not None and s.value >= self.cfg.target
 
     def confirm(self) -> None:
         """Time the best against the initial kernel, interleaved, and against the reference."""
         st = self.state
         if st.confirmed_sha == st.best_sha or st.best_iteration is None:
             if st.best_iteration is None and st.confirmed_sha != st.best_sha:
+                # nothing kept: the best is the initial kernel, timed against the reference at setup,
+                # interleaved (runs/RUN/initial/bench.json)
                 st.confirmed_sha, st.confirmed_vs_initial = st.best_sha, 1.0
                 st.confirmed_vs_initial_low = st.confirmed_vs_initial_high = 1.0
-                st.confirmed_vs_reference = (st.reference_ms / st.best_ms) if st.reference_ms and st.best_ms else None
+                st.confirmed_vs_reference = st.initial_vs_reference
+                ci = _setup_reference_ci(self.run_dir)
+                st.confirmed_vs_reference_low, st.confirmed_vs_reference_high = (ci.low, ci.high) if ci else (None, None)
             return
         self.view.message("confirming the best against the initial kernel (interleaved) and the reference")
         try:
@@ -118,7 +123,18 @@ class Best:
         st.confirmed_vs_initial = ci.median if ci else None
         st.confirmed_vs_initial_low, st.confirmed_vs_initial_high = (ci.low, ci.high) if ci else (None, None)
         st.confirmed_vs_reference = b.speedup_vs_reference
+        rci = b.speedup_vs_reference_ci
+        st.confirmed_vs_reference_low, st.confirmed_vs_reference_high = (rci.low, rci.high) if rci else (None, None)
         self.save()
+
+
+def _setup_reference_ci(run_dir: Path):
+    """The initial kernel's speedup over the reference with its interval, from the setup bench."""
+    path = run_dir / "initial" / "bench.json"
+    try:
+        return BenchResult.model_validate_json(path.read_text()).speedup_vs_reference_ci
+    except (OSError, ValueError):
+        return None
 
 
 def dump(path: Path, model) -> None:

@@ -8,7 +8,6 @@ already ignored, so that the run folder never shows up in the user's `git status
 
 from __future__ import annotations
 
-import math
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -17,6 +16,7 @@ import git
 
 if TYPE_CHECKING:
     from agent.attempt import Attempt
+    from agent.figures import Figure
 
 AGENT_IDENTITY = {
     "GIT_AUTHOR_NAME": "kernel-agent", "GIT_AUTHOR_EMAIL": "kernel-agent@localhost",
@@ -157,7 +157,7 @@ def rejected_message(run_id: str, iteration: int, summary: str, hypothesis: str,
                           _trailers(run_id, iteration))
 
 
-def kept_message(run_id: str, a: "Attempt", vs_initial: float | None, vs_reference: float | None) -> str:
+def kept_message(run_id: str, a: "Attempt", vs_initial: "Figure | None", vs_reference: "Figure | None") -> str:
     """A kept candidate: the measured figures in the body, the speedup also as a trailer (for `git log
     --format=%(trailers)` and the review commands)."""
     from tools.task import shape_label
@@ -171,12 +171,15 @@ def kept_message(run_id: str, a: "Attempt", vs_initial: float | None, vs_referen
             f"{ci.median:.3f}x over the parent (95% CI {ci.low:.3f}-{ci.high:.3f}, {ci.rounds} ABAB rounds)"
             + (f"; confirmed by a second bench at {again.median:.3f}x (95% CI {again.low:.3f}-{again.high:.3f})."
                if again else "."),
-            f"Cumulative: {_x(vs_initial)} vs the initial kernel, {_x(vs_reference)} vs the reference.",
+            f"Cumulative: {_fig(vs_initial)} vs the initial kernel, {_fig(vs_reference)} vs the reference "
+            f"({(vs_initial or vs_reference).source if vs_initial or vs_reference else 'not measured'}).",
             f"Parity: {len(parity.checks)} checks, max abs error {max_err:.3g}.",
             f"Predicted: {p.predicted.metric} {p.predicted.direction}, {p.predicted.speedup:g}x."]
     return commit_message(f"agent: {p.summary()}", body,
                           {**_trailers(run_id, a.iteration), "Speedup": f"{ci.median:.3f}x (95% CI {ci.low:.3f}-{ci.high:.3f})"})
 
 
-def _x(v: float | None) -> str:
-    return f"{v:.3f}x" if v is not None and math.isfinite(v) else "n/a"
+def _fig(f: "Figure | None") -> str:
+    return f.text() if f is not None else "n/a"
+
+

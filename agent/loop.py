@@ -228,10 +228,8 @@ class Loop:
 
     def _keep(self, i: int, d: Path, a: Attempt) -> IterationRecord:
         ci = a.bench.speedup_vs_baseline
-        self.state.best_ms = a.bench.timing("candidate").median_ms
         t0 = time.monotonic()
-        sha = self.git.amend_message(gitops.kept_message(self.cfg.run_id, a, self.best.speedup_vs("initial"),
-                                                         self.best.speedup_vs("reference")))
+        sha = self.git.amend_message(gitops.kept_message(self.cfg.run_id, a, *self.best.advance(a.bench)))
         a.times.git += time.monotonic() - t0
         snapshot_lib(d / self.best.lib.name, self.best.lib)
         self.state.best_sha, self.state.best_iteration = sha, i
@@ -270,10 +268,11 @@ class Loop:
 
     def _record(self, a: Attempt, decision: Decision, outcome: Outcome, reason: str,
                 speedup_vs_best: float | None = None) -> IterationRecord:
+        vi, vr = (getattr(self.best.speedup_vs(w), "value", None) for w in ("initial", "reference"))
         r = a.to_record(finished=now(), decision=decision, outcome=outcome, reason=reason,
                         wall_s=time.monotonic() - self._iter_t0 if self._iter_t0 is not None else None,
-                        speedup_vs_best=speedup_vs_best, speedup_vs_initial=self.best.speedup_vs("initial"),
-                        speedup_vs_reference=self.best.speedup_vs("reference"), best_ms=self.state.best_ms)
+                        speedup_vs_best=speedup_vs_best, speedup_vs_initial=vi, speedup_vs_reference=vr,
+                        best_ms=self.state.best_ms)
         append_iteration(self.run_dir, r)
         return r
 

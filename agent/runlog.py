@@ -158,6 +158,10 @@ class RunState(BaseModel):
     initial_ms: float | None = None
     initial_knobs: dict[str, int] = Field(default_factory=dict)
     reference_ms: float | None = None
+    # the estimate's terms (agent/figures.py): the product of the kept steps' speedups over their
+    # parents, and the initial kernel's speedup over the reference, both timed interleaved
+    chain_vs_initial: float | None = None
+    initial_vs_reference: float | None = None
     usage: Usage = Field(default_factory=Usage)
     finished: str | None = None
     # the best re-timed against the initial kernel interleaved (ABAB) and against the reference:
@@ -167,6 +171,8 @@ class RunState(BaseModel):
     confirmed_vs_initial_low: float | None = None
     confirmed_vs_initial_high: float | None = None
     confirmed_vs_reference: float | None = None
+    confirmed_vs_reference_low: float | None = None
+    confirmed_vs_reference_high: float | None = None
 
 
 # --- reading and writing ------------------------------------------------------------------

@@ -53,7 +53,11 @@ def test_kernel_against_itself_has_an_interval_containing_one(tmp_path):
     cand, base, ref = r.timing("candidate"), r.timing("baseline"), r.timing("reference")
     assert cand.reps == base.reps and cand.reps >= 8 * 5                # same rep count per side, every round
     assert cand.p10_ms <= cand.median_ms <= cand.p90_ms and cand.tflops > 0 and cand.gbps > 0
-    assert ref is not None and r.speedup_vs_reference == pytest.approx(ref.median_ms / cand.median_ms)
+    # the reference is timed inside the same rounds (same rep count), its speedup a paired median with a CI
+    rci = r.speedup_vs_reference_ci
+    assert ref is not None and ref.reps == cand.reps and rci is not None and rci.rounds == 8
+    assert r.speedup_vs_reference == rci.median and rci.low <= rci.median <= rci.high
+    assert r.speedup_vs_reference == pytest.approx(ref.median_ms / cand.median_ms, rel=0.1)
     assert r.shape == SHAPE and r.device == "cpu"
 
 

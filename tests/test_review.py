@@ -53,11 +53,13 @@ def run_repo(tmp_path_factory):
     git(repo, "config", "user.email", "user@example.com")
     git(repo, "add", "-A")
     git(repo, "commit", "-qm", "init")
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])), "AGENT_BASE_URL": "", "AGENT_MODEL": ""}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])), "AGENT_BASE_URL": "", "AGENT_MODEL": "",
+           "COLUMNS": "300"}
     p = subprocess.run([sys.executable, "-m", "agent", "optimize", TASK_REL, "--iters", "3", "--target", "100x",
                         "--proposer", "heuristic", "--run-id", RUN_ID, "--quiet"],
                        cwd=repo, env=env, capture_output=True, text=True, timeout=400)
     assert p.returncode == 0, p.stdout + p.stderr
+    (repo.parent / "optimize.out").write_text(p.stdout)      # the summary, for the figures test
     run = load_run(repo / "runs" / RUN_ID)
     assert run.kept(), f"the LOOP_ORDER move should have been kept: {[r.reason for r in run.records]}"
     return repo
@@ -163,6 +165,8 @@ def test_report_writes_markdown_and_a_real_png(run_repo, cli):
     run = load_run(d)
     kept = run.kept()
     assert "![speedup per iteration](speedup.png)" in md
+    # the task declares its FLOPs and bytes: a roofline beside it, named in the command's output
+    assert "(roofline.png)" in md and (d / "roofline.png").read_bytes()[:4] == b"\x89PNG" and "roofline.png" in out
     assert "## Ablation" in md and f"`{kept[0].commit_sha[:10]}`" in md
     ci = kept[0].bench.speedup_vs_baseline
     assert f"{ci.median:.3f}x ({ci.low:.3f}-{ci.high:.3f})" in md
@@ -359,3 +363,36 @@ def test_the_runs_table_is_readable_at_80_columns():
                  "interrupted", "unreadable:", "old-run"):
         assert _folded(text, cell), (cell, text)
     assert not _folded(text, "interupted")    # the check can fail: a lost character is seen
+
+
+def _flat(text: str) -> str:
+    return " ".join(text.split())
+
+
+def test_one_run_shows_the_same_figures_everywhere(run_repo, cli, monkeypatch):
+    """The best's speedups in the summary, `agent show`, `agent show --json` and report.md are one
+    measurement (the confirmation bench, named); each kept commit's message states the estimate that
+    the report's ablation table and `agent show --iter` state for it."""
+    from agent.figures import Figure, best_figure, figures_line
+    run = load_run(run_repo / "runs" / RUN_ID)
+    st = run.state
+    vi, vr = best_figure(st, "initial"), best_figure(st, "reference")
+    assert vi.confirmed and vr.confirmed and vr.low is not None     # a finished run ends confirmed
+    assert (vi.value, vr.value) == (st.confirmed_vs_initial, st.confirmed_vs_reference)
+    line = figures_line(st)
+    assert "confirmation bench" in line and vi.text() in line and vr.text() in line
+    assert line in _flat((run_repo.parent / "optimize.out").read_text())
+    monkeypatch.setenv("COLUMNS", "400")
+    rc, out, _ = cli("show", RUN_ID, cwd=run_repo)
+    assert rc == 0 and line in _flat(out)
+    rc, out, _ = cli("show", RUN_ID, "--json", cwd=run_repo)
+    best = json.loads(out)["best"]
+    assert rc == 0 and (best["vs_initial"], best["vs_reference"], best["confirmed"]) == (vi.value, vr.value, True)
+    rc, _, _ = cli("report", RUN_ID, cwd=run_repo)
+    report = (run_repo / "runs" / RUN_ID / "report.md").read_text()
+    assert rc == 0 and line in report
+    for r in run.kept():
+        est = Figure(r.speedup_vs_initial).text()
+        msg = git(run_repo, "log", "-1", "--format=%B", r.commit_sha)
+        assert f"Cumulative: {est} vs the initial kernel" in _flat(msg) and "estimate: product" in _flat(msg)
+        assert re.search(rf"\| {r.iteration} \| `{r.commit_sha[:10]}` \|.*\| {re.escape(est)} \|", report), report

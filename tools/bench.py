@@ -4,10 +4,13 @@ After triton's do_bench (tools/clocks.py): warm-up and repetitions are time budg
 reps, the L2 flushed before each CUDA rep; median, p10, p90, mean. Inputs rotate among
 `bench.input_sets` fresh sets.
 
-With a baseline library the two are timed interleaved: `bench.rounds` rounds, each timing the
-candidate and the baseline with the same rep count, alternating which goes first; the per-round
-medians give paired ratios baseline/candidate, and the speedup is their median with a bootstrap
-95% interval (fixed seed) over rounds.
+With a baseline library and/or the reference, all are timed interleaved: `bench.rounds` rounds, each
+timing the candidate, the baseline and the reference with the same rep count, the order rotated
+round by round; the per-round medians give paired ratios (baseline/candidate, reference/candidate),
+and each speedup is their median with a bootstrap 95% interval (fixed seed) over rounds. The
+reference is timed inside the rounds because a figure "vs reference" taken alone, minutes apart
+from the candidate, moves with whatever else the machine is doing (the same 256-cube reference took
+0.24 ms in one run and 23 ms in the next, started while another process held one of two cores).
 
 After the timing, the probes (tools/probes.py) cross-check that the timed calls did the work; a
 probe that fails marks the result `suspicious`. Statistics are in tools/stats.py, the clocks in
@@ -26,7 +29,7 @@ from pathlib import Path
 
 from tools.clocks import CpuClock, CudaClock, estimate_and_warm, reps
 from tools.probes import PROBES, Probe
-from tools.results import BenchResult, BenchStatus, TimingStats
+from tools.results import BenchResult, BenchStatus, SpeedupCI
 from tools.sandbox import ProcStatus, run_python_json
 from tools.stats import speedup_ci, stats
 from tools.task import Task, load_task, shape_label
@@ -121,30 +124,13 @@ def _bench_shape(task, mod, lib, baseline, shape, with_reference, clock, torch, 
         timed_ref(shape, *sets[i % n_sets])
 
     flops, nbytes = spec.flops(shape), spec.bytes(shape)
-    est_c = estimate_and_warm(clock, cand, b.warmup_ms)
-    timings: list[TimingStats] = []
-    ci = None
-    if baseline is not None:
-        est_b = estimate_and_warm(clock, base, b.warmup_ms)
-        n = reps(max(est_c, est_b), b.rep_ms)
-        all_c, all_b, ratios = [], [], []
-        for r in range(b.rounds):
-            order = [("c", cand), ("b", base)] if r % 2 == 0 else [("b", base), ("c", cand)]
-            got = {k: clock.run(fn, n, offset=r * n) for k, fn in order}
-            all_c += got["c"]
-            all_b += got["b"]
-            ratios.append(statistics.median(got["b"]) / max(statistics.median(got["c"]), 1e-9))
-        timings += [stats("candidate", all_c, flops, nbytes), stats("baseline", all_b, flops, nbytes)]
-        ci = speedup_ci(ratios)
-    else:
-        timings.append(stats("candidate", clock.run(cand, reps(est_c, b.rep_ms)), flops, nbytes))
+    arms = [("candidate", cand)] + ([("baseline", base)] if baseline is not None else []) \
+        + ([("reference", ref)] if with_reference else [])
+    got, cis = _interleaved(clock, arms, b)
+    timings = [stats(label, got[label], flops, nbytes) for label, _ in arms]
+    ci, ref_ci = cis.get("baseline"), cis.get("reference")
     cand_med = timings[0].median_ms
-    vs_ref = None
-    if with_reference:
-        est_r = estimate_and_warm(clock, ref, b.warmup_ms)
-        t_ref = stats("reference", clock.run(ref, reps(est_r, b.rep_ms)), flops, nbytes)
-        timings.append(t_ref)
-        vs_ref = t_ref.median_ms / cand_med if cand_med > 0 else None
+    vs_ref = ref_ci.median if ref_ci else None
     status, msg = BenchStatus.ok, (f"{shape_label(shape)}: candidate median {cand_med:.4g} ms"
                                    + (f", {ci.median:.3f}x vs baseline (95% CI {ci.low:.3f}-{ci.high:.3f})" if ci else "")
                                    + (f", {vs_ref:.3f}x vs reference" if vs_ref else ""))
@@ -157,7 +143,32 @@ def _bench_shape(task, mod, lib, baseline, shape, with_reference, clock, torch, 
             status, msg = BenchStatus.suspicious, why
             break
     return BenchResult(status=status, message=msg, shape=shape, timings=timings, speedup_vs_baseline=ci,
-                       speedup_vs_reference=vs_ref)
+                       speedup_vs_reference=vs_ref, speedup_vs_reference_ci=ref_ci)
+
+
+def _interleaved(clock, arms, b) -> tuple[dict[str, list[float]], dict[str, SpeedupCI]]:
+    """Time each arm (label, fn): one arm alone; several in `b.rounds` rounds, each timing every arm
+    with the same rep count in an order rotated round by round, so that load which comes and goes
+    falls on all of them alike. Returns every arm's times and, per arm after the first, the speedup
+    of the first over it (median of the per-round ratios, 95% CI)."""
+    ests = [estimate_and_warm(clock, fn, b.warmup_ms) for _, fn in arms]
+    if len(arms) == 1:
+        label, fn = arms[0]
+        return {label: clock.run(fn, reps(ests[0], b.rep_ms))}, {}
+    n = reps(max(ests), b.rep_ms)
+    got: dict[str, list[float]] = {label: [] for label, _ in arms}
+    ratios: dict[str, list[float]] = {label: [] for label, _ in arms[1:]}
+    for r in range(b.rounds):
+        k = r % len(arms)
+        meds = {}
+        for label, fn in arms[k:] + arms[:k]:
+            ts = clock.run(fn, n, offset=r * n)
+            got[label] += ts
+            meds[label] = statistics.median(ts)
+        first = meds[arms[0][0]]
+        for label in ratios:
+            ratios[label].append(meds[label] / max(first, 1e-9))
+    return got, {label: speedup_ci(rs) for label, rs in ratios.items()}
 
 
 # --- CLI ----------------------------------------------------------------------------------

@@ -185,7 +185,8 @@ class BenchResult(BaseModel):
     device: str = ""
     timings: list[TimingStats] = []
     speedup_vs_baseline: SpeedupCI | None = None
-    speedup_vs_reference: float | None = None
+    speedup_vs_reference: float | None = None   # the median of speedup_vs_reference_ci
+    speedup_vs_reference_ci: SpeedupCI | None = None   # reference time / candidate time, interleaved
     seconds: float = 0.0
 
     def timing(self, label: str) -> TimingStats | None:

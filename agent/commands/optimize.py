@@ -10,6 +10,7 @@ from rich.table import Table
 
 from agent import gitops
 from agent.best import SetupFailed
+from agent.figures import figures_line
 from agent.loop import Loop
 from agent.runlog import Decision, LogError, find_run, read_iterations
 from agent.settings import SettingsError
@@ -119,12 +120,10 @@ def _run_and_summarize(loop: Loop) -> int:
                   (r.proposal.summary() if r.proposal else "-")[:60], r.reason[:80])
     Console().print(t)
     kept = [r for r in recs if r.decision == Decision.kept]
-    vi, vr = loop.best.speedup_vs("initial"), loop.best.speedup_vs("reference")
     best = state.best_sha[:10]
     Console().print(
-        f"best: {state.best_ms * 1e3:.2f} us, {vi:.3f}x vs initial"
-        + (f", {vr:.3f}x vs reference" if vr else "")
-        + f"; {len(kept)} kept of {len(recs)}; best commit {best} on branch {loop.cfg.branch}\n"
+        f"best: {state.best_ms * 1e3:.2f} us; {figures_line(state)}\n"
+        f"{len(kept)} kept of {len(recs)}; best commit {best} on branch {loop.cfg.branch}\n"
         + (f"review: agent show {loop.cfg.run_id}   cherry-pick: agent cherry-pick {loop.cfg.run_id} --best" if kept
            else f"nothing was kept: review with agent show {loop.cfg.run_id}; agent clean {loop.cfg.run_id} removes "
                 "its worktree and branch"),

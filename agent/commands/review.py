@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 from rich.console import Console
+from rich.markup import escape
 
 from agent import gitops
 from agent.runlog import LogError
@@ -115,10 +116,10 @@ def cmd_report(args) -> int:
         run = _load(args)
     except LogError as e:
         return _fail(str(e))
-    md, png, note = write_report(run)
+    md, plots, note = write_report(run)
     if note:
-        err.print(f"[yellow]note[/yellow]: {note}; the report was written without the plot")
-    out().print(f"wrote {md}" + (f" and {png}" if png else ""))
+        err.print(f"[yellow]note[/yellow]: {escape(note)}; the report was written without the plots")
+    out().print(f"wrote {md}" + "".join(f" and {p}" for p in plots), highlight=False)
     return 0
 
 

@@ -6,7 +6,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from agent.review.plot import PlotUnavailable, plot_speedup
+from agent.figures import figures_line
+from agent.review.plot import PlotUnavailable, plot_roofline, plot_speedup
 from agent.review.runs import Run
 from agent.review.show import env_pairs, us, xs
 from agent.runlog import Decision, IterationRecord
@@ -68,14 +69,12 @@ def ablation_rows(run: Run) -> list[dict]:
     return rows
 
 
-def render(run: Run, plot_name: str | None, plot_note: str = "") -> str:
+def render(run: Run, plot_name: str | None, plot_note: str = "", roofline_name: str | None = None) -> str:
     cfg, st = run.cfg, run.state
-    vi, vr = run.best_speedup("initial"), run.best_speedup("reference")
+    vi = run.best_speedup("initial")
     best = "the initial kernel" if st.best_iteration is None else f"iteration {st.best_iteration}"
     L = [f"# Run {cfg.run_id}: {cfg.task}", "",
-         f"- **Result**: {vi.text() if vi else 'n/a'} vs the initial kernel, {vr.text() if vr else 'n/a'} vs the "
-         f"reference (target {cfg.target:g}x vs {cfg.baseline})" +
-         ("" if vi and vi.confirmed else "; est. = times measured apart, not interleaved"),
+         f"- **Result**: {figures_line(st)}; target {cfg.target:g}x vs {cfg.baseline}",
          f"- **Best**: {best}, commit `{st.best_sha[:10]}` on branch `{cfg.branch}`: {us(st.best_ms)} "
          f"(initial {us(st.initial_ms)}, reference {us(st.reference_ms)})",
          f"- **Stopped**: {st.status}: {st.stop_reason or '-'}",
@@ -86,6 +85,8 @@ def render(run: Run, plot_name: str | None, plot_note: str = "") -> str:
          f"${st.usage.cost_usd:.4f}", ""]
     if plot_name:
         L += [f"![speedup per iteration]({plot_name})", ""]
+    if roofline_name:
+        L += [f"![roofline: achieved TFLOP/s against arithmetic intensity]({roofline_name})", ""]
     elif plot_note:
         L += [f"_Plot not drawn: {plot_note}_", ""]
     L += ["## Ablation: the kept commits", ""]
@@ -123,16 +124,18 @@ def _hyp(r: IterationRecord) -> str:
     return r.proposal.summary() if r.proposal else (r.proposal_error or "-")
 
 
-def write_report(run: Run) -> tuple[Path, Path | None, str]:
-    """Write report.md (and speedup.png). Returns (report, plot or None, a note when the plot is missing)."""
-    png, note = run.dir / "speedup.png", ""
+def write_report(run: Run) -> tuple[Path, list[Path], str]:
+    """Write report.md, speedup.png and, where the task declares FLOPs and bytes, roofline.png.
+    Returns (report, the plots written, a note when the plots are missing)."""
+    png, roof, note = run.dir / "speedup.png", None, ""
     try:
         plot_speedup(run, png)
+        roof = plot_roofline(run, run.dir / "roofline.png")
     except PlotUnavailable as e:
         png, note = None, str(e)
     md = run.dir / "report.md"
-    md.write_text(render(run, png.name if png else None, note))
-    return md, png, note
+    md.write_text(render(run, png.name if png else None, note, roof.name if roof else None))
+    return md, [p for p in (png, roof) if p is not None], note
 
 
 __all__ = ["write_report", "render", "ablation_rows", "metric_deltas"]

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
+from agent.figures import Figure, best_figure
 from agent.runlog import (Decision, IterationRecord, LogError, RunConfig, RunState, read_config, read_iterations,
                           read_state)
 
@@ -37,8 +38,9 @@ class Run:
         have = f"1-{len(self.records)}" if self.records else "none logged"
         raise LogError(f"run {self.id} has no iteration {n} (iterations: {have})")
 
-    def best_speedup(self, which: str) -> "Speedup | None":
-        return best_speedup(self.state, which)
+    def best_speedup(self, which: str) -> Figure | None:
+        """The best's speedup over "initial" or "reference", as every view shows it (agent/figures.py)."""
+        return best_figure(self.state, which)
 
 
 @dataclass
@@ -49,32 +51,6 @@ class Unreadable:
     @property
     def id(self) -> str:
         return self.dir.name
-
-
-@dataclass
-class Speedup:
-    value: float
-    low: float | None = None
-    high: float | None = None
-    confirmed: bool = False
-
-    def text(self) -> str:
-        ci = f" [{self.low:.2f}, {self.high:.2f}]" if self.low is not None and self.high is not None else ""
-        return f"{self.value:.2f}x{ci}" + ("" if self.confirmed else " (est.)")
-
-
-def best_speedup(st: RunState, which: str) -> Speedup | None:
-    """The best's speedup vs `initial` or `reference`: the confirmed (interleaved) figure when the
-    confirmation timed the current best, else the estimate from the times measured separately."""
-    if st.confirmed_sha and st.confirmed_sha == st.best_sha:
-        if which == "reference" and st.confirmed_vs_reference is not None:
-            return Speedup(st.confirmed_vs_reference, confirmed=True)
-        if which == "initial" and st.confirmed_vs_initial is not None:
-            return Speedup(st.confirmed_vs_initial, st.confirmed_vs_initial_low, st.confirmed_vs_initial_high, True)
-    base = st.reference_ms if which == "reference" else st.initial_ms
-    if not base or not st.best_ms:
-        return None
-    return Speedup(base / st.best_ms)
 
 
 def load_run(run_dir: Path) -> Run:

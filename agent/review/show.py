@@ -12,6 +12,7 @@ from rich.syntax import Syntax
 from rich.table import Table
 from rich.text import Text
 
+from agent.figures import figures_line
 from agent.review.runs import Run
 from agent.runlog import Decision, IterationRecord
 from tools.results import ParityResult
@@ -57,7 +58,6 @@ def run_summary(run: Run) -> RenderableType:
     facts = Table.grid(padding=(0, 2))
     facts.add_column(style="bold")
     facts.add_column()
-    vi, vr = run.best_speedup("initial"), run.best_speedup("reference")
     best = "the initial kernel" if st.best_iteration is None else f"iteration {st.best_iteration}"
     for k, v in (
         ("task", f"{cfg.task} ({cfg.task_dir})"),
@@ -69,8 +69,7 @@ def run_summary(run: Run) -> RenderableType:
         ("status", f"{st.status}: {st.stop_reason or '-'}"),
         ("best", f"{best}, {st.best_sha[:10]}, {us(st.best_ms)} "
                  f"(initial {us(st.initial_ms)}, reference {us(st.reference_ms)})"),
-        ("speedup", f"{vi.text() if vi else '-'} vs initial, {vr.text() if vr else '-'} vs reference"
-                    + ("" if vi and vi.confirmed else "  (est.: times measured apart, not interleaved)")),
+        ("speedup", figures_line(st)),
         ("time", stage_line(run)),
         ("usage", f"{st.usage.calls} LLM calls, {st.usage.prompt_tokens + st.usage.completion_tokens} tokens, "
                   f"${st.usage.cost_usd:.4f}"),

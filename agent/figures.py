@@ -1,0 +1,88 @@
+"""The run's headline figures: the best's speedup over the initial kernel and over the reference.
+
+Every place that shows them (the summary at the end of `agent optimize`, the kept commit's message,
+`agent show`, `agent runs`, report.md and its plot) takes them from here, so that one run never
+shows two different numbers for one claim, and each number says which measurement it comes from:
+
+- **confirmed**: the confirmation bench (runs/RUN/confirm.json), run when the target looks reached
+  and at the end: the best, the initial kernel and the reference timed in the same rounds, the order
+  rotated round by round; each speedup is the median of the per-round ratios with a 95% interval.
+- **estimate**, until the best is confirmed: the product of the kept steps' speedups, each measured
+  against its parent in an interleaved bench (the same chain the review's ablation table and
+  `agent cherry-pick` show), and for the reference that product times the initial kernel's speedup
+  over the reference measured at setup (also interleaved). Not the ratio of two medians taken minutes
+  apart in different processes: those move with whatever else the machine is doing.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from agent.runlog import RunState
+
+SOURCES = {
+    True: "confirmation bench: best, initial kernel and reference timed interleaved",
+    False: "estimate: product of the kept steps, each timed against its parent interleaved",
+}
+
+
+@dataclass(frozen=True)
+class Figure:
+    value: float
+    low: float | None = None
+    high: float | None = None
+    confirmed: bool = False
+
+    def text(self) -> str:
+        ci = f" [{self.low:.3f}, {self.high:.3f}]" if self.low is not None and self.high is not None else ""
+        return f"{self.value:.3f}x{ci}"
+
+    @property
+    def source(self) -> str:
+        return SOURCES[self.confirmed]
+
+
+def _finite(v: float | None) -> bool:
+    return v is not None and math.isfinite(v) and v > 0
+
+
+def best_figure(st: RunState, which: str) -> Figure | None:
+    """The best's speedup over "initial" or "reference" (see the module docstring)."""
+    if which not in ("initial", "reference"):
+        raise ValueError(f"which must be 'initial' or 'reference', not {which!r}")
+    if st.confirmed_sha and st.confirmed_sha == st.best_sha:
+        if which == "initial" and _finite(st.confirmed_vs_initial):
+            return Figure(st.confirmed_vs_initial, st.confirmed_vs_initial_low, st.confirmed_vs_initial_high, True)
+        if which == "reference" and _finite(st.confirmed_vs_reference):
+            return Figure(st.confirmed_vs_reference, st.confirmed_vs_reference_low, st.confirmed_vs_reference_high,
+                          True)
+    return estimate(st, which)
+
+
+def estimate(st: RunState, which: str) -> Figure | None:
+    """The estimate alone (a commit just kept is never confirmed yet)."""
+    chain = st.chain_vs_initial
+    if chain is None and _finite(st.initial_ms) and _finite(st.best_ms):   # a run logged before the chain existed
+        chain = st.initial_ms / st.best_ms
+    if not _finite(chain):
+        return None
+    if which == "initial":
+        return Figure(chain)
+    base = st.initial_vs_reference
+    if base is None and _finite(st.reference_ms) and _finite(st.initial_ms):
+        base = st.reference_ms / st.initial_ms
+    return Figure(chain * base) if _finite(base) else None
+
+
+def figures_line(st: RunState) -> str:
+    """One line with both figures and their source, the same wherever a run's result is shown."""
+    vi, vr = best_figure(st, "initial"), best_figure(st, "reference")
+    if vi is None and vr is None:
+        return "no figures (the initial kernel was never timed)"
+    parts = [f"{vi.text()} vs initial" if vi else "- vs initial",
+             f"{vr.text()} vs reference" if vr else "- vs reference"]
+    source = (vi or vr).source
+    if vi and vr and vi.confirmed != vr.confirmed:
+        source = f"vs initial: {vi.source}; vs reference: {vr.source}"
+    return f"{', '.join(parts)} ({source})"
