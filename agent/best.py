@@ -98,6 +98,23 @@ class Best:
         s = self.speedup_vs(self.cfg.baseline)
         return s is not None and s.value >= self.cfg.target
 
+    def target_stop(self) -> str | None:
+        """Why the run stops at its target, or None: the target is reached when the confirmation bench
+        holds it; a target the initial kernel already meets stops the run before any iteration unless
+        the user asked to optimize past it (a 'reached' run that tried nothing would read as a success)."""
+        cfg, st = self.cfg, self.state
+        if cfg.past_target or not self.target_reached():
+            return None
+        if st.best_iteration is None and st.iterations_done == 0:
+            s = self.speedup_vs(cfg.baseline)
+            return (f"the initial kernel already meets the target: {s.text()} vs {cfg.baseline}, target "
+                    f"{cfg.target:g}x; nothing was tried (raise --target, or pass --past-target to optimize past it)")
+        self.confirm()
+        if self.target_reached():
+            return f"target {cfg.target:g}x vs {cfg.baseline} reached (confirmed)"
+        self.view.message("the target looked reached but the confirmation bench did not hold it; going on")
+        return None
+
     def confirm(self) -> None:
         """Time the best against the initial kernel, interleaved, and against the reference."""
         st = self.state

@@ -117,11 +117,9 @@ class Loop:
         return self.state
 
     def _stop_reason(self) -> str | None:
-        if self.best.target_reached():
-            self.best.confirm()
-            if self.best.target_reached():
-                return f"target {self.cfg.target:g}x vs {self.cfg.baseline} reached (confirmed)"
-            self.view.message("the target looked reached but the confirmation bench did not hold it; going on")
+        stop = self.best.target_stop()
+        if stop:
+            return stop
         if self.state.iterations_done >= self.cfg.iters:
             return f"{self.cfg.iters} iterations done"
         if self.cfg.budget_seconds and time.monotonic() - self.t_start > self.cfg.budget_seconds:

@@ -76,6 +76,7 @@ class RunConfig(BaseModel):
     proposer: str                      # heuristic | llm | replay
     model: str | None = None
     target: float
+    past_target: bool = False          # the target stops nothing: run every iteration
     iters: int
     baseline: str                      # reference | initial
     min_gain: float = 0.02

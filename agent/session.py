@@ -128,7 +128,8 @@ def default_proposer(repo_root: Path, overrides: dict) -> str:
 def start_run(task_dir: Path, *, target: float, iters: int, proposer_kind: str, view: View,
               baseline: str | None = None, min_gain: float | None = None, run_id: str | None = None,
               runs_dir: Path | None = None, budget_seconds: float | None = None, budget_tokens: int | None = None,
-              budget_usd: float | None = None, profile_tier: int = 1, extra: dict | None = None) -> Loop:
+              budget_usd: float | None = None, profile_tier: int = 1, extra: dict | None = None,
+              past_target: bool = False) -> Loop:
     extra = extra or {}
     task = load_task(task_dir)        # validate before touching anything
     repo = gitops.open_repo(task.root)
@@ -157,7 +158,7 @@ def start_run(task_dir: Path, *, target: float, iters: int, proposer_kind: str, 
     proposer = make_proposer(proposer_kind, task, extra, root)
     cfg = RunConfig(run_id=run_id, task=task.name, task_dir=task_rel, repo=str(root), branch=branch, base_sha=base,
                     worktree=str(rgit.worktree), proposer=proposer_kind, model=extra.get("model"), target=target,
-                    iters=iters, baseline=baseline or task.spec.baseline,
+                    past_target=past_target, iters=iters, baseline=baseline or task.spec.baseline,
                     min_gain=task.spec.bench.min_gain if min_gain is None else min_gain,
                     budget_tokens=budget_tokens, budget_usd=budget_usd, budget_seconds=budget_seconds,
                     profile_tier=profile_tier, started=now(), env=fingerprint(repo),

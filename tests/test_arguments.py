@@ -90,3 +90,30 @@ def test_a_run_that_kept_nothing_does_not_suggest_cherry_picking(tmp_path):
     out = res.stdout + res.stderr
     assert res.returncode == 0, out
     assert "0 kept of 1" in out and "cherry-pick" not in out and "agent clean none" in out
+
+
+@pytest.mark.slow
+def test_a_target_the_initial_kernel_already_meets_stops_before_trying_unless_asked(tmp_path):
+    # a reference that is slow on purpose: the initial kernel is already well past 1.5x "vs reference"
+    root = make_user_repo(tmp_path / "user")
+    task_py = root / "kernels" / "matmul_cpu" / "task.py"
+    src = task_py.read_text()
+    assert "    return a @ b\n" in src
+    task_py.write_text(src.replace("    return a @ b\n", "    for _ in range(40):\n        c = a.double() @ b.double()\n"
+                                   "    return c.float()\n"))
+    git(root, "commit", "-qam", "a slow reference")
+    res = agent(root, "optimize", "kernels/matmul_cpu", "--target", "1.5x", "--baseline", "reference", "--iters", "3", "--proposer", "heuristic",
+                "--run-id", "met", "--quiet", timeout=300)
+    out = " ".join((res.stdout + res.stderr).split())
+    assert res.returncode == 0, out
+    assert "the initial kernel already meets the target" in out and "--past-target" in out
+    state = json.loads((root / "runs" / "met" / "state.json").read_text())
+    recs = root / "runs" / "met" / "iterations.jsonl"
+    assert state["iterations_done"] == 0 and (not recs.exists() or not recs.read_text().strip()), state
+    assert "reached" not in state["stop_reason"]
+    # asked to go past it: every iteration runs
+    res = agent(root, "optimize", "kernels/matmul_cpu", "--target", "1.5x", "--baseline", "reference", "--iters", "2", "--proposer", "heuristic",
+                "--run-id", "past", "--past-target", "--quiet", timeout=300)
+    assert res.returncode == 0, res.stdout + res.stderr
+    state = json.loads((root / "runs" / "past" / "state.json").read_text())
+    assert state["iterations_done"] == 2 and state["stop_reason"] == "2 iterations done", state

@@ -144,6 +144,9 @@ def test_show_summary_and_one_iteration(run_repo, cli):
     rc, out, _ = cli("show", RUN_ID[:8], "--iter", "1", cwd=run_repo)   # a unique prefix works
     assert rc == 0
     assert "hypothesis" in out and "#define LOOP_ORDER 1" in out and "max abs err" in out and "parity: ok" in out
+    # the flags that built it, and what each time means in FLOP/s and bytes/s
+    assert "commands" in out and "-O3 -march=native" in out and "-c matmul.cpp" in out and "-o libmatmul_cpu.so" in out
+    assert "GFLOP/s" in out and "GB/s" in out
 
     rc, out, _ = cli("show", RUN_ID, "--iter", "1", "--json", cwd=run_repo)
     data = json.loads(out)
@@ -174,6 +177,7 @@ def test_report_writes_markdown_and_a_real_png(run_repo, cli):
         if r.decision != Decision.kept:
             assert r.reason.split()[0] in md and f"| {r.iteration} | {r.outcome.value} |" in md
     assert "## Environment" in md and run.cfg.env.cxx in md
+    assert re.search(r"\*\*Throughput\*\*: best [\d.]+ GFLOP/s, [\d.]+ GB/s; initial .*; reference ", md), md
 
     png = d / "speedup.png"
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -396,3 +400,18 @@ def test_one_run_shows_the_same_figures_everywhere(run_repo, cli, monkeypatch):
         msg = git(run_repo, "log", "-1", "--format=%B", r.commit_sha)
         assert f"Cumulative: {est} vs the initial kernel" in _flat(msg) and "estimate: product" in _flat(msg)
         assert re.search(rf"\| {r.iteration} \| `{r.commit_sha[:10]}` \|.*\| {re.escape(est)} \|", report), report
+
+
+def test_a_known_gpu_gets_its_share_of_the_spec_sheet_peak_and_a_cpu_none():
+    from agent.review.show import throughput
+    from tools.results import DevicePeak, TimingStats
+    from tools.roofline import spec_peak
+    assert spec_peak("cpu", "float32") is None and spec_peak("cuda: Some Future GPU", "float16") is None
+    tf, gb, label = spec_peak("cuda: NVIDIA H200", "float16")
+    assert (tf, gb) == (990.0, 4800.0) and "H200" in label and "tensor" in label
+    assert spec_peak("cuda: NVIDIA H100 80GB HBM3", "float32")[0] == 67.0     # fp32: the non-tensor peak
+    tm = TimingStats(label="candidate", median_ms=1.0, p10_ms=1.0, p90_ms=1.0, mean_ms=1.0, reps=5,
+                     tflops=99.0, gbps=480.0)
+    assert throughput(tm, DevicePeak(tflops=tf, gbps=gb, label=label)) == \
+        "99 TFLOP/s (10.0% of 990), 480 GB/s (10.0% of 4800)"
+    assert throughput(tm, None) == "99 TFLOP/s, 480 GB/s"

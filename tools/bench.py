@@ -29,7 +29,8 @@ from pathlib import Path
 
 from tools.clocks import CpuClock, CudaClock, estimate_and_warm, reps
 from tools.probes import PROBES, Probe
-from tools.results import BenchResult, BenchStatus, SpeedupCI
+from tools.results import BenchResult, BenchStatus, DevicePeak, SpeedupCI
+from tools.roofline import spec_peak
 from tools.sandbox import ProcStatus, run_python_json
 from tools.stats import speedup_ci, stats
 from tools.task import Task, load_task, shape_label
@@ -78,6 +79,8 @@ def measure(task: Task, mod, lib, *, baseline=None, shapes: list[dict], with_ref
         return [BenchResult(status=BenchStatus.error, message="the task needs CUDA but no GPU is visible", shape=s)
                 for s in shapes]
     device_name = f"cuda: {torch.cuda.get_device_name()}" if cuda else "cpu"
+    sp = spec_peak(device_name, task.spec.dtypes[0])
+    peak = DevicePeak(tflops=sp[0], gbps=sp[1], label=sp[2]) if sp else None
     clock = CudaClock(torch) if cuda else CpuClock()
     out: list[BenchResult] = []
     for i, shape in enumerate(shapes):
@@ -94,7 +97,7 @@ def measure(task: Task, mod, lib, *, baseline=None, shapes: list[dict], with_ref
                 out += [BenchResult(status=BenchStatus.error, shape=s, message="not run: an earlier shape hit a "
                                     "CUDA error (the context may be poisoned)") for s in shapes[i + 1:]]
                 return out
-        r.device, r.seconds = device_name, time.monotonic() - t0
+        r.device, r.seconds, r.peak = device_name, time.monotonic() - t0, peak
         out.append(r)
     return out
 

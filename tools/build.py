@@ -59,8 +59,10 @@ def _forwardable(flag: str) -> bool:
     return flag.startswith(("-D", "-U", "-I"))
 
 
-def write_ninja(task: Task, build_dir: Path, src_dir: Path, tools: dict[str, str], arch: str | None) -> list[tuple[str, str]]:
-    """Write build.ninja; return [(source rel path, object path)] of the compile edges."""
+def write_ninja(task: Task, build_dir: Path, src_dir: Path, tools: dict[str, str],
+                arch: str | None) -> tuple[list[tuple[str, str]], list[str]]:
+    """Write build.ninja; return [(source rel path, object path)] of the compile edges, and each
+    compile and link command as a person would type it (for the review: which flags built this)."""
     cuda = task.spec.device == "cuda"
     flags = list(task.spec.build.flags)
     q = lambda args: " ".join(shlex.quote(a) for a in args)  # noqa: E731
@@ -90,7 +92,7 @@ def write_ninja(task: Task, build_dir: Path, src_dir: Path, tools: dict[str, str
         link_flags = flags
     lines += ["rule link", f"  command = {' '.join(link)} {_val(q(link_flags))} -o $out $in",
               "  description = LINK $out"]
-    edges = []
+    edges, commands = [], []
     for rel in task.spec.sources:
         ext = Path(rel).suffix
         if ext not in CXX_EXT | CU_EXT:
@@ -101,13 +103,18 @@ def write_ninja(task: Task, build_dir: Path, src_dir: Path, tools: dict[str, str
         lines += [f"build {_nj(obj)}: {rule} {_nj(src)}", f"  src = {_val(shlex.quote(src))}",
                   f"  obj = {_val(shlex.quote(obj))}"]
         edges.append((rel, obj))
+        compiler, cflags = (tools["nvcc"], nv_flags) if rule == "nvcc" else (tools["c++"], cxx_flags)
+        commands.append(f"{Path(compiler).name} {q(cflags)} -c {rel}")
     lib = f"lib{task.name}.so"
+    link_cmd = " ".join(link).replace("$nvcc", Path(tools.get("nvcc") or "nvcc").name).replace(
+        "$cxx", Path(tools["c++"]).name)
+    commands.append(f"{link_cmd} {q(link_flags)} -o {lib} " + " ".join(Path(o).name for _, o in edges))
     lines += [f"build {_nj(lib)}: link {' '.join(_nj(o) for _, o in edges)}", f"default {_nj(lib)}", ""]
     text = "\n".join(lines)
     path = build_dir / "build.ninja"
     if not path.exists() or path.read_text() != text:
         path.write_text(text)
-    return edges
+    return edges, commands
 
 
 # --- compiler output --------------------------------------------------------------------------
@@ -199,15 +206,17 @@ def build(task: Task, build_dir: Path, src_dir: Path | None = None, timeout_s: f
     need_nvcc = task.spec.device == "cuda" or bool(exts & CU_EXT)
     tools = {"ninja": find_ninja(), "c++": find_cxx(), "nvcc": find_nvcc() if need_nvcc else None}
     missing = [t for t, p in tools.items() if p is None and (t != "nvcc" or need_nvcc)]
+    commands: list[str] = []
     arch = resolve_arch(task) if need_nvcc else None
 
     def result(status: BuildStatus, **kw) -> BuildResult:
-        return BuildResult(status=status, build_dir=str(build_dir), seconds=time.monotonic() - t0, arch=arch, **kw)
+        return BuildResult(status=status, build_dir=str(build_dir), seconds=time.monotonic() - t0, arch=arch,
+                           commands=commands, **kw)
 
     if missing:
         return result(BuildStatus.toolchain_missing, message="; ".join(toolchain_hint(t) for t in missing))
     build_dir.mkdir(parents=True, exist_ok=True)
-    edges = write_ninja(task, build_dir, src_dir, tools, arch)  # type: ignore[arg-type]
+    edges, commands = write_ninja(task, build_dir, src_dir, tools, arch)  # type: ignore[arg-type]
     if not edges:
         return result(BuildStatus.compile_error, message=f"no compilable sources (.cu/.cpp) among {task.spec.sources}")
     proc = run_isolated([tools["ninja"], "-C", str(build_dir)], timeout_s,  # type: ignore[list-item]

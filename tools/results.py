@@ -43,6 +43,7 @@ class BuildResult(BaseModel):
     log: str = ""                         # full compiler output
     arch: str | None = None
     kernels: list[KernelResources] = []
+    commands: list[str] = []              # each compile and link command, as a person would type it
 
 
 # --- launch (CTA) check -----------------------------------------------------------------------
@@ -178,6 +179,13 @@ class SpeedupCI(BaseModel):
         return self.low > 1.0 or self.high < 1.0
 
 
+class DevicePeak(BaseModel):
+    """The device's spec-sheet peaks for the task's dtype, for "% of peak" (known GPUs only)."""
+    tflops: float
+    gbps: float
+    label: str                   # e.g. "H200, float16 tensor"
+
+
 class BenchResult(BaseModel):
     status: BenchStatus
     message: str = ""
@@ -187,6 +195,7 @@ class BenchResult(BaseModel):
     speedup_vs_baseline: SpeedupCI | None = None
     speedup_vs_reference: float | None = None   # the median of speedup_vs_reference_ci
     speedup_vs_reference_ci: SpeedupCI | None = None   # reference time / candidate time, interleaved
+    peak: DevicePeak | None = None             # None: a CPU, or a GPU without a known spec sheet
     seconds: float = 0.0
 
     def timing(self, label: str) -> TimingStats | None:

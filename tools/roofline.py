@@ -68,6 +68,21 @@ def peaks(device: str, dtype: str, cores: int | None = None) -> tuple[float, flo
     return n * CPU_GFLOPS_PER_CORE * 1e9, n * CPU_GBPS_PER_CORE * 1e9, CPU_MARGIN, label
 
 
+def spec_peak(device: str, dtype: str) -> tuple[float, float, str] | None:
+    """(TFLOP/s, GB/s, label): the spec-sheet peaks of a GPU in GPU_PEAKS for "% of peak" beside a
+    time; fp16/bf16 against the tensor-core peak, anything else against the fp32 (non-tensor) peak. None
+    for a CPU or a GPU not in the table: no figure is better than a made-up one."""
+    if not device.startswith("cuda"):
+        return None
+    name = device.split(":", 1)[-1].strip().lower()
+    key = next((k for k in sorted(GPU_PEAKS, key=len, reverse=True) if k in name), None)
+    if key is None:
+        return None
+    fp16, _tf32, fp32, hbm = GPU_PEAKS[key]
+    half = dtype in ("float16", "bfloat16")
+    return (fp16 if half else fp32), hbm * 1e3, f"{key.upper()}, {dtype} {'tensor' if half else 'non-tensor'}"
+
+
 def floor_ms(flops: float | None, nbytes: float | None, device: str, dtype: str,
              cores: int | None = None) -> Floor | None:
     """The fastest time an honest kernel could reach; None where the task has no formulas."""

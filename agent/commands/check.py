@@ -51,6 +51,7 @@ def run_check(task_path: Path, build_dir: Path | None = None) -> tuple[CheckSumm
     launch check where a GPU is visible. Stops at the first failure."""
     from agent.attempt import Attempt
     from agent.evaluate import CompileFailed, Evaluator, IterationEnded
+    from agent.review.show import throughput
     from agent.runlog import StageTimes
     from tools.build import default_build_dir
     from tools.device import device_limits
@@ -95,6 +96,8 @@ def run_check(task_path: Path, build_dir: Path | None = None) -> tuple[CheckSumm
         detail = r.message or (f"{cand.median_ms:.4f} ms median" if cand else "")
         if r.speedup_vs_reference is not None and "vs reference" not in detail:
             detail += f", {r.speedup_vs_reference:.2f}x vs reference"
+        tp = throughput(cand, r.peak) if cand else ""
+        detail += f"; {tp}" if tp and r.status.value == "ok" else ""
         steps.add(f"bench {','.join(f'{k}={int(v)}' for k, v in r.shape.items())}", r.status.value, detail)
     if failed is not None:
         if a.parity is None and a.launch is not None and a.launch.status.value in ("ok", "not_applicable"):

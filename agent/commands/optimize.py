@@ -26,6 +26,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("optimize", help="run the optimization loop on a task")
     p.add_argument("task", nargs="?", help="kernels/NAME (default: [tool.agent].task, else the first task that fits)")
     p.add_argument("--target", default="1.5x", help="speedup to reach vs the task's baseline, e.g. 1.5x (default)")
+    p.add_argument("--past-target", action="store_true",
+                   help="do not stop at the target: run every iteration (also where the initial kernel already "
+                        "meets the target, which otherwise stops the run before the first iteration)")
     p.add_argument("--iters", type=int, default=20, help="iterations at most (default 20)")
     p.add_argument("--proposer", choices=["heuristic", "llm", "replay"],
                    help="default: llm if an endpoint is configured, else heuristic")
@@ -86,7 +89,8 @@ def cmd_optimize(args) -> int:
         loop = start_run(task_dir, target=target, iters=args.iters, proposer_kind=kind, view=view,
                          baseline=args.baseline, min_gain=args.min_gain, run_id=args.run_id, runs_dir=args.runs_dir,
                          budget_seconds=args.budget_seconds, budget_tokens=args.budget_tokens,
-                         budget_usd=args.budget_usd, profile_tier=args.tier, extra=extra)
+                         budget_usd=args.budget_usd, profile_tier=args.tier, extra=extra,
+                         past_target=args.past_target)
         return _run_and_summarize(loop)
     except (UsageError, gitops.GitError, LogError, SettingsError) as e:
         console.print(f"[red]error[/red]: {e}", highlight=False)

@@ -9,8 +9,9 @@ from pathlib import Path
 from agent.figures import figures_line
 from agent.review.plot import PlotUnavailable, plot_roofline, plot_speedup
 from agent.review.runs import Run
-from agent.review.show import env_pairs, us, xs
+from agent.review.show import env_pairs, throughput, us, xs
 from agent.runlog import Decision, IterationRecord
+from tools.results import BenchResult
 
 PROFILE_KEYS = ("ctas", "sol_compute_pct", "sol_memory_pct", "dram_pct", "occupancy_achieved_pct", "registers")
 
@@ -77,6 +78,7 @@ def render(run: Run, plot_name: str | None, plot_note: str = "", roofline_name: 
          f"- **Result**: {figures_line(st)}; target {cfg.target:g}x vs {cfg.baseline}",
          f"- **Best**: {best}, commit `{st.best_sha[:10]}` on branch `{cfg.branch}`: {us(st.best_ms)} "
          f"(initial {us(st.initial_ms)}, reference {us(st.reference_ms)})",
+         *_throughput_lines(run),
          f"- **Stopped**: {st.status}: {st.stop_reason or '-'}",
          f"- **Iterations**: {len(run.records)} of {cfg.iters}, {len(run.kept())} kept; proposer {cfg.proposer}"
          + (f" ({cfg.model})" if cfg.model else ""),
@@ -118,6 +120,28 @@ def render(run: Run, plot_name: str | None, plot_note: str = "", roofline_name: 
     L += ["", "## Configuration", "", "```json",
           json.dumps({k: v for k, v in cfg.model_dump(mode="json").items() if k != "env"}, indent=2), "```", ""]
     return "\n".join(L)
+
+
+def _throughput_lines(run: Run) -> list[str]:
+    """The best's, the initial kernel's and the reference's throughput (with the share of the device's
+    peak where it is known), where the task declares its FLOPs and bytes."""
+    timed: list[tuple[str, BenchResult | None, str]] = []
+    if run.state.best_iteration is not None:
+        timed.append(("best", run.record(run.state.best_iteration).bench, "candidate"))
+    try:
+        initial = BenchResult.model_validate_json((run.dir / "initial" / "bench.json").read_text())
+        timed += [("initial", initial, "candidate"), ("reference", initial, "reference")]
+    except (OSError, ValueError):
+        pass
+    parts = []
+    for name, b, label in timed:
+        tm = b.timing(label) if b else None
+        tp = throughput(tm, b.peak) if tm else ""
+        if tp:
+            parts.append(f"{name} {tp}")
+    peak = next((b.peak for _, b, _ in timed if b and b.peak), None)
+    return [f"- **Throughput**: {'; '.join(parts)}" + (f" (% of the {peak.label} peak)" if peak else "")] \
+        if parts else []
 
 
 def _hyp(r: IterationRecord) -> str:

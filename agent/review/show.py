@@ -15,7 +15,7 @@ from rich.text import Text
 from agent.figures import figures_line
 from agent.review.runs import Run
 from agent.runlog import Decision, IterationRecord
-from tools.results import ParityResult
+from tools.results import DevicePeak, ParityResult, TimingStats
 from tools.task import shape_label
 
 DECISION_STYLE = {Decision.kept: "green", Decision.reverted: "red", Decision.skipped: "yellow",
@@ -31,6 +31,18 @@ def us(ms: float | None) -> str:
 
 def xs(v: float | None) -> str:
     return f"{v:.3f}x" if v is not None and math.isfinite(v) else "-"
+
+
+def throughput(tm: TimingStats, peak: DevicePeak | None) -> str:
+    """What a time means for the hardware: FLOP/s and bytes/s where the task declares its FLOPs and
+    bytes, each with its share of the device's spec-sheet peak where the device is known."""
+    parts = []
+    if tm.tflops:
+        v = f"{tm.tflops:.3g} TFLOP/s" if tm.tflops >= 0.1 else f"{tm.tflops * 1e3:.3g} GFLOP/s"
+        parts.append(v + (f" ({tm.tflops / peak.tflops:.1%} of {peak.tflops:g})" if peak else ""))
+    if tm.gbps:
+        parts.append(f"{tm.gbps:.3g} GB/s" + (f" ({tm.gbps / peak.gbps:.1%} of {peak.gbps:g})" if peak else ""))
+    return ", ".join(parts)
 
 
 def ci_text(rec: IterationRecord) -> str:
@@ -235,6 +247,8 @@ def _stages(rec: IterationRecord) -> list[RenderableType]:
             t.add_row("", Text(f"{k.name}: {k.registers} registers, spills {k.spill_stores_bytes}/"
                                f"{k.spill_loads_bytes} B st/ld, smem {k.smem_static_bytes} B",
                                style="yellow" if spill else ""))
+        for n, c in enumerate(b.commands):
+            t.add_row("commands" if n == 0 else "", Text(c))
         out.append(t)
     la = rec.launch
     if la is not None:
@@ -269,10 +283,11 @@ def _stages(rec: IterationRecord) -> list[RenderableType]:
         for c in ("", "median", "p10", "p90", "reps", "throughput"):
             t.add_column(c, justify="right")
         for tm in be.timings:
-            tp = (f"{tm.tflops:.3f} TFLOP/s" if tm.tflops >= 0.1 else f"{tm.tflops * 1e3:.2f} GFLOP/s") if tm.tflops \
-                else (f"{tm.gbps:.1f} GB/s" if tm.gbps else "")
-            t.add_row(tm.label, us(tm.median_ms), us(tm.p10_ms), us(tm.p90_ms), str(tm.reps), tp)
+            t.add_row(tm.label, us(tm.median_ms), us(tm.p10_ms), us(tm.p90_ms), str(tm.reps), throughput(tm, be.peak))
         out.append(t)
+        if be.peak:
+            out.append(Text(f"% of the device's spec-sheet peak: {be.peak.label}, {be.peak.tflops:g} TFLOP/s, "
+                            f"{be.peak.gbps:g} GB/s", style="dim"))
         ci = be.speedup_vs_baseline
         line = f"speedup over the best: {ci.median:.3f}x (95% CI {ci.low:.3f}-{ci.high:.3f}, {ci.rounds} rounds)" \
             if ci else "no speedup ratio"
