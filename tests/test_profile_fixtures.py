@@ -131,3 +131,19 @@ def test_fallback_trace_normal_grid():
     k = rep.kernels[0]
     assert k.ctas == 65536 and k.bottleneck == Bottleneck.unknown   # no counters: no SOL class
     assert rep.env.sm_count and k.waves_per_sm and k.waves_per_sm > 1
+
+
+def test_the_cli_converts_a_real_report_on_the_default_install():
+    """`agent profile --from-report` through the real entry point, on the README's plain install (the
+    `ncu-report` wheel is a default dependency: reading reports is the core of the product)."""
+    import subprocess
+    import sys
+    rep = need("attn_t1.ncu-rep")
+    root = Path(__file__).resolve().parent.parent
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")]))}
+    p = subprocess.run([sys.executable, "-m", "agent", "profile", "--from-report", str(rep), "--json"],
+                       capture_output=True, text=True, env=env, timeout=120)
+    assert p.returncode == 0, p.stderr
+    data = json.loads(p.stdout)
+    assert data["status"] == "ok" and data["kernels"] and data["kernels"][0]["name"]
+    assert data["kernels"][0]["sol_memory_pct"] is not None

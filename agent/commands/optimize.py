@@ -11,6 +11,7 @@ from rich.table import Table
 from agent import gitops
 from agent.best import SetupFailed
 from agent.figures import figures_line
+from agent.review.plot import shorten
 from agent.loop import Loop
 from agent.runlog import Decision, LogError, find_run, read_iterations
 from agent.settings import SettingsError
@@ -121,7 +122,7 @@ def _run_and_summarize(loop: Loop) -> int:
     for r in recs:
         b = r.bench.speedup_vs_baseline if r.bench else None
         t.add_row(str(r.iteration), r.decision.value, f"{b.median:.3f}x" if b else "-",
-                  (r.proposal.summary() if r.proposal else "-")[:60], r.reason[:80])
+                  shorten(r.proposal.summary(), 60) if r.proposal else "-", shorten(r.reason, 80))
     Console().print(t)
     kept = [r for r in recs if r.decision == Decision.kept]
     best = state.best_sha[:10]

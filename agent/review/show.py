@@ -13,6 +13,7 @@ from rich.table import Table
 from rich.text import Text
 
 from agent.figures import figures_line
+from agent.review.plot import shorten
 from agent.review.runs import Run
 from agent.runlog import Decision, IterationRecord
 from tools.results import DevicePeak, ParityResult, TimingStats
@@ -125,7 +126,8 @@ def iterations_table(run: Run) -> Table:
     for r in run.records:
         mark = " *" if r.iteration == run.state.best_iteration else ""
         t.add_row(f"{r.iteration}{mark}", f"[{DECISION_STYLE[r.decision]}]{r.decision.value}[/]", ci_text(r),
-                  Text((r.proposal.summary() if r.proposal else r.proposal_error or "-")[:90]), Text(r.reason[:110]),
+                  Text(shorten(r.proposal.summary() if r.proposal else r.proposal_error or "-", 60)),
+                  Text(shorten(r.reason, 90)),
                   f"{_total(r):.1f} s")
     t.caption = "* the best" if run.state.best_iteration else None
     return t

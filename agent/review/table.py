@@ -46,15 +46,17 @@ _STATUS_STYLE = {"done": "green", "running": "cyan", "interrupted": "yellow", "f
 
 
 def runs_table(rows: list[RunRow], title: str) -> Table:
-    # no vertical rules and one space between columns: 20 characters more for the cells
-    t = Table(title=title, box=box.SIMPLE_HEAD, collapse_padding=True)
+    # no vertical rules, no edges and one space between columns: 20 characters more for the cells
+    t = Table(title=title, box=box.SIMPLE_HEAD, padding=(0, 0), show_edge=False, pad_edge=False)
     # at 80 columns every column keeps a readable width: text folds onto more lines instead of being cut
-    # to one character and an ellipsis; the start is shown as month-day hour:minute (UTC)
-    fold = {"overflow": "fold", "min_width": 6}
-    for c, kw in (("run", {"overflow": "fold", "min_width": 10}), ("task", fold), ("started", {"min_width": 7}),
-                  ("proposer", fold), ("iters", {"justify": "right"}), ("kept", {"justify": "right"}),
-                  ("vs initial", {"justify": "right", "min_width": 7}),
-                  ("vs ref", {"justify": "right", "min_width": 5}), ("status", fold)):
+    # to one character and an ellipsis; the start is shown as month-day hour:minute (UTC). Fixed widths,
+    # 79 columns with the separators (the status takes what is left): rich's own sharing of a narrow
+    # terminal cut the status column short
+    fold = {"overflow": "fold"}
+    for c, kw in (("run", {**fold, "width": 11}), ("task", {**fold, "width": 10}), ("started", {**fold, "width": 7}),
+                  ("proposer", {**fold, "width": 10}), ("iters", {"justify": "right", "width": 5}),
+                  ("kept", {"justify": "right", "width": 4}), ("vs initial", {"justify": "right", "width": 7}),
+                  ("vs ref", {"justify": "right", "width": 6}), ("status", {**fold, "min_width": 11})):
         t.add_column(c, **kw)
     for r in rows:
         if not r.readable:
