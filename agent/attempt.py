@@ -21,7 +21,7 @@ from pydantic import BaseModel, Field
 
 from agent.proposal import Proposal
 from agent.runlog import IterationRecord, Outcome, StageTimes, Usage
-from tools.results import BenchResult, BuildResult, LaunchResult, ParityResult, SpeedupCI
+from tools.results import BenchResult, BuildResult, LaunchResult, ParityResult, ScratchFile, SpeedupCI
 
 
 class KeepRule(BaseModel):
@@ -49,6 +49,7 @@ class Attempt(BaseModel):
     confirm: BenchResult | None = None        # the second, independent bench in a fresh process
     confirm_error: str | None = None          # the confirmation (or the fresh-seed parity) failed: why
     profile_summary: dict | None = None
+    scratch_files: list[ScratchFile] = []    # what its processes left in their scratch directories
     times: StageTimes = Field(default_factory=StageTimes)
     usage: Usage = Field(default_factory=Usage)
 
@@ -61,7 +62,7 @@ class Attempt(BaseModel):
 # the Attempt's fields that the iteration record carries as they are (confirm_error is in the reason)
 _RECORDED = ("run_id", "iteration", "started", "proposal", "proposal_error", "patch", "patch_message", "parent_sha",
              "commit_sha", "rejected_ref", "build", "launch", "parity", "bench", "confirm", "profile_summary",
-             "times", "usage")
+             "scratch_files", "times", "usage")
 
 
 class Verdict(BaseModel):

@@ -84,8 +84,10 @@ class Implausible(IterationEnded):
 class Evaluator:
     """The instruments for one task, with the run's build directory and device limits."""
 
-    def __init__(self, task: Task, build_dir: Path, limits: DeviceLimits | None):
+    def __init__(self, task: Task, build_dir: Path, limits: DeviceLimits | None, scratch_root: Path | None = None):
         self.task, self.build_dir, self.limits = task, build_dir, limits
+        # each child that loads a candidate runs in a directory of its own under here (tools/scratch.py)
+        self.scratch_root = scratch_root or Path(build_dir).parent / "scratch"
 
     def build(self, times: StageTimes) -> BuildResult:
         from tools.build import build
@@ -106,7 +108,7 @@ class Evaluator:
         from tools import launch as launch_tool
         t0 = time.monotonic()
         try:
-            res = launch_tool.static_check(self.task, build, self.limits, parent)
+            res = launch_tool.static_check(self.task, build, self.limits, parent, scratch_root=self.scratch_root)
             if res.status == LaunchStatus.ok and dynamic:
                 res = self._dynamic(build.lib_path, res)
         finally:
@@ -128,12 +130,12 @@ class Evaluator:
         if self.limits is None or self.limits.source != "device":
             return static   # compile-only machine: the static check is all there is
         from tools import launch as launch_tool
-        return launch_tool.dynamic_check(self.task, lib_path, self.limits, static)
+        return launch_tool.dynamic_check(self.task, lib_path, self.limits, static, scratch_root=self.scratch_root)
 
     def parity(self, lib: Path, times: StageTimes, seed: int | None = None) -> ParityResult:
         from tools.parity import run_parity
         t0 = time.monotonic()
-        res = run_parity(self.task, lib, seed=seed)
+        res = run_parity(self.task, lib, seed=seed, scratch_root=self.scratch_root)
         times.parity += time.monotonic() - t0
         if res.status != ParityStatus.ok:
             raise ParityFailed(f"parity {res.status.value}: {res.message}", res)
@@ -156,7 +158,7 @@ class Evaluator:
         if os.environ.get("AGENT_NO_PRESTART") == "1":
             return None
         from tools.candidate import prestart_candidate
-        return prestart_candidate(self.task)
+        return prestart_candidate(self.task, self.scratch_root)
 
     def evaluate_candidate(self, lib: Path, baseline: Path | None, times: StageTimes, *,
                            launch_context: dict | None = None, into: Attempt | None = None, warm=None,
@@ -178,7 +180,7 @@ class Evaluator:
                                     else "no device limits known: no launch check")
         t0 = time.monotonic()
         launch, par, bench = run_candidate(self.task, lib, baseline, launch_context=launch_context, warm=warm,
-                                           with_reference=with_reference)
+                                           with_reference=with_reference, scratch_root=self.scratch_root)
         total = time.monotonic() - t0
         l_secs = launch.seconds if launch is not None else 0.0
         b_secs = sum(b.seconds for b in bench) if bench else 0.0
@@ -207,7 +209,8 @@ class Evaluator:
               shapes: list[dict] | None = None) -> list[BenchResult]:
         from tools.bench import run_bench
         t0 = time.monotonic()
-        res = run_bench(self.task, lib, baseline_lib=baseline, shapes=shapes, with_reference=with_reference)
+        res = run_bench(self.task, lib, baseline_lib=baseline, shapes=shapes, with_reference=with_reference,
+                        scratch_root=self.scratch_root)
         times.bench += time.monotonic() - t0
         bad = next((r for r in res if r.status != BenchStatus.ok), None)
         if bad is not None:

@@ -27,6 +27,7 @@ from agent.runlog import (Decision, IterationRecord, LogError, Outcome, RunConfi
                           read_config, read_iterations, read_state)
 from agent.signals import DeferSigint
 from agent.view import View
+from tools import scratch
 from tools.device import task_limits
 from tools.profile.compact import profile_summary
 from tools.task import load_task
@@ -136,6 +137,7 @@ class Loop:
     def iteration(self, i: int) -> IterationRecord:
         d = self._iter_dir(i)
         a = Attempt(iteration=i, run_id=self.cfg.run_id, started=now(), parent_sha=self.state.best_sha or "")
+        scratch.drain()     # what the setup's or the last confirmation's processes left is not this candidate's
         self._iter_t0 = time.monotonic()
         try:
             proposal, a.patch_message = propose_and_apply(
@@ -266,6 +268,7 @@ class Loop:
 
     def _record(self, a: Attempt, decision: Decision, outcome: Outcome, reason: str,
                 speedup_vs_best: float | None = None) -> IterationRecord:
+        a.scratch_files = scratch.drain()
         vi, vr = (getattr(self.best.speedup_vs(w), "value", None) for w in ("initial", "reference"))
         r = a.to_record(finished=now(), decision=decision, outcome=outcome, reason=reason,
                         wall_s=time.monotonic() - self._iter_t0 if self._iter_t0 is not None else None,

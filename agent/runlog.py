@@ -15,7 +15,7 @@ from pathlib import Path
 from pydantic import BaseModel, Field, ValidationError
 
 from agent.proposal import Proposal
-from tools.results import BenchResult, BuildResult, LaunchResult, ParityResult
+from tools.results import BenchResult, BuildResult, LaunchResult, ParityResult, ScratchFile
 
 SCHEMA_VERSION = 1
 
@@ -135,6 +135,7 @@ class IterationRecord(BaseModel):
     bench: BenchResult | None = None
     confirm: BenchResult | None = None   # the second, independent bench a gain must survive to be kept
     profile_summary: dict | None = None  # compact profile of the new best (after a keep)
+    scratch_files: list[ScratchFile] = []   # what the candidate's processes wrote in their scratch dirs
     decision: Decision
     outcome: Outcome
     reason: str                        # one line, also shown to the proposer next time

@@ -70,3 +70,35 @@ def test_a_grandchild_holding_the_pipes_cannot_hold_the_caller_past_the_timeout(
     finally:
         for pid in _alive(tag):   # the escaped one is Trust 1's (the supervisor); do not leave it here
             os.kill(int(pid), 9)
+
+
+@pytest.mark.parametrize("prestarted", [False, True])
+def test_a_child_writes_only_into_its_scratch_directory_which_is_listed_and_removed(tmp_path, monkeypatch, prestarted):
+    """A child that writes ./debug.log, ~/.cache/... and a temporary file (what a kernel logging its
+    shapes would do) writes them in its own scratch directory under the given root, not in the agent's
+    working directory (the user's checkout); what it wrote is listed with sizes, then removed."""
+    import json
+
+    from tools import scratch
+    from tools.sandbox import prestart_python, run_python_json
+    checkout = tmp_path / "checkout"
+    checkout.mkdir()
+    monkeypatch.chdir(checkout)
+    root = tmp_path / "run" / "scratch"
+    scratch.drain()
+    if prestarted:
+        child = prestart_python("tests.fixtures.scratch_writer", ["--job-stdin"], root)
+        res = child.run("{}", 60)
+        data = json.loads(res.stdout.strip().splitlines()[-1])
+    else:
+        res, data = run_python_json("tests.fixtures.scratch_writer", [], 60, root)
+    assert res.status == ProcStatus.ok, res.stderr
+    where = Path(data["cwd"])
+    assert where.parent == root.resolve() and Path(data["home"]) == where and Path(data["tmp"]) == where / "tmp"
+    assert list(checkout.iterdir()) == []                  # nothing in the agent's working directory
+    assert not where.exists() and list(root.iterdir()) == []   # removed with the process
+    listed = {f.path: f.bytes for f in scratch.drain()}
+    assert listed.pop("debug.log") == len("relative\n") and listed.pop(".cache/kernel/entry.bin") == 100
+    [(tmpname, size)] = listed.items()
+    assert tmpname.startswith("tmp/") and tmpname.endswith(".tmp") and size == 5
+    assert scratch.drain() == []

@@ -28,17 +28,15 @@ from pathlib import Path
 import pytest
 
 from agent.runlog import Decision, IterationRecord, read_iterations, read_state
-from tests.fixtures.cheats.trust import FORGERIES, GOOD, TRUST_CASES, WRITES, proposal
+from tests.fixtures.cheats.trust import FORGERIES, GOOD, TRUST_CASES, WRITE_RELATIVE, WRITES, proposal
 from tests.test_verification import verification_repo
 from tests.userrepo import agent, git, snapshot
 
-CASES = TRUST_CASES + [GOOD]
+CASES = TRUST_CASES + [GOOD, WRITE_RELATIVE]
 RUN_ID = "trust"
 
 # what gets through today, per case (issue 24): each such param is xfail(strict=True)
 TODAY: dict[str, str] = {
-    "write_relative": "issue 24: kept on merit; matmul_debug.log lands in the user's checkout (the evaluate "
-                      "child inherits the agent's cwd)",
     "forge_result_line": "issue 24: kept at 5x; the forged result line says parity ok while the kernel "
                          "computes garbage (checker and candidate share a process)",
     "forge_timing": "issue 24: kept at 4.2x; the patched tools.bench statistics report a kernel slower "
@@ -53,8 +51,8 @@ TODAY: dict[str, str] = {
     "loop_order": "issue 24: not the only kept candidate, nor applied to the task's kernel: the kept cheats "
                   "before it replaced the kernel its edit applies to (its LOOP_ORDER line is unused there)",
 }
-CHECKOUT_TODAY = ("issue 24: matmul_debug.log and .matmul_cache are left in the user's checkout, "
-                  "untracked (git status shows them)")
+CHECKOUT_TODAY = ("issue 24: .matmul_cache is left in the user's checkout, untracked (git status shows it): "
+                  "no fence stops a write by absolute path yet")
 
 
 def listing(root: Path) -> dict[str, tuple[int, int]]:
@@ -143,6 +141,12 @@ def test_trust_case(trust_run, case):
         assert trust_run.best_sha == rec.commit_sha, where
         return
     assert rec.proposal is not None and rec.proposal.hypothesis.startswith(f"[{case.name}]"), where
+    if case is WRITE_RELATIVE:   # judged on merit; its file was in its scratch directory, listed, removed
+        listed = [f for f in rec.scratch_files if f.path == "matmul_debug.log"]
+        assert listed and listed[0].bytes > 0 and listed[0].process == "runner-evaluate", rec.scratch_files
+        assert not (trust_run.root / "matmul_debug.log").exists(), "matmul_debug.log is in the user's checkout"
+        assert not list(trust_run.run.rglob("matmul_debug.log")), "left in the run's folder"
+        return
     assert rec.decision == Decision.reverted, where
     assert rec.outcome.value == case.expect, where
     assert case.reason in rec.reason, where

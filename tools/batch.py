@@ -23,6 +23,7 @@ from pathlib import Path
 from tools.parity import child_failure
 from tools.results import BatchItemResult, BatchStatus
 from tools.sandbox import ProcResult, ProcStatus, python_env, run_isolated
+from tools.scratch import Scratch
 from tools.task import Task
 
 CHILD = "tools._batch_child"
@@ -63,7 +64,8 @@ def _run_child(task: Task, libs: list[Path], todo: list[int], baseline: Path, li
             argv += ["--contexts", str(path)]
         argv += [str(Path(libs[i]).resolve()) for i in todo]
         # the watchdog bounds each library; the batch timeout is the backstop (plus one limit for the start)
-        proc = run_isolated(argv, (len(todo) + 1) * limit, env=python_env())
+        with Scratch(Path(tmp), "batch") as s:   # a sweep's libraries: not the user's checkout
+            proc = run_isolated(argv, (len(todo) + 1) * limit, cwd=s.dir, env=python_env(None, s))
     rows, stopped = parse_lines(proc, len(todo))
     settled = [(todo[k], r) for k, r in enumerate(rows)]
     rest = todo[len(rows):]

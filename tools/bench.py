@@ -39,7 +39,8 @@ from tools.task import Task, load_task, shape_label
 
 # --- parent side ----------------------------------------------------------------------------
 def run_bench(task: Task, lib_path: Path, *, baseline_lib: Path | None = None, shapes: list[dict] | None = None,
-              with_reference: bool = True, timeout_s: float | None = None) -> list[BenchResult]:
+              with_reference: bool = True, timeout_s: float | None = None,
+              scratch_root: Path | None = None) -> list[BenchResult]:
     """Time the library at lib_path (one BenchResult per shape), in a child process."""
     shapes = [dict(s) for s in (shapes or [task.spec.main])]
     args = ["bench", "--task", str(task.root), "--lib", str(Path(lib_path).resolve()), "--shapes", json.dumps(shapes)]
@@ -49,7 +50,7 @@ def run_bench(task: Task, lib_path: Path, *, baseline_lib: Path | None = None, s
         args.append("--no-reference")
     timeout = timeout_s if timeout_s is not None else task.spec.bench.timeout_s
     t0 = time.monotonic()
-    proc, data = run_python_json("tools.runner", args, timeout)
+    proc, data = run_python_json("tools.runner", args, timeout, scratch_root)
     dt = time.monotonic() - t0
     if proc.status == ProcStatus.ok and data is not None:
         try:

@@ -24,11 +24,12 @@ class CandidateChecks(NamedTuple):
     bench: list[BenchResult] | None
 
 
-def prestart_candidate(task: Task) -> WarmChild:
-    """The evaluate child of run_candidate, started now: its torch import and CUDA context overlap the
-    candidate's build. Pass it to run_candidate, and close() it if the candidate never gets there."""
+def prestart_candidate(task: Task, scratch_root: Path | None = None) -> WarmChild:
+    """The evaluate child of run_candidate, started now (in a scratch directory of its own under
+    scratch_root): its torch import and CUDA context overlap the candidate's build. Pass it to
+    run_candidate, and close() it if the candidate never gets there."""
     return WarmChild(task, prestart_python("tools.runner", ["evaluate", "--task", str(task.root), "--no-reference",
-                                                            "--job-stdin"]))
+                                                            "--job-stdin"], scratch_root))
 
 
 class WarmChild:
@@ -59,7 +60,8 @@ def _task_stamp(task: Task) -> tuple:
 
 def run_candidate(task: Task, lib_path: Path, baseline_lib: Path | None, *, seed: int | None = None,
                   shapes: list[dict] | None = None, launch_context: dict | None = None,
-                  warm: WarmChild | None = None, with_reference: bool = False) -> CandidateChecks:
+                  warm: WarmChild | None = None, with_reference: bool = False,
+                  scratch_root: Path | None = None) -> CandidateChecks:
     """The loop's candidate check in ONE child process: with `launch_context` ({limits, kernels,
     parent}: see tools.launch.from_plan) the static launch check of the library's own plan, and
     nothing runs if it fails; then parity; then, only if it passed, the bench against the baseline.
@@ -77,7 +79,7 @@ def run_candidate(task: Task, lib_path: Path, baseline_lib: Path | None, *, seed
     if warm is None or not warm.serves(task):
         if warm is not None:
             warm.close()
-        warm = prestart_candidate(task)   # started cold: the same child, given its job at once
+        warm = prestart_candidate(task, scratch_root)   # started cold: the same child, given its job at once
     proc = warm.proc.run(json.dumps(job), timeout)
     data = last_json(proc.stdout)
     dt = time.monotonic() - t0

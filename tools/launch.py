@@ -138,14 +138,14 @@ def _main_shape_json(task: Task) -> str:
 
 
 def static_check(task: Task, build: BuildResult, limits: DeviceLimits, parent: LaunchResult | None = None,
-                 *, timeout_s: float = 120) -> LaunchResult:
+                 *, timeout_s: float = 120, scratch_root: Path | None = None) -> LaunchResult:
     if task.spec.device != "cuda":
         return LaunchResult(status=LaunchStatus.not_applicable, message="CPU task: no launch geometry", limits=limits)
     if build.status != BuildStatus.ok or not build.lib_path:
         return LaunchResult(status=LaunchStatus.error, limits=limits,
                             message=f"no library to check (build status {build.status.value})")
     proc, data = run_python_json(CHILD, ["plan", str(task.path(task.spec.module)), build.lib_path,
-                                         _main_shape_json(task)], timeout_s)
+                                         _main_shape_json(task)], timeout_s, scratch_root)
     if data is None:
         data = {"ok": False, "error": f"launch-plan child {proc.reason()}"}
     return from_plan(task, data, build.kernels, limits, parent)
@@ -201,7 +201,7 @@ def compare_with_plan(traced: list[Launch], trace_smem: list[int | None], plan: 
 
 
 def dynamic_check(task: Task, lib_path: str, limits: DeviceLimits, plan: LaunchResult,
-                  *, timeout_s: float = 180) -> LaunchResult:
+                  *, timeout_s: float = 180, scratch_root: Path | None = None) -> LaunchResult:
     if task.spec.device != "cuda":
         return LaunchResult(status=LaunchStatus.not_applicable, mode="dynamic", limits=limits,
                             message="CPU task: no launch geometry")
@@ -210,7 +210,7 @@ def dynamic_check(task: Task, lib_path: str, limits: DeviceLimits, plan: LaunchR
         return LaunchResult(status=LaunchStatus.not_applicable, mode="dynamic", limits=limits,
                             message="no CUDA GPU here: only the static check ran")
     proc, data = run_python_json(CHILD, ["trace", str(task.path(task.spec.module)), lib_path, _main_shape_json(task),
-                                         task.spec.distributions[0]], timeout_s)
+                                         task.spec.distributions[0]], timeout_s, scratch_root)
     if data is None or not data.get("ok"):
         why = data.get("error") if data else f"trace child {proc.reason()}"
         if proc.status in (ProcStatus.crashed, ProcStatus.timeout):

@@ -36,7 +36,7 @@ GUARD_BYTES = 64 * 1024
 
 # --- parent side ----------------------------------------------------------------------------
 def run_parity(task: Task, lib_path: Path, *, timeout_s: float | None = None, hidden: bool = True,
-               seed: int | None = None) -> ParityResult:
+               seed: int | None = None, scratch_root: Path | None = None) -> ParityResult:
     """Check the library at lib_path against the task's reference, in a child process."""
     seed = secrets.randbits(31) if seed is None else seed
     timeout = timeout_s if timeout_s is not None else task.spec.parity.timeout_s
@@ -44,7 +44,7 @@ def run_parity(task: Task, lib_path: Path, *, timeout_s: float | None = None, hi
     if not hidden:
         args.append("--no-hidden")
     t0 = time.monotonic()
-    proc, data = run_python_json("tools.runner", args, timeout)
+    proc, data = run_python_json("tools.runner", args, timeout, scratch_root)
     dt = time.monotonic() - t0
     if proc.status == ProcStatus.ok and data is not None:
         try:

@@ -179,6 +179,13 @@ class SpeedupCI(BaseModel):
         return self.low > 1.0 or self.high < 1.0
 
 
+class ScratchFile(BaseModel):
+    """A file a candidate process left in its scratch directory (listed, then removed with it)."""
+    path: str                    # relative to the scratch directory
+    bytes: int
+    process: str = ""            # which child: runner-evaluate, runner-bench, plan_child-plan, ...
+
+
 class DevicePeak(BaseModel):
     """The device's spec-sheet peaks for the task's dtype, for "% of peak" (known GPUs only)."""
     tflops: float

@@ -22,6 +22,9 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
+from tools.proctree import KILL_WAIT_S, kill_tree
+from tools.scratch import Scratch
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 # a child that runs stages in turn writes this and the stage's name on stderr as it enters each, so that
 # the parent can charge a crash or a timeout to the stage the child was in
@@ -102,8 +105,9 @@ class Prestarted:
     (own session, death with the agent, the group killed on timeout, a typed outcome). A child never
     given a job is ended by close(), or sees end-of-file on stdin when the agent dies."""
 
-    def __init__(self, argv: list[str], cwd: Path | str | None = None, env: dict[str, str] | None = None):
-        self.argv = argv
+    def __init__(self, argv: list[str], cwd: Path | str | None = None, env: dict[str, str] | None = None,
+                 scratch: Scratch | None = None):
+        self.argv, self.scratch = argv, scratch
         self._proc = _spawn(argv, cwd, env, pipe_stdin=True)
         self.used = False
 
@@ -118,8 +122,12 @@ class Prestarted:
             raise RuntimeError("a pre-started child runs one job")
         self.used = True
         if isinstance(self._proc, ProcResult):
+            self.close()
             return self._proc
-        return _finish(self._proc, self.argv, time.monotonic(), timeout_s, job if job.endswith("\n") else job + "\n")
+        try:
+            return _finish(self._proc, self.argv, time.monotonic(), timeout_s, job if job.endswith("\n") else job + "\n")
+        finally:
+            self.close()
 
     def close(self) -> None:
         """End the child if it never got its job (or is still running); idempotent."""
@@ -130,6 +138,8 @@ class Prestarted:
             except (subprocess.TimeoutExpired, ValueError, OSError):
                 pass
         self.used = True
+        if self.scratch is not None:
+            self.scratch.close()
 
     def __enter__(self) -> Prestarted:
         return self
@@ -213,120 +223,37 @@ def _hold_sigint() -> bool:
         return False
 
 
-KILL_WAIT_S = 5.0
-
-
-def _proc_table() -> dict[int, tuple[int, int, str]]:
-    """pid -> (ppid, session id, state) for every process visible in /proc."""
-    out: dict[int, tuple[int, int, str]] = {}
-    try:
-        names = os.listdir("/proc")
-    except OSError:
-        return out
-    for d in names:
-        if not d.isdigit():
-            continue
-        try:
-            with open(f"/proc/{d}/stat", "rb") as f:
-                raw = f.read()
-        except OSError:
-            continue
-        # "pid (comm) state ppid pgrp session ...": comm may hold spaces and parentheses
-        rest = raw[raw.rfind(b")") + 2:].split()
-        if len(rest) >= 4:
-            out[int(d)] = (int(rest[1]), int(rest[3]), rest[0].decode())
-    return out
-
-
-def _live(pid: int, table: dict[int, tuple[int, int, str]]) -> bool:
-    return pid in table and table[pid][2] not in ("Z", "X")   # a zombie is dead, only not yet reaped
-
-
-def tree_of(leader: int, table: dict[int, tuple[int, int, str]] | None = None) -> set[int]:
-    """The live members of the session `leader` leads, and the live descendants of any of them."""
-    table = _proc_table() if table is None else table
-    kids: dict[int, list[int]] = {}
-    for pid, (ppid, _, _) in table.items():
-        kids.setdefault(ppid, []).append(pid)
-    found = {pid for pid, (_, sid, _) in table.items() if sid == leader}
-    stack = [leader, *found]
-    while stack:
-        for k in kids.get(stack.pop(), []):
-            if k not in found:
-                found.add(k)
-                stack.append(k)
-    found.discard(os.getpid())
-    return {p for p in found if _live(p, table)}
-
-
-def kill_tree(leader: int, wait_s: float = KILL_WAIT_S) -> int:
-    """Kill the session `leader` leads and every descendant, and wait at most wait_s for them to go.
-    Returns how many processes it found (the leader included, if still running).
-
-    The child leads its own session, but its process group is not enough: ninja starts each compiler
-    in a process group of its own, so killpg(ninja) alone leaves cc1plus running at 100% of a core
-    (8.5 GB) long after a build timed out. Whatever the child starts keeps its session id unless it calls
-    setsid itself; one that did is still found through the parent links while its parent lives, which
-    is why everything found is stopped (SIGSTOP) before anything is killed: a stopped process neither
-    exits (orphaning its children out of reach) nor forks. Without /proc (not Linux) only the group dies.
-    """
-    try:
-        os.killpg(leader, signal.SIGSTOP)
-    except (ProcessLookupError, PermissionError):
-        pass
-    found: set[int] = set()
-    if os.path.isdir("/proc/self"):
-        for _ in range(100):   # until a pass finds nothing new
-            new = tree_of(leader) - found
-            if not new:
-                break
-            for pid in new:
-                _signal(pid, signal.SIGSTOP)
-            found |= new
-    for pid in found:
-        _signal(pid, signal.SIGKILL)
-    try:
-        os.killpg(leader, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-    alive, deadline = set(found), time.monotonic() + wait_s
-    while alive and time.monotonic() < deadline:
-        table = _proc_table()
-        alive = {p for p in alive if _live(p, table)}
-        if alive:
-            time.sleep(0.01)
-    return len(found)
-
-
-def _signal(pid: int, sig: int) -> None:
-    try:
-        os.kill(pid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
-def run_python_json(module: str, args: list[str], timeout_s: float, cwd: Path | str | None = None,
+def run_python_json(module: str, args: list[str], timeout_s: float, scratch_root: Path | str | None = None,
                     env: dict[str, str] | None = None) -> tuple[ProcResult, dict | None]:
-    """Run `python -m module args...` isolated; parse the last stdout line that is a JSON object.
+    """Run `python -m module args...` isolated, in a scratch directory of its own under scratch_root
+    (tools/scratch.py); parse the last stdout line that is a JSON object.
 
     The child prints its result as one JSON line last; anything a kernel printed before is kept
     in stdout but ignored. Returns (process outcome, parsed JSON or None).
     """
-    pyenv = python_env(env)
-    res = run_isolated([sys.executable, "-m", module, *args], timeout_s, cwd=cwd, env=pyenv)
+    with Scratch(scratch_root, _label(module, args)) as s:
+        res = run_isolated([sys.executable, "-m", module, *args], timeout_s, cwd=s.dir, env=python_env(env, s))
     return res, last_json(res.stdout)
 
 
-def python_env(env: dict[str, str] | None = None) -> dict[str, str]:
-    """The environment of a `python -m` child: this repository importable, output unbuffered."""
-    return {"PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")])),
+def _label(module: str, args: list[str]) -> str:
+    return module.rsplit(".", 1)[-1].lstrip("_") + (f"-{args[0]}" if args and not args[0].startswith("-") else "")
+
+
+def python_env(env: dict[str, str] | None = None, scratch: Scratch | None = None) -> dict[str, str]:
+    """The environment of a `python -m` child: this repository importable, output unbuffered, HOME
+    and TMPDIR in its scratch directory."""
+    return {**(scratch.env() if scratch else {}),
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")])),
             "PYTHONUNBUFFERED": "1", **(env or {})}
 
 
-def prestart_python(module: str, args: list[str], cwd: Path | str | None = None,
+def prestart_python(module: str, args: list[str], scratch_root: Path | str | None = None,
                     env: dict[str, str] | None = None) -> Prestarted:
-    """`python -m module args...` started now, isolated, to be given its job later (Prestarted.run)."""
-    return Prestarted([sys.executable, "-m", module, *args], cwd=cwd, env=python_env(env))
+    """`python -m module args...` started now, isolated, in a scratch directory of its own, to be given
+    its job later (Prestarted.run)."""
+    s = Scratch(scratch_root, _label(module, args))
+    return Prestarted([sys.executable, "-m", module, *args], cwd=s.dir, env=python_env(env, s), scratch=s)
 
 
 def last_json(stdout: str) -> dict | None:

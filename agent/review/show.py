@@ -224,6 +224,11 @@ def iteration_detail(run: Run, rec: IterationRecord) -> RenderableType:
     parts.append(Text(f"parent {rec.parent_sha[:10]}  commit {commit}" + (f"  ({rec.rejected_ref})" if rec.rejected_ref
                                                                           else "")))
     parts += _stages(rec)
+    if rec.scratch_files:
+        t = _kv()
+        for n, f in enumerate(rec.scratch_files):
+            t.add_row("scratch" if n == 0 else "", Text(f"{f.path} ({f.bytes} B, {f.process}; removed)"))
+        parts.append(t)
     parts.append(_times(rec))
     return Group(*parts)
 
