@@ -102,3 +102,41 @@ def test_a_child_writes_only_into_its_scratch_directory_which_is_listed_and_remo
     [(tmpname, size)] = listed.items()
     assert tmpname.startswith("tmp/") and tmpname.endswith(".tmp") and size == 5
     assert scratch.drain() == []
+
+
+def test_the_fence_lets_a_process_write_only_in_its_scratch_directory(tmp_path):
+    """tools.confine.fence_scratch (Landlock): after it, creating or writing a file outside the scratch
+    directory fails with EACCES, inside it works, and so does everything the process starts."""
+    import json
+    import subprocess
+
+    from tools.confine import landlock_abi
+    if landlock_abi() == 0:
+        pytest.skip("no Landlock on this kernel")
+    inside, outside = tmp_path / "scratch", tmp_path / "checkout"
+    inside.mkdir()
+    outside.mkdir()
+    (outside / "tracked.txt").write_text("user's work\n")
+    code = f"""
+import json, os, subprocess, sys
+from tools.confine import fence_scratch
+assert fence_scratch({str(inside)!r})
+got = {{}}
+for name, path in (("inside", {str(inside / 'a.log')!r}), ("outside", {str(outside / 'b.log')!r}),
+                   ("overwrite", {str(outside / 'tracked.txt')!r})):
+    try:
+        open(path, "w").write("x")
+        got[name] = "written"
+    except PermissionError:
+        got[name] = "refused"
+child = subprocess.run(["sh", "-c", "echo y > {outside / 'c.log'}"], capture_output=True)
+got["child"] = "refused" if child.returncode else "written"
+print(json.dumps(got))
+"""
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60)
+    assert p.returncode == 0, p.stderr
+    got = json.loads(p.stdout.strip().splitlines()[-1])
+    assert got == {"inside": "written", "outside": "refused", "overwrite": "refused", "child": "refused"}, got
+    assert sorted(x.name for x in outside.iterdir()) == ["tracked.txt"]
+    assert (outside / "tracked.txt").read_text() == "user's work\n" and (inside / "a.log").read_text() == "x"

@@ -31,6 +31,7 @@ from agent.runlog import Decision, IterationRecord, read_iterations, read_state
 from tests.fixtures.cheats.trust import FORGERIES, GOOD, TRUST_CASES, WRITE_RELATIVE, WRITES, proposal
 from tests.test_verification import verification_repo
 from tests.userrepo import agent, git, snapshot
+from tools.confine import landlock_abi
 
 CASES = TRUST_CASES + [GOOD, WRITE_RELATIVE]
 RUN_ID = "trust"
@@ -44,15 +45,11 @@ TODAY: dict[str, str] = {
     "forge_exit_status": "issue 24: kept; the SIGSEGV on the hidden shape (in the evaluate child, and in the "
                          "fresh-seed parity of its implausible gain) is turned into a forged passing result "
                          "and exit 0",
-    "write_checkout_abs": "issue 24: .matmul_cache lands in the user's checkout (found through "
-                          "/proc/PID/cwd); not faster than the kept fast kernel before it",
-    "write_next_to_lib": "issue 24: matmul_profile.txt lands next to the library in the run's iteration "
-                         "folder; not faster than the kept fast kernel before it",
     "loop_order": "issue 24: not the only kept candidate, nor applied to the task's kernel: the kept cheats "
                   "before it replaced the kernel its edit applies to (its LOOP_ORDER line is unused there)",
 }
-CHECKOUT_TODAY = ("issue 24: .matmul_cache is left in the user's checkout, untracked (git status shows it): "
-                  "no fence stops a write by absolute path yet")
+NO_FENCE = ("no Landlock on this kernel: a write by absolute path is not prevented (.matmul_cache lands in the "
+            "user's checkout, matmul_profile.txt beside the library)")
 
 
 def listing(root: Path) -> dict[str, tuple[int, int]]:
@@ -123,6 +120,8 @@ def trust_run(tmp_path_factory) -> TrustRun:
 
 def _param(case):
     marks = [pytest.mark.xfail(strict=True, reason=TODAY[case.name])] if case.name in TODAY else []
+    if case.name in ("write_checkout_abs", "write_next_to_lib"):
+        marks = [pytest.mark.xfail(landlock_abi() == 0, strict=True, reason=NO_FENCE)]
     return pytest.param(case, id=case.name, marks=marks)
 
 
@@ -141,11 +140,16 @@ def test_trust_case(trust_run, case):
         assert trust_run.best_sha == rec.commit_sha, where
         return
     assert rec.proposal is not None and rec.proposal.hypothesis.startswith(f"[{case.name}]"), where
-    if case is WRITE_RELATIVE:   # judged on merit; its file was in its scratch directory, listed, removed
-        listed = [f for f in rec.scratch_files if f.path == "matmul_debug.log"]
-        assert listed and listed[0].bytes > 0 and listed[0].process == "runner-evaluate", rec.scratch_files
-        assert not (trust_run.root / "matmul_debug.log").exists(), "matmul_debug.log is in the user's checkout"
-        assert not list(trust_run.run.rglob("matmul_debug.log")), "left in the run's folder"
+    if case.kind == "writer":   # judged on merit; the file is nowhere outside a scratch directory
+        name = WRITES[case.name]
+        assert not (trust_run.root / name).exists(), f"{name} is in the user's checkout"
+        assert not [p for p in trust_run.changed if Path(p).name == name], f"{name} is in the user's checkout"
+        assert not list(trust_run.run.rglob(name)), f"{name} was left in the run's folder"
+        listed = [f for f in rec.scratch_files if f.path == name]
+        if case is WRITE_RELATIVE:   # a relative path: in its scratch directory, listed, removed
+            assert listed and listed[0].bytes > 0 and listed[0].process == "runner-evaluate", rec.scratch_files
+        else:                        # an absolute path outside: refused by the fence, nothing written
+            assert not listed, rec.scratch_files
         return
     assert rec.decision == Decision.reverted, where
     assert rec.outcome.value == case.expect, where
@@ -163,7 +167,7 @@ def test_trust_case(trust_run, case):
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason=CHECKOUT_TODAY)
+@pytest.mark.xfail(landlock_abi() == 0, strict=True, reason=NO_FENCE)
 def test_the_users_checkout_is_unchanged(trust_run):
     """Byte for byte: HEAD, branch, status (untracked files included), README, refs; and no new or
     changed file outside runs/ and .git."""

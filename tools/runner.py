@@ -171,4 +171,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    # before any candidate code is loaded: writes only in this process's scratch directory
+    from tools.confine import fence_scratch
+    fence_scratch()
     sys.exit(main())
