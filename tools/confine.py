@@ -62,7 +62,8 @@ def landlock_abi() -> int:
 def device_files() -> list[str]:
     """Device files a kernel host must be able to open for writing: /dev/null and the GPU's."""
     return [p for p in ["/dev/null", "/dev/zero", "/dev/full", *sorted(glob.glob("/dev/nvidia*")),
-                        *sorted(glob.glob("/dev/dri/*"))] if os.path.exists(p)]
+                        *sorted(glob.glob("/dev/nvidia-caps/*")), *sorted(glob.glob("/dev/dri/*"))]
+            if os.path.exists(p)]
 
 
 
@@ -81,7 +82,10 @@ def fence_scratch(scratch: str | None = None) -> bool:
     scratch = scratch or os.environ.get("AGENT_SCRATCH")
     if not scratch or not os.path.isdir(scratch) or landlock_abi() == 0:
         return False
-    _landlock([scratch], device_files(), landlock_abi())
+    # the CUDA driver writes files of its own process under /proc/PID: without that, no device
+    # (cudaGetDeviceCount: error 304, on the H200 host); /proc/PID/mem of another process stays out of
+    # reach (Landlock refuses ptrace access outside the domain)
+    _landlock([scratch], device_files() + [f"/proc/{os.getpid()}"], landlock_abi())
     return True
 
 
