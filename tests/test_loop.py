@@ -125,20 +125,25 @@ def test_twenty_no_op_candidates_are_never_kept(tmp_path):
     assert all(r.outcome == Outcome.not_faster and r.bench is not None for r in recs)
 
 
-def _fast_then_slow_source(counter: Path) -> str:
-    """matmul.cpp with LOOP_ORDER 1 (genuinely faster) that counts the processes loading it and, from the
-    second on (parity and bench share the first, the confirmation bench is the second), does its work 20
-    times: a gain that one bench sees and the next does not, as a transient on a shared machine makes it."""
+def _fast_then_slow_source() -> str:
+    """matmul.cpp with LOOP_ORDER 1 (genuinely faster) that, in any process but the evaluate child
+    (parity and bench share it; the confirmation bench is another), does its work 20 times: a gain
+    that one bench sees and the next does not, as a transient on a shared machine makes it. It tells
+    the processes apart by its working directory (each has its own scratch directory, named for its
+    role) and leaves load.txt there, which the record lists per process. (Processes a candidate can
+    tell apart are what the host/judge split of issue 24 takes away; then this test needs a timer.)"""
     src = (REPO / "kernels" / "matmul_cpu" / "matmul.cpp").read_text().replace("#define LOOP_ORDER 0",
                                                                               "#define LOOP_ORDER 1")
-    counter_code = f"""#include <cstdio>
+    counter_code = """#include <cstdio>
+#include <cstring>
+#include <unistd.h>
 static int g_load = 0;
-__attribute__((constructor)) static void count_loads() {{
-    int n = 0;
-    if (FILE* f = std::fopen("{counter}", "r")) {{ if (std::fscanf(f, "%d", &n) != 1) n = 0; std::fclose(f); }}
-    g_load = n + 1;
-    if (FILE* f = std::fopen("{counter}", "w")) {{ std::fprintf(f, "%d", g_load); std::fclose(f); }}
-}}
+__attribute__((constructor)) static void which_process() {
+    char cwd[4096] = {0};
+    const char* base = getcwd(cwd, sizeof cwd) ? std::strrchr(cwd, '/') : nullptr;
+    g_load = (base && std::strncmp(base + 1, "runner-evaluate", 15) == 0) ? 1 : 2;
+    if (FILE* f = std::fopen("load.txt", "w")) { std::fprintf(f, "%d", g_load); std::fclose(f); }
+}
 """
     src = src.replace("#include <cstddef>\n", "#include <cstddef>\n" + counter_code, 1)
     head, body = src.split("                       int M, int N, int K) {\n", 1)
@@ -151,10 +156,9 @@ __attribute__((constructor)) static void count_loads() {{
 def test_a_gain_the_confirmation_bench_does_not_see_is_not_kept(tmp_path):
     root = make_user_repo(tmp_path / "user")
     before = snapshot(root)
-    counter = tmp_path / "loads.txt"
     flaky = Proposal(hypothesis="i-k-j order, fast only in the first bench",
                      predicted=PredictedEffect(metric="time.median_ms", direction="down", speedup=2.0),
-                     edits=[Edit(file="matmul.cpp", content=_fast_then_slow_source(counter))])
+                     edits=[Edit(file="matmul.cpp", content=_fast_then_slow_source())])
     real = Proposal(hypothesis="i-k-j order reads B along rows",
                     predicted=PredictedEffect(metric="time.median_ms", direction="down", speedup=2.0),
                     edits=[Edit(file="matmul.cpp", search="#define LOOP_ORDER 0", replace="#define LOOP_ORDER 1")])
@@ -165,7 +169,9 @@ def test_a_gain_the_confirmation_bench_does_not_see_is_not_kept(tmp_path):
     assert res.returncode == 0, res.stderr + res.stdout
     run = _only_run(root)
     first, second = read_iterations(run)
-    assert counter.read_text() == "2"      # parity + bench in one child, the confirmation in another
+    # parity + bench in one child, the confirmation in another: each left its load.txt in its scratch dir
+    loads = sorted(f.process for f in first.scratch_files if f.path == "load.txt")
+    assert loads == ["runner-bench", "runner-evaluate"], first.scratch_files
     # the first bench saw the gain, the confirmation did not: reverted, both benches in the record
     assert first.bench.speedup_vs_baseline.low > 1.0
     assert first.confirm is not None and first.confirm.speedup_vs_baseline.median < 1.0
