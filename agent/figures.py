@@ -69,10 +69,17 @@ def estimate(st: RunState, which: str) -> Figure | None:
         return None
     if which == "initial":
         return Figure(chain)
+    base = initial_vs_reference(st)
+    return Figure(chain * base) if base is not None else None
+
+
+def initial_vs_reference(st: RunState) -> float | None:
+    """The initial kernel's speedup over the reference: the setup bench's interleaved ratio, or for a
+    run logged before it existed the ratio of the two medians."""
     base = st.initial_vs_reference
     if base is None and _finite(st.reference_ms) and _finite(st.initial_ms):
         base = st.reference_ms / st.initial_ms
-    return Figure(chain * base) if _finite(base) else None
+    return base if _finite(base) else None
 
 
 def figures_line(st: RunState) -> str:

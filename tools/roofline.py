@@ -57,8 +57,7 @@ def cpu_cores() -> int:
 def peaks(device: str, dtype: str, cores: int | None = None) -> tuple[float, float, float, str]:
     """(FLOP/s, bytes/s, margin, label) for a device as bench names it ('cpu' or 'cuda: NAME')."""
     if device.startswith("cuda"):
-        name = device.split(":", 1)[-1].strip().lower()
-        key = next((k for k in sorted(GPU_PEAKS, key=len, reverse=True) if k in name), None)
+        key = gpu_key(device)
         fp16, tf32, fp32, hbm = GPU_PEAKS[key] if key else UNKNOWN_GPU
         flops = fp16 if dtype in ("float16", "bfloat16") else tf32 if dtype == "float32" else max(fp32, tf32)
         label = f"{key.upper() if key else 'unknown GPU'}: {flops:g} TFLOP/s {dtype}, {hbm:g} TB/s"
@@ -68,14 +67,20 @@ def peaks(device: str, dtype: str, cores: int | None = None) -> tuple[float, flo
     return n * CPU_GFLOPS_PER_CORE * 1e9, n * CPU_GBPS_PER_CORE * 1e9, CPU_MARGIN, label
 
 
+def gpu_key(device: str) -> str | None:
+    """GPU_PEAKS' key for a device as bench names it ('cuda: NVIDIA H200'): the longest name fragment
+    it contains (gh200 before h200); None for a CPU or a GPU the table does not name."""
+    if not device.startswith("cuda"):
+        return None
+    name = device.split(":", 1)[-1].strip().lower()
+    return next((k for k in sorted(GPU_PEAKS, key=len, reverse=True) if k in name), None)
+
+
 def spec_peak(device: str, dtype: str) -> tuple[float, float, str] | None:
     """(TFLOP/s, GB/s, label): the spec-sheet peaks of a GPU in GPU_PEAKS for "% of peak" beside a
     time; fp16/bf16 against the tensor-core peak, anything else against the fp32 (non-tensor) peak. None
     for a CPU or a GPU not in the table: no figure is better than a made-up one."""
-    if not device.startswith("cuda"):
-        return None
-    name = device.split(":", 1)[-1].strip().lower()
-    key = next((k for k in sorted(GPU_PEAKS, key=len, reverse=True) if k in name), None)
+    key = gpu_key(device)
     if key is None:
         return None
     fp16, _tf32, fp32, hbm = GPU_PEAKS[key]

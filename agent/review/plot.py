@@ -26,10 +26,11 @@ import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
+from agent.figures import initial_vs_reference
 from agent.review.runs import Run
 from agent.runlog import Decision, IterationRecord
 from tools.results import BenchResult, TimingStats
-from tools.roofline import GPU_PEAKS
+from tools.roofline import GPU_PEAKS, gpu_key
 from tools.task import shape_label
 
 INSTALL_HINT = "matplotlib is not installed: pip install matplotlib"
@@ -93,9 +94,7 @@ def target_vs_initial(run: Run) -> tuple[float | None, str]:
     t, st = run.cfg.target, run.state
     if run.cfg.baseline != "reference":
         return t, f"target {t:g}x vs initial"
-    base = getattr(st, "initial_vs_reference", None)
-    if not base and st.reference_ms and st.initial_ms:
-        base = st.reference_ms / st.initial_ms
+    base = initial_vs_reference(st)
     if not base:
         return None, f"target {t:g}x vs reference: not drawn (no reference time recorded)"
     y = t / base
@@ -248,10 +247,7 @@ def task_dtype(run: Run) -> str | None:
 def device_roofs(device: str, dtype: str | None) -> Roofs | None:
     """The GPU's HBM bandwidth and compute peaks from tools/roofline.py's table; None for a CPU or a GPU
     the table does not name (its UNKNOWN_GPU and CPU figures are bounds for a sanity check, not peaks)."""
-    if not device.startswith("cuda"):
-        return None
-    name = device.split(":", 1)[-1].strip().lower()
-    key = next((k for k in sorted(GPU_PEAKS, key=len, reverse=True) if k in name), None)
+    key = gpu_key(device)
     if key is None:
         return None
     fp16, tf32, fp32, hbm = GPU_PEAKS[key]
