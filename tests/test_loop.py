@@ -126,7 +126,7 @@ def test_twenty_no_op_candidates_are_never_kept(tmp_path):
 
 
 def _fast_then_slow_source() -> str:
-    """matmul.cpp with LOOP_ORDER 1 (genuinely faster) that, in any process but the evaluate child
+    """matmul.cpp with LOOP_ORDER 1 (genuinely faster) that, in any process but the judge's host
     (parity and bench share it; the confirmation bench is another), does its work 20 times: a gain
     that one bench sees and the next does not, as a transient on a shared machine makes it. It tells
     the processes apart by its working directory (each has its own scratch directory, named for its
@@ -141,7 +141,7 @@ static int g_load = 0;
 __attribute__((constructor)) static void which_process() {
     char cwd[4096] = {0};
     const char* base = getcwd(cwd, sizeof cwd) ? std::strrchr(cwd, '/') : nullptr;
-    g_load = (base && std::strncmp(base + 1, "runner-evaluate", 15) == 0) ? 1 : 2;
+    g_load = (base && std::strncmp(base + 1, "host-", 5) == 0) ? 1 : 2;
     if (FILE* f = std::fopen("load.txt", "w")) { std::fprintf(f, "%d", g_load); std::fclose(f); }
 }
 """
@@ -169,9 +169,10 @@ def test_a_gain_the_confirmation_bench_does_not_see_is_not_kept(tmp_path):
     assert res.returncode == 0, res.stderr + res.stdout
     run = _only_run(root)
     first, second = read_iterations(run)
-    # parity + bench in one child, the confirmation in another: each left its load.txt in its scratch dir
+    # parity + bench in the judge's host, the confirmation in another child: each left its load.txt in
+    # its scratch dir
     loads = sorted(f.process for f in first.scratch_files if f.path == "load.txt")
-    assert loads == ["runner-bench", "runner-evaluate"], first.scratch_files
+    assert loads == ["host", "runner-bench"], first.scratch_files
     # the first bench saw the gain, the confirmation did not: reverted, both benches in the record
     assert first.bench.speedup_vs_baseline.low > 1.0
     assert first.confirm is not None and first.confirm.speedup_vs_baseline.median < 1.0

@@ -7,10 +7,11 @@ test_verification). Each case's test reads the shared run and asserts what the F
 not kept, the outcome and reason of trust.py, the writer's file nowhere it should not be, the user's
 checkout byte-for-byte unchanged.
 
-What the current code gets wrong is marked xfail(strict=True), naming what gets through today: the fix
-for issue 24 must remove each marker (a strict xfail that passes fails the suite). So must it flip
-test_the_forgeries_work_today, which asserts that the forgeries really work today (they are not just
-crashing or failing adversaries).
+An adversary the code does not stop is marked xfail(strict=True) in TODAY, naming what gets through (a
+strict xfail that passes fails the suite). Before the host/judge split all three forgeries were kept;
+test_the_forgeries_are_rejected_for_what_their_libraries_really_do shows they are rejected now and that
+their libraries really compute garbage, run slower, segfault (not adversaries that merely stopped
+working).
 """
 
 from __future__ import annotations
@@ -33,20 +34,16 @@ from tests.test_verification import verification_repo
 from tests.userrepo import agent, git, snapshot
 from tools.confine import landlock_abi
 
-CASES = TRUST_CASES + [GOOD, WRITE_RELATIVE]
+# the real improvement first: it is judged against the task's own kernel (its LOOP_ORDER edit applies
+# there); the writers are fast honest kernels judged on merit, so they may be kept after it
+CASES = [GOOD] + TRUST_CASES + [WRITE_RELATIVE]
 RUN_ID = "trust"
 
-# what gets through today, per case (issue 24): each such param is xfail(strict=True)
+# what gets through today, per case: each such param is xfail(strict=True) (none since the host/judge
+# split of issue 24; a new adversary that gets through goes here, named)
 TODAY: dict[str, str] = {
-    "forge_result_line": "issue 24: kept at 5x; the forged result line says parity ok while the kernel "
-                         "computes garbage (checker and candidate share a process)",
-    "forge_timing": "issue 24: kept at 4.2x; the patched tools.bench statistics report a kernel slower "
-                    "than the initial one 4.2x faster than its parent",
-    "forge_exit_status": "issue 24: kept; the SIGSEGV on the hidden shape (in the evaluate child, and in the "
-                         "fresh-seed parity of its implausible gain) is turned into a forged passing result "
-                         "and exit 0",
-    "loop_order": "issue 24: not the only kept candidate, nor applied to the task's kernel: the kept cheats "
-                  "before it replaced the kernel its edit applies to (its LOOP_ORDER line is unused there)",
+    "forge_clock": "issue 24: kept; the bench's clock runs in the host, which the kernel patches (the judge "
+                   "does not time the bursts itself yet)",
 }
 NO_FENCE = ("no Landlock on this kernel: a write by absolute path is not prevented (.matmul_cache lands in the "
             "user's checkout, matmul_profile.txt beside the library)")
@@ -133,11 +130,10 @@ def test_trust_case(trust_run, case):
     where = f"{case.name}: {rec.outcome.value} / {rec.decision.value} / {rec.reason}"
     if case.kind == "good":
         assert rec.outcome.value == "kept" and rec.decision == Decision.kept, where
-        # the only candidate kept, applied to the task's own kernel (the parent of iteration 1), the best
+        # applied to the task's own kernel; nothing kept but it and the writers (honest, on merit)
         kept = [n for n, r in trust_run.recs.items() if r.decision == Decision.kept]
-        assert kept == [case.name], f"kept: {kept}"
-        assert rec.parent_sha == trust_run.recs[CASES[0].name].parent_sha, where
-        assert trust_run.best_sha == rec.commit_sha, where
+        assert set(kept) <= {case.name, *WRITES}, f"kept: {kept}"
+        assert rec.iteration == 1, where
         return
     assert rec.proposal is not None and rec.proposal.hypothesis.startswith(f"[{case.name}]"), where
     if case.kind == "writer":   # judged on merit; the file is nowhere outside a scratch directory
@@ -147,7 +143,7 @@ def test_trust_case(trust_run, case):
         assert not list(trust_run.run.rglob(name)), f"{name} was left in the run's folder"
         listed = [f for f in rec.scratch_files if f.path == name]
         if case is WRITE_RELATIVE:   # a relative path: in its scratch directory, listed, removed
-            assert listed and listed[0].bytes > 0 and listed[0].process == "runner-evaluate", rec.scratch_files
+            assert listed and listed[0].bytes > 0 and listed[0].process == "host", rec.scratch_files
         else:                        # an absolute path outside: refused by the fence, nothing written
             assert not listed, rec.scratch_files
         return
@@ -176,7 +172,7 @@ def test_the_users_checkout_is_unchanged(trust_run):
     assert trust_run.changed == [], trust_run.changed
 
 
-# --- today: the forgeries work (the fix must flip this test) --------------------------------------
+# --- the forgeries: rejected, and their libraries really do what the judge says ----------------------
 _PROBE = textwrap.dedent("""
     import ctypes, json, random, sys, time
     what, lib = sys.argv[1], ctypes.CDLL(sys.argv[2])
@@ -218,41 +214,34 @@ def _probe(*args: str) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.slow
-def test_the_forgeries_work_today(trust_run):
-    """Documents issue 24 as it stands: each forgery succeeds today (kept, with the verdict it forged),
-    while its library, run outside the child, does what the forged verdict denies. Not merely a
-    crashing or failing cheat. THE FIX MUST FLIP THIS TEST (delete it, or turn it into the opposite
-    assertions), along with removing the xfail markers of the cases above."""
+def test_the_forgeries_are_rejected_for_what_their_libraries_really_do(trust_run):
+    """Each forgery worked before the host/judge split (kept at 5x, 4.2x, and with a forged parity on
+    the shape it crashes on). Now each is rejected by the judge's own verdict, and its library, run
+    outside the loop, does what that verdict says: computes garbage, is slower, segfaults. Not a
+    forgery that merely stopped working."""
     recs, run = trust_run.recs, trust_run.run
     lib = lambda name: run / f"iter-{recs[name].iteration}" / "libmatmul_cpu.so"  # noqa: E731
-    got = {}
-    for name in FORGERIES:
-        r = recs[name]
-        got[name] = (r.decision.value, r.outcome.value, r.parity.status.value if r.parity else None,
-                     r.bench.speedup_vs_baseline.median if r.bench and r.bench.speedup_vs_baseline else None)
-    where = f"{got}\n{trust_run.summary}"
+    where = trust_run.summary
 
-    # forge_result_line: kept at 5x with parity "ok" on every check; the library computes garbage
+    # forge_result_line: the judge saw the outputs mismatch; the library computes garbage
     r = recs["forge_result_line"]
-    assert r.decision == Decision.kept and r.parity.status.value == "ok", where
-    assert r.parity.checks and all(c.ok for c in r.parity.checks) and any(c.hidden for c in r.parity.checks)
-    assert 4.0 < r.bench.speedup_vs_baseline.median < 6.0, where
+    assert r.decision == Decision.reverted and r.parity.status.value == "mismatch", where
     p = _probe("error", str(lib("forge_result_line")))
     assert p.returncode == 0, p.stderr
     assert json.loads(p.stdout.strip().splitlines()[-1]) > 0.1, "the kernel is meant to compute garbage"
 
-    # forge_timing: kept at ~4.2x (both benches); the library is slower than the initial kernel
+    # forge_timing: parity passed, the bench found it slower; the library is slower than the initial kernel
     r = recs["forge_timing"]
-    assert r.decision == Decision.kept and r.parity.status.value == "ok", where
-    assert 3.0 < r.bench.speedup_vs_baseline.median < 10.0 and 3.0 < r.confirm.speedup_vs_baseline.median, where
+    assert r.decision == Decision.reverted and r.parity.status.value == "ok", where
+    assert r.bench.speedup_vs_baseline.median < 1.0, where
     p = _probe("speed", str(lib("forge_timing")), str(run / "initial" / "libmatmul_cpu.so"))
     assert p.returncode == 0, p.stderr
     forged_ms, initial_ms = json.loads(p.stdout.strip().splitlines()[-1])
     assert forged_ms > initial_ms, f"really {initial_ms / forged_ms:.2f}x the initial kernel"
 
-    # forge_exit_status: kept, its parity "ok" on the hidden shape it crashes on; the child exited 0
+    # forge_exit_status: parity crashed on a hidden shape; the library segfaults off its tile table
     r = recs["forge_exit_status"]
-    assert r.decision == Decision.kept and r.parity.status.value == "ok", where
-    assert any(c.hidden and c.ok for c in r.parity.checks), where
+    assert r.decision == Decision.reverted and r.parity.status.value == "crashed", where
+    assert r.parity.worst() is not None and r.parity.worst().hidden, where
     p = _probe("crash", str(lib("forge_exit_status")))
     assert p.returncode == -signal.SIGSEGV, (p.returncode, p.stdout, p.stderr[-2000:])

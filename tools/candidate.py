@@ -11,7 +11,8 @@ from typing import NamedTuple
 
 from tools.bench import failed_bench
 from tools.parity import child_failure, child_status
-from tools.results import BenchResult, LaunchResult, LaunchStatus, ParityResult, ParityStatus
+from tools import scratch
+from tools.results import BenchResult, LaunchResult, LaunchStatus, ParityResult, ParityStatus, ScratchFile
 from tools.sandbox import STAGE_MARK, Prestarted, ProcStatus, last_json, prestart_python
 from tools.task import Task
 
@@ -28,8 +29,8 @@ def prestart_candidate(task: Task, scratch_root: Path | None = None) -> WarmChil
     """The evaluate child of run_candidate, started now (in a scratch directory of its own under
     scratch_root): its torch import and CUDA context overlap the candidate's build. Pass it to
     run_candidate, and close() it if the candidate never gets there."""
-    return WarmChild(task, prestart_python("tools.runner", ["evaluate", "--task", str(task.root), "--no-reference",
-                                                            "--job-stdin"], scratch_root))
+    return WarmChild(task, prestart_python("tools.judge", ["evaluate", "--task", str(task.root), "--job-stdin"],
+                                           scratch_root))
 
 
 class WarmChild:
@@ -83,6 +84,8 @@ def run_candidate(task: Task, lib_path: Path, baseline_lib: Path | None, *, seed
     proc = warm.proc.run(json.dumps(job), timeout)
     data = last_json(proc.stdout)
     dt = time.monotonic() - t0
+    if data is not None and isinstance(data.get("scratch_files"), list):   # what the host left (tools/judge.py)
+        scratch.record([ScratchFile.model_validate(f) for f in data["scratch_files"]])
     if proc.status == ProcStatus.ok and data is not None:
         try:
             launch = None if data.get("launch") is None else LaunchResult.model_validate(data["launch"])

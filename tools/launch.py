@@ -151,6 +151,14 @@ def static_check(task: Task, build: BuildResult, limits: DeviceLimits, parent: L
     return from_plan(task, data, build.kernels, limits, parent)
 
 
+def from_context(task: Task, plan: dict, ctx: dict) -> LaunchResult:
+    """from_plan for a plan answered by the process that loaded the library (the judge's host, the
+    sweep's batch child), with the context the agent sent: {limits, kernels, parent}."""
+    parent = LaunchResult.model_validate(ctx["parent"]) if ctx.get("parent") else None
+    return from_plan(task, plan, [KernelResources.model_validate(k) for k in ctx.get("kernels", [])],
+                     DeviceLimits.model_validate(ctx["limits"]), parent)
+
+
 def from_plan(task: Task, data: dict, kernels: list[KernelResources], limits: DeviceLimits,
               parent: LaunchResult | None = None) -> LaunchResult:
     """The static check proper: the plan (what _plan_child.plan_from answered) with ptxas's resources,

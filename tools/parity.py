@@ -133,8 +133,11 @@ class _Buffers:
         return None
 
 
-def check(task: Task, mod, lib, *, seed: int, hidden: bool = True) -> ParityResult:
-    """Run parity in this process (the child). Never raises for a fault of the candidate."""
+def check(task: Task, mod, lib, *, seed: int, hidden: bool = True, run=None) -> ParityResult:
+    """Run parity in this process (the child). Never raises for a fault of the candidate. `run(lib,
+    shape, out, *inputs)` makes one call (default the task's own `run`, in this process; the judge
+    passes one that makes it in the kernel's host, tools/judge.py). An exception with a `status`
+    (the host died) ends parity with that status."""
     import torch
     t0 = time.monotonic()
     spec = task.spec
@@ -157,11 +160,12 @@ def check(task: Task, mod, lib, *, seed: int, hidden: bool = True) -> ParityResu
         for dist in spec.distributions:
             for s in seeds:
                 try:
-                    c = _one(task, mod, lib, shape, label, dist, s, device, bufs, sync)
+                    c = _one(task, mod, lib, shape, label, dist, s, device, bufs, sync, run or mod.run)
                 except Exception as e:  # the task's run raised (launcher error, bad symbol, ...)
                     msg = " ".join(str(e).split())[:400]
-                    c = {"status": "error", "message": f"{label} dist={dist}: {type(e).__name__}: {msg}"}
-                    fatal = cuda   # the context may be poisoned: stop
+                    status = getattr(e, "status", None)
+                    c = {"status": status or "error", "message": f"{label} dist={dist}: {type(e).__name__}: {msg}"}
+                    fatal = cuda or status is not None   # the context may be poisoned, the host is gone: stop
                 if c["status"] != "ok" and "message" not in c:
                     c["message"] = describe(label, dist, c, *c.pop("tol"))
                 c.pop("tol", None)
@@ -187,7 +191,7 @@ def check(task: Task, mod, lib, *, seed: int, hidden: bool = True) -> ParityResu
     return ParityResult(status=ParityStatus.ok, message=msg, checks=checks, seconds=time.monotonic() - t0)
 
 
-def _one(task, mod, lib, shape, label, dist, seed, device, bufs: _Buffers, sync) -> dict[str, Any]:
+def _one(task, mod, lib, shape, label, dist, seed, device, bufs: _Buffers, sync, run) -> dict[str, Any]:
     inputs = bufs.adopt(tuple(mod.make_inputs(shape, seed, device, dist)))
     clones = tuple(x.clone() if hasattr(x, "clone") else x for x in inputs)
     s1, s2 = bufs.order()
@@ -195,7 +199,7 @@ def _one(task, mod, lib, shape, label, dist, seed, device, bufs: _Buffers, sync)
     atol, rtol = tolerance_for(task, out1)
     base = {"tol": (atol, rtol)}
     sync()
-    mod.run(lib, shape, out1, *inputs)
+    run(lib, shape, out1, *inputs)
     sync()
     if not all(bits_equal(a, b) for a, b in zip(inputs, clones)):
         return {**base, "status": "input_mutated",
@@ -203,7 +207,7 @@ def _one(task, mod, lib, shape, label, dist, seed, device, bufs: _Buffers, sync)
     exp = mod.reference(shape, *inputs)   # allocates and frees: leftovers are useless to the candidate
     sync()
     out2 = bufs.out(s2, mod.empty_output(shape, *inputs))
-    mod.run(lib, shape, out2, *inputs)
+    run(lib, shape, out2, *inputs)
     sync()
     if not all(bits_equal(a, b) for a, b in zip(inputs, clones)):
         return {**base, "status": "input_mutated",

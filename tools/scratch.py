@@ -31,6 +31,12 @@ def drain() -> list[ScratchFile]:
     return out
 
 
+def record(files: list[ScratchFile]) -> None:
+    """Files a child listed for a scratch directory it made and closed itself (the judge, for its
+    host's): into the same log as this process's own."""
+    _LOG.extend(files)
+
+
 class Scratch:
     def __init__(self, root: Path | str | None, label: str):
         """A new directory root/LABEL-XXXXXX (root None: the system's temporary directory)."""

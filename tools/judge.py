@@ -1,0 +1,227 @@
+"""The judge: `python -m tools.judge evaluate`, the candidate check whose verdict the kernel cannot reach.
+
+    python -m tools.judge evaluate --task DIR --job-stdin      (the options come as one JSON line on stdin)
+
+The judge never loads candidate code. It starts a host (tools/host.py: fenced to a scratch directory
+of its own inside the judge's, its own process, no setsid so that it dies with the judge's tree), and
+asks it to load the candidate and its baseline. Then, in this process:
+- the static launch check: the host answers the library's plan as data, tools.launch judges it;
+- parity (tools.parity.check, unchanged): the inputs are made here, shipped to the host as files, the
+  host's output buffer (poisoned here, guards included) and inputs come back as files, and the
+  reference, the comparison, the guard and input checks and the verdict are computed here;
+- the bench, for now still measured inside the host (tools.bench.measure) and passed on.
+
+A host that crashes, exits or answers garbage fails the stage it was in with that reason; what the
+host says about correctness counts for nothing. The answer to the agent is the JSON line of
+tools.runner's evaluate mode, on a private copy of stdout the host never holds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+from tools.host import load_into, save
+from tools.runner import private_stdout, warm_up
+from tools.sandbox import STAGE_MARK
+from tools.scratch import Scratch
+
+MAX_ANSWER = 16 << 20
+
+
+class HostFailed(Exception):
+    """The host died or broke the protocol: the candidate fails the stage, with `status`."""
+
+    def __init__(self, status: str, message: str):
+        super().__init__(message)
+        self.status = status      # a ParityStatus value: crashed | error
+
+
+def _die_with_parent() -> None:
+    import ctypes
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)   # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
+class HostClient:
+    """One host process, started now in a scratch directory under `root` (the judge's own)."""
+
+    def __init__(self, task_root: Path, root: Path):
+        self.scratch = Scratch(root, "host")
+        self.io = self.scratch.dir / "io"
+        self.io.mkdir()
+        env = {**os.environ, **self.scratch.env(), "PYTHONUNBUFFERED": "1"}
+        self.proc = subprocess.Popen([sys.executable, "-m", "tools.host"], cwd=self.scratch.dir, env=env,
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, preexec_fn=_die_with_parent)
+        self._send({"op": "init", "task": str(task_root)})
+        self.started = False
+
+    def _send(self, req: dict) -> None:
+        try:
+            self.proc.stdin.write((json.dumps(req) + "\n").encode())
+            self.proc.stdin.flush()
+        except OSError:
+            raise self._dead() from None
+
+    def _dead(self) -> HostFailed:
+        try:
+            rc = self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            rc = None
+        if rc is not None and rc < 0:
+            return HostFailed("crashed", f"the kernel's host process crashed with {signal.Signals(-rc).name}")
+        return HostFailed("crashed", f"the kernel's host process exited (code {rc}) in the middle of a call")
+
+    def _answer(self) -> dict:
+        line = self.proc.stdout.readline(MAX_ANSWER)
+        if not line:
+            raise self._dead()
+        try:
+            ans = json.loads(line)
+        except ValueError:
+            ans = None
+        if not isinstance(ans, dict):
+            raise HostFailed("error", f"the kernel's host answered something that is not the protocol: {line[:120]!r}")
+        return ans
+
+    def ask(self, req: dict) -> dict:
+        """One request; its answer, or HostFailed. An answer with ok false is the task's (or kernel's)
+        exception: raised as RuntimeError with the host's message."""
+        if not self.started:
+            self.started = True
+            init = self._answer()
+            if init.get("ok") is not True:
+                raise HostFailed("error", f"the host could not load the task: {init.get('error')}")
+        self._send(req)
+        ans = self._answer()
+        if ans.get("ok") is not True:
+            raise RuntimeError(str(ans.get("error") or ans)[:500])
+        return ans
+
+    def close(self) -> list:
+        """End the host; remove the judge's buffer files (what is left in the scratch directory is the
+        kernel's: listed, answered to the agent for the record, removed)."""
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()
+        shutil.rmtree(self.io, ignore_errors=True)
+        return self.scratch.close()
+
+
+class Remote:
+    """tools.parity's `run` through the host: the judge's tensors go out as files and come back."""
+
+    def __init__(self, host: HostClient):
+        self.host = host
+
+    def _desc(self, t, kind: str) -> dict:
+        if not t.is_contiguous():
+            raise ValueError("the task's buffers must be contiguous to go to the kernel's host")
+        key = f"{kind}-{t.data_ptr():x}"
+        f = str(self.host.io / f"{key}.bin")
+        save(t, f)
+        return {"key": key, "file": f, "dtype": str(t.dtype).removeprefix("torch."), "shape": list(t.shape)}
+
+    def run(self, lib: str, shape: dict, out, *inputs) -> None:
+        flat = out._base if out._base is not None and out._base.is_contiguous() else out
+        off = out.storage_offset() - flat.storage_offset()
+        o = {**self._desc(flat, "out"), "offset": off, "numel": out.numel(), "shape": list(out.shape)}
+        ins = [self._desc(t, "in") for t in inputs]
+        self.host.ask({"op": "call", "lib": lib, "shape": shape, "inputs": ins, "out": o})
+        load_into(flat, o["file"])
+        for t, d in zip(inputs, ins):
+            load_into(t, d["file"])
+
+
+def mark(stage: str) -> None:
+    """Say on stderr which stage starts: the agent charges a crash or timeout of this child to it."""
+    sys.stderr.write(f"\n{STAGE_MARK}{stage}\n")
+    sys.stderr.flush()
+
+
+def failed(msg: str, status: str = "error") -> dict:
+    return {"launch": None, "parity": {"status": status, "message": msg}, "bench": None}
+
+
+def evaluate(task, mod, host: HostClient, job: dict) -> dict:
+    """The launch check, parity, then the bench, each only if the one before passed."""
+    import time
+
+    from tools.launch import from_context
+    from tools.parity import check
+    from tools.results import BenchResult, ParityStatus
+    host.ask({"op": "load", "id": "candidate", "path": job["lib"]})
+    if job.get("baseline_lib"):
+        host.ask({"op": "load", "id": "baseline", "path": job["baseline_lib"]})
+    launch = None
+    ctx = job.get("launch_context")
+    if ctx:
+        mark("launch")
+        t0 = time.monotonic()
+        try:
+            plan = host.ask({"op": "plan", "lib": "candidate"})["plan"]
+        except (HostFailed, RuntimeError) as e:
+            plan = {"ok": False, "error": f"the host could not answer the launch plan: {e}"}
+        res = from_context(task, plan, ctx)
+        res.seconds = time.monotonic() - t0
+        launch = res.model_dump(mode="json")
+        if res.status.value != "ok":
+            return {"launch": launch, "parity": None, "bench": None}
+    mark("parity")
+    par = check(task, mod, "candidate", seed=int(job.get("seed") or 0), hidden=True, run=Remote(host).run)
+    if par.status != ParityStatus.ok:
+        return {"launch": launch, "parity": par.model_dump(mode="json"), "bench": None}
+    mark("bench")
+    shapes = job.get("shapes") or [dict(task.spec.main)]
+    try:
+        data = host.ask({"op": "measure", "shapes": shapes, "reference": not job.get("no_reference")})
+        bench = [BenchResult.model_validate(r).model_dump(mode="json") for r in data["results"]]
+    except (HostFailed, RuntimeError) as e:
+        status = getattr(e, "status", "error")
+        bench = [{"status": status, "message": f"bench: {e}", "shape": s} for s in shapes]
+    return {"launch": launch, "parity": par.model_dump(mode="json"), "bench": {"results": bench}}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m tools.judge")
+    ap.add_argument("mode", choices=["evaluate"])
+    ap.add_argument("--task", required=True)
+    ap.add_argument("--job-stdin", action="store_true", required=True)
+    a = ap.parse_args(argv)
+    out = private_stdout()
+    host, result = None, None
+    try:
+        host = HostClient(Path(a.task), Path(os.environ.get("AGENT_SCRATCH") or os.getcwd()))
+        from tools.task import load_task
+        task = load_task(a.task)
+        mod = task.module()
+        warm_up(task)
+        line = sys.stdin.readline()
+        if not line.strip():
+            return 0      # never given a job (the agent moved on, or died)
+        result = evaluate(task, mod, host, json.loads(line))
+    except HostFailed as e:
+        result = failed(f"evaluate: {e}", e.status)
+    except Exception as e:  # a bad task, a library that does not load, a missing symbol: one line
+        msg = " ".join(str(e).split())[:500]
+        result = failed(f"evaluate could not run: {type(e).__name__}: {msg}")
+    finally:
+        if host is not None:
+            files = host.close()
+            if result is not None:
+                result["scratch_files"] = [f.model_dump(mode="json") for f in files]
+    out.write(json.dumps(result) + "\n")
+    out.flush()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
