@@ -178,3 +178,33 @@ def test_the_cpu_matmul_is_timed_against_what_a_user_calls():
     got = mod.timing_reference(task.spec.main, a, b)
     assert got.dtype == torch.float32 and torch.equal(got, torch.matmul(a, b))
     assert mod.reference(task.spec.main, a, b).dtype == torch.float32    # the truth: computed in float64
+
+
+def test_the_judges_clock_holds_the_hosts_timings_to_what_it_saw():
+    """tools.stats.outside_check on bursts as the judge records them: (arm, ms the host reported,
+    ms the judge measured around the request). Each forgery class, and the honest cases beside it."""
+    from tools.stats import outside_check
+
+    def rounds(cand, base, k=10, jitter=0.0):
+        out = []
+        for i in range(k):
+            j = jitter * ((i % 3) - 1)
+            out += [("candidate", *cand), ("baseline", base[0], base[1] + j)]
+        return out
+    # honest: a 2x kernel, a slower one, an A/A, each with 1 ms of unreported overhead (+- jitter)
+    assert outside_check(rounds((50, 51), (100, 101), jitter=1.5)) is None
+    assert outside_check(rounds((150, 151), (100, 101))) is None
+    assert outside_check(rounds((100, 101.5), (100, 101))) is None
+    # the host claims more time than passed
+    why = outside_check(rounds((120, 51), (100, 101)))
+    assert why is not None and "judge's clock" in why and "forged" in why
+    # the candidate's times shaved: it claims 12 ms, the judge saw 51 ms pass (a real 2x claimed as 8x)
+    why = outside_check(rounds((12, 51), (100, 101)))
+    assert why is not None and "under-reported the candidate's bursts by 38 ms" in why
+    # shaved but still slower than the baseline: forged all the same
+    assert outside_check(rounds((90, 300), (100, 101))) is not None
+    # a real gain inflated by a little more than a tenth of it is caught, by less is not
+    assert outside_check(rounds((44, 51), (100, 101))) is not None      # 56 claimed, 7 unseen
+    assert outside_check(rounds((47, 51), (100, 101))) is None          # 53 claimed, 4 unseen < 5.3
+    # warm-up bursts (one per arm, before the rounds) are not paired
+    assert outside_check([("candidate", 1, 80), ("baseline", 1, 2)] + rounds((50, 51), (100, 101))) is None

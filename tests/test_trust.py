@@ -41,10 +41,7 @@ RUN_ID = "trust"
 
 # what gets through today, per case: each such param is xfail(strict=True) (none since the host/judge
 # split of issue 24; a new adversary that gets through goes here, named)
-TODAY: dict[str, str] = {
-    "forge_clock": "issue 24: kept; the bench's clock runs in the host, which the kernel patches (the judge "
-                   "does not time the bursts itself yet)",
-}
+TODAY: dict[str, str] = {}
 NO_FENCE = ("no Landlock on this kernel: a write by absolute path is not prevented (.matmul_cache lands in the "
             "user's checkout, matmul_profile.txt beside the library)")
 
@@ -215,8 +212,8 @@ def _probe(*args: str) -> subprocess.CompletedProcess:
 
 @pytest.mark.slow
 def test_the_forgeries_are_rejected_for_what_their_libraries_really_do(trust_run):
-    """Each forgery worked before the host/judge split (kept at 5x, 4.2x, and with a forged parity on
-    the shape it crashes on). Now each is rejected by the judge's own verdict, and its library, run
+    """Each forgery worked before the host/judge split (kept at 5x, 4.2x, with a forged parity on the
+    shape it crashes on, and forge_clock at 1.50x over the real improvement). Now each is rejected by the judge's own verdict, and its library, run
     outside the loop, does what that verdict says: computes garbage, is slower, segfaults. Not a
     forgery that merely stopped working."""
     recs, run = trust_run.recs, trust_run.run
@@ -238,6 +235,16 @@ def test_the_forgeries_are_rejected_for_what_their_libraries_really_do(trust_run
     assert p.returncode == 0, p.stderr
     forged_ms, initial_ms = json.loads(p.stdout.strip().splitlines()[-1])
     assert forged_ms > initial_ms, f"really {initial_ms / forged_ms:.2f}x the initial kernel"
+
+    # forge_clock: the judge's clock saw what the host's did not; the library is slower than the best it
+    # claimed to beat (without the judge's check it was kept at 1.50x: see VERIFICATION.md)
+    r = recs["forge_clock"]
+    assert r.decision == Decision.reverted and r.bench.status.value == "suspicious", where
+    assert "judge's clock" in r.bench.message, where
+    p = _probe("speed", str(lib("forge_clock")), str(run / f"iter-{recs['loop_order'].iteration}" / "libmatmul_cpu.so"))
+    assert p.returncode == 0, p.stderr
+    forged_ms, best_ms = json.loads(p.stdout.strip().splitlines()[-1])
+    assert forged_ms > best_ms, f"really {best_ms / forged_ms:.2f}x the best"
 
     # forge_exit_status: parity crashed on a hidden shape; the library segfaults off its tile table
     r = recs["forge_exit_status"]

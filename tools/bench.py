@@ -71,66 +71,88 @@ def failed_bench(proc, data: dict | None, shapes: list[dict], dt: float) -> list
 
 
 # --- child side -------------------------------------------------------------------------------
-def measure(task: Task, mod, lib, *, baseline=None, shapes: list[dict], with_reference: bool = True
-            ) -> list[BenchResult]:
-    """Bench in this process (the child). One BenchResult per shape; never raises for the candidate."""
+class LocalRuns:
+    """The candidate, its baseline and the reference timed in this process (tools.runner's bench mode,
+    the sweep's batch child): the clock's word is taken. The judge's HostRuns (tools/judge.py) is the
+    same interface over a host process, with the judge's own clock around each burst."""
+
+    def __init__(self, mod, lib, baseline, shape: dict, cuda: bool):
+        import torch
+        self.mod, self.lib, self.baseline, self.shape = mod, lib, baseline, shape
+        self.clock = CudaClock(torch) if cuda else CpuClock()
+
+    def arms(self, sets: list[tuple], outs: list, with_reference: bool) -> list[tuple[str, object]]:
+        mod, shape, n = self.mod, self.shape, len(sets)
+        timed_ref = getattr(mod, "timing_reference", mod.reference)
+        arms = [("candidate", lambda i: mod.run(self.lib, shape, outs[i % n], *sets[i % n]))]
+        if self.baseline is not None:   # the same buffers: identical code must time identically
+            arms.append(("baseline", lambda i: mod.run(self.baseline, shape, outs[i % n], *sets[i % n])))
+        if with_reference:
+            arms.append(("reference", lambda i: timed_ref(shape, *sets[i % n])))
+        return arms
+
+    def calls(self, pairs: list[tuple], transfer: bool = True) -> tuple[float, float]:
+        self.clock.sync()
+        t0 = time.perf_counter()
+        for out, inputs in pairs:
+            self.mod.run(self.lib, self.shape, out, *inputs)
+        t1 = time.perf_counter()
+        self.clock.sync()
+        return t1 - t0, time.perf_counter() - t0
+
+    def clock_check(self) -> str | None:
+        return None     # no clock outside this process to hold the bench to
+
+
+def device_info(task: Task) -> tuple[str, DevicePeak | None]:
+    import torch
+    device_name = f"cuda: {torch.cuda.get_device_name()}" if task.spec.device == "cuda" else "cpu"
+    sp = spec_peak(device_name, task.spec.dtypes[0])
+    return device_name, (DevicePeak(tflops=sp[0], gbps=sp[1], label=sp[2]) if sp else None)
+
+
+def measure(task: Task, mod, lib, *, baseline=None, shapes: list[dict], with_reference: bool = True,
+            runs_for=None) -> list[BenchResult]:
+    """Bench in this process (the child). One BenchResult per shape; never raises for the candidate.
+    `runs_for(shape)` gives the runs to time (default LocalRuns of lib and baseline here)."""
     import torch
     cuda = task.spec.device == "cuda"
     if cuda and not torch.cuda.is_available():
         return [BenchResult(status=BenchStatus.error, message="the task needs CUDA but no GPU is visible", shape=s)
                 for s in shapes]
-    device_name = f"cuda: {torch.cuda.get_device_name()}" if cuda else "cpu"
-    sp = spec_peak(device_name, task.spec.dtypes[0])
-    peak = DevicePeak(tflops=sp[0], gbps=sp[1], label=sp[2]) if sp else None
-    clock = CudaClock(torch) if cuda else CpuClock()
+    device_name, peak = device_info(task)
+    runs_for = runs_for or (lambda shape: LocalRuns(mod, lib, baseline, shape, cuda))
     out: list[BenchResult] = []
     for i, shape in enumerate(shapes):
         t0 = time.monotonic()
         try:
-            r = _bench_shape(task, mod, lib, baseline, shape, with_reference, clock, torch, cuda, device_name)
+            r = _bench_shape(task, mod, runs_for(shape), shape, with_reference, cuda, device_name)
         except Exception as e:
             msg = " ".join(str(e).split())[:400]
-            r = BenchResult(status=BenchStatus.error, message=f"{shape_label(shape)}: {type(e).__name__}: {msg}",
-                            shape=shape)
-            if cuda:   # the context may be poisoned: the other shapes are not run
+            r = BenchResult(status=getattr(e, "status", BenchStatus.error), shape=shape,
+                            message=f"{shape_label(shape)}: {type(e).__name__}: {msg}")
+            if cuda or hasattr(e, "status"):   # the context may be poisoned, the host is gone: stop
                 r.device = device_name
                 out.append(r)
                 out += [BenchResult(status=BenchStatus.error, shape=s, message="not run: an earlier shape hit a "
-                                    "CUDA error (the context may be poisoned)") for s in shapes[i + 1:]]
+                                    "CUDA error or lost its host") for s in shapes[i + 1:]]
                 return out
         r.device, r.seconds, r.peak = device_name, time.monotonic() - t0, peak
         out.append(r)
     return out
 
 
-def _bench_shape(task, mod, lib, baseline, shape, with_reference, clock, torch, cuda, device_name="") -> BenchResult:
+def _bench_shape(task, mod, runs, shape, with_reference, cuda, device_name="") -> BenchResult:
     spec = task.spec
     b = spec.bench
     device = "cuda" if cuda else "cpu"
     sysrng = random.SystemRandom()
     dist = spec.distributions[0]
     sets = [tuple(mod.make_inputs(shape, sysrng.getrandbits(31), device, dist)) for _ in range(b.input_sets)]
-    n_sets = len(sets)
-    outs_c = [mod.empty_output(shape, *s) for s in sets]
-    outs_b = outs_c     # the same buffers for both: identical code must time identically
-
-    def cand(i):
-        mod.run(lib, shape, outs_c[i % n_sets], *sets[i % n_sets])
-
-    def base(i):
-        mod.run(baseline, shape, outs_b[i % n_sets], *sets[i % n_sets])
-
-    # "vs PyTorch" times what a PyTorch user would call (e.g. fp16 SDPA), which may differ from the
-    # parity reference (computed in higher precision for the truth)
-    timed_ref = getattr(mod, "timing_reference", mod.reference)
-
-    def ref(i):
-        timed_ref(shape, *sets[i % n_sets])
-
+    outs = [mod.empty_output(shape, *s) for s in sets]
+    arms = runs.arms(sets, outs, with_reference)
     flops, nbytes = spec.flops(shape), spec.bytes(shape)
-    arms = [("candidate", cand)] + ([("baseline", base)] if baseline is not None else []) \
-        + ([("reference", ref)] if with_reference else [])
-    got, cis = _interleaved(clock, arms, b)
+    got, cis = _interleaved(runs.clock, arms, b)
     timings = [stats(label, got[label], flops, nbytes) for label, _ in arms]
     ci, ref_ci = cis.get("baseline"), cis.get("reference")
     cand_med = timings[0].median_ms
@@ -138,10 +160,12 @@ def _bench_shape(task, mod, lib, baseline, shape, with_reference, clock, torch, 
     status, msg = BenchStatus.ok, (f"{shape_label(shape)}: candidate median {cand_med:.4g} ms"
                                    + (f", {ci.median:.3f}x vs baseline (95% CI {ci.low:.3f}-{ci.high:.3f})" if ci else "")
                                    + (f", {vs_ref:.3f}x vs reference" if vs_ref else ""))
-
-    probe = Probe(task=task, mod=mod, lib=lib, shape=shape, device=device, device_name=device_name, clock=clock,
-                  torch=torch, sets=sets, outs=outs_c, cand_ms=cand_med, flops=flops, nbytes=nbytes)
-    for check in PROBES:
+    why = runs.clock_check()
+    if why is not None:
+        status, msg = BenchStatus.suspicious, why
+    probe = Probe(task=task, mod=mod, shape=shape, device=device, device_name=device_name, calls=runs.calls,
+                  sets=sets, outs=outs, cand_ms=cand_med, flops=flops, nbytes=nbytes)
+    for check in PROBES if status == BenchStatus.ok else ():
         why = check(probe)
         if why is not None:
             status, msg = BenchStatus.suspicious, why

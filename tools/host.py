@@ -10,17 +10,20 @@ patched statistic in this process changes no verdict, because the judge compares
 its own reference and keeps its own clock.
 
 Requests (each answered {"ok": true, ...} or {"ok": false, "error": "..."}):
-    init  {task}                               load the task module and torch; a CUDA task's context
+    init  {task, io}                           load the task module and torch; a CUDA task's context
     load  {id, path}                           ctypes-load a library under a name
     plan  {lib}                                the library's own launch plan for the main shape
-    call  {lib, shape, inputs, out}            run once; buffers below
-    measure {shapes, reference}                the bench of the library loaded as "candidate" against
-                                               the one loaded as "baseline" (if any)
+    call  {shape, put, calls, get}             fill the `put` buffers from their files, make the calls
+                                               back to back, write the `get` buffers back; answer the
+                                               seconds it took to issue them and to finish
+    arms  {shape, sets, outs, arms}            the bench's arms (a library, or null: the reference) over
+                                               buffers already here
+    cost  {arm} / time {arm, n, offset}        tools.clocks' rep cost / n timed reps (ms each)
 
-A buffer is {key, file, dtype, shape, offset, numel}: `key` names the host-side buffer (the same
-key gets the same memory, so a kernel that caches on its pointers sees its pointers again), `file`
-the bytes the judge wrote and reads back, `offset`/`numel` the output's view inside a guarded flat
-buffer.
+A buffer is named by a key (the same key, the same memory: a kernel that caches on its pointers sees
+its pointers again); its bytes travel in io/KEY.bin, written by the judge or by this process. A call
+names its inputs {key, shape} and its output {key, offset, numel, shape}: a view inside a guarded
+flat buffer.
 """
 
 from __future__ import annotations
@@ -50,9 +53,10 @@ def load_into(t, path: str) -> None:
 class Host:
     def __init__(self) -> None:
         self.task = self.mod = None
+        self.io = ""
         self.libs: dict[str, object] = {}
         self.bufs: dict[str, object] = {}
-        self.bench_state: dict | None = None
+        self.timed: dict | None = None
 
     def device(self) -> str:
         return "cuda" if self.task.spec.device == "cuda" else "cpu"
@@ -65,7 +69,7 @@ class Host:
     def init(self, r: dict) -> dict:
         from tools.runner import warm_up
         from tools.task import load_task
-        self.task = load_task(r["task"])
+        self.task, self.io = load_task(r["task"]), r["io"]
         self.mod = self.task.module()
         warm_up(self.task)
         return {"ok": True, "pid": os.getpid()}
@@ -83,40 +87,73 @@ class Host:
             return {"ok": True, "plan": {"ok": False, "error": f"launch_plan raised {type(e).__name__}: "
                                                                 f"{' '.join(str(e).split())[:300]}"}}
 
-    def _buffer(self, b: dict):
+    # --- buffers: the judge's tensors, by key, in this process's memory -------------------------------
+    def _file(self, key: str) -> str:
+        if not key.replace("-", "").isalnum():
+            raise ValueError(f"bad buffer key {key!r}")
+        return os.path.join(self.io, key + ".bin")
+
+    def _put(self, d: dict) -> None:
         import torch
-        dtype = getattr(torch, b["dtype"])
-        have = self.bufs.get(b["key"])
-        size = int(os.path.getsize(b["file"])) // torch.empty(0, dtype=dtype).element_size()
-        if have is None or have.numel() != size or have.dtype != dtype:
-            have = self.bufs[b["key"]] = torch.empty(size, dtype=dtype, device=self.device())
-        load_into(have, b["file"])
-        return have
+        dtype = getattr(torch, d["dtype"])
+        f = self._file(d["key"])
+        numel = os.path.getsize(f) // torch.empty(0, dtype=dtype).element_size()
+        have = self.bufs.get(d["key"])
+        if have is None or have.numel() != numel or have.dtype != dtype:
+            have = self.bufs[d["key"]] = torch.empty(numel, dtype=dtype, device=self.device())
+        load_into(have, f)
+
+    def _in(self, d: dict):
+        return self.bufs[d["key"]].view(d["shape"])
+
+    def _out(self, d: dict):
+        return self.bufs[d["key"]][d["offset"]:d["offset"] + d["numel"]].view(d["shape"])
 
     def call(self, r: dict) -> dict:
-        ins = [self._buffer(b) for b in r["inputs"]]
-        views = [t.view(b["shape"]) for t, b in zip(ins, r["inputs"])]
-        o = r["out"]
-        flat = self._buffer(o)
-        out = flat[o["offset"]:o["offset"] + o["numel"]].view(o["shape"])
+        import time
+        for d in r.get("put", []):
+            self._put(d)
+        todo = [(self.libs[c["lib"]], self._out(c["out"]), [self._in(x) for x in c["inputs"]]) for c in r["calls"]]
         self.sync()
-        self.mod.run(self.libs[r["lib"]], r["shape"], out, *views)
+        t0 = time.perf_counter()
+        for lib, out, ins in todo:
+            self.mod.run(lib, r["shape"], out, *ins)
+        t1 = time.perf_counter()
         self.sync()
-        save(flat, o["file"])
-        for t, b in zip(ins, r["inputs"]):
-            save(t, b["file"])
+        t2 = time.perf_counter()
+        for key in r.get("get", []):
+            save(self.bufs[key], self._file(key))
+        return {"ok": True, "issue_ms": (t1 - t0) * 1e3, "total_ms": (t2 - t0) * 1e3}
+
+    # --- the bench: arms over buffers already here, the per-rep clock -----------------------------
+    def arms(self, r: dict) -> dict:
+        import torch
+
+        from tools.clocks import CpuClock, CudaClock
+        shape, mod = r["shape"], self.mod
+        sets = [[self._in(x) for x in s] for s in r["sets"]]
+        outs = [self._out(o) for o in r["outs"]]
+        n = len(sets)
+        timed_ref = getattr(mod, "timing_reference", mod.reference)
+
+        def arm(lib):
+            if lib is None:
+                return lambda i: timed_ref(shape, *sets[i % n])
+            return lambda i: mod.run(lib, shape, outs[i % n], *sets[i % n])
+
+        self.timed = {"arms": {label: arm(None if lib_id is None else self.libs[lib_id]) for label, lib_id in r["arms"]},
+                      "clock": CudaClock(torch) if self.device() == "cuda" else CpuClock()}
         return {"ok": True}
 
-    def measure(self, r: dict) -> dict:
-        """The bench of tools.bench.measure, in this process (its timings are the host's word: moving
-        the clock to the judge is the next step of issue 24)."""
-        from tools.bench import measure
-        res = measure(self.task, self.mod, self.libs["candidate"], baseline=self.libs.get("baseline"),
-                      shapes=r["shapes"], with_reference=bool(r["reference"]))
-        return {"ok": True, "results": [x.model_dump(mode="json") for x in res]}
+    def cost(self, r: dict) -> dict:
+        return {"ok": True, "ms": self.timed["clock"].rep_cost(self.timed["arms"][r["arm"]])}
+
+    def time(self, r: dict) -> dict:
+        fn = self.timed["arms"][r["arm"]]
+        return {"ok": True, "ms": self.timed["clock"].run(fn, int(r["n"]), offset=int(r["offset"]))}
 
 
-OPS = ("init", "load", "plan", "call", "measure")
+OPS = ("init", "load", "plan", "call", "arms", "cost", "time")
 
 
 def main() -> int:

@@ -9,7 +9,9 @@ asks it to load the candidate and its baseline. Then, in this process:
 - parity (tools.parity.check, unchanged): the inputs are made here, shipped to the host as files, the
   host's output buffer (poisoned here, guards included) and inputs come back as files, and the
   reference, the comparison, the guard and input checks and the verdict are computed here;
-- the bench, for now still measured inside the host (tools.bench.measure) and passed on.
+- the bench (tools.bench.measure over HostRuns): the input sets are made here and sent; the host runs
+  the arms' bursts and answers per-rep times; this process times each burst request itself and holds
+  the host's times to what it saw (tools.stats.outside_check); the probes' outputs come back here.
 
 A host that crashes, exits or answers garbage fails the stage it was in with that reason; what the
 host says about correctness counts for nothing. The answer to the agent is the JSON line of
@@ -31,6 +33,7 @@ from tools.host import load_into, save
 from tools.runner import private_stdout, warm_up
 from tools.sandbox import STAGE_MARK
 from tools.scratch import Scratch
+from tools.stats import outside_check
 
 MAX_ANSWER = 16 << 20
 
@@ -61,7 +64,7 @@ class HostClient:
         env = {**os.environ, **self.scratch.env(), "PYTHONUNBUFFERED": "1"}
         self.proc = subprocess.Popen([sys.executable, "-m", "tools.host"], cwd=self.scratch.dir, env=env,
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, preexec_fn=_die_with_parent)
-        self._send({"op": "init", "task": str(task_root)})
+        self._send({"op": "init", "task": str(task_root), "io": str(self.io)})
         self.started = False
 
     def _send(self, req: dict) -> None:
@@ -117,28 +120,112 @@ class HostClient:
 
 
 class Remote:
-    """tools.parity's `run` through the host: the judge's tensors go out as files and come back."""
+    """The judge's tensors, run in the host: each goes out as a file under the key of its memory here
+    (the same memory, the same key, the same memory there) and comes back after the calls."""
 
     def __init__(self, host: HostClient):
         self.host = host
 
-    def _desc(self, t, kind: str) -> dict:
+    def _key(self, t, kind: str) -> str:
         if not t.is_contiguous():
             raise ValueError("the task's buffers must be contiguous to go to the kernel's host")
-        key = f"{kind}-{t.data_ptr():x}"
-        f = str(self.host.io / f"{key}.bin")
-        save(t, f)
-        return {"key": key, "file": f, "dtype": str(t.dtype).removeprefix("torch."), "shape": list(t.shape)}
+        return f"{kind}{t.data_ptr():x}-{t.numel() * t.element_size()}"
+
+    def _file(self, key: str) -> str:
+        return str(self.host.io / f"{key}.bin")
+
+    def _out(self, out) -> tuple:
+        flat = out._base if out._base is not None and out._base.is_contiguous() else out
+        return flat, {"key": self._key(flat, "o"), "offset": out.storage_offset() - flat.storage_offset(),
+                      "numel": out.numel(), "shape": list(out.shape)}
+
+    def put(self, tensors) -> list[dict]:
+        descs = {}
+        for t, kind in tensors:
+            key = self._key(t, kind)
+            if key not in descs:
+                save(t, self._file(key))
+                descs[key] = {"key": key, "dtype": str(t.dtype).removeprefix("torch.")}
+        return list(descs.values())
+
+    def calls(self, lib: str, shape: dict, pairs: list[tuple], transfer: bool = True) -> tuple[float, float]:
+        """Run lib on each (out, inputs) back to back in the host; with `transfer`, the buffers go there
+        first and come back after. Returns (seconds to issue, seconds in all on the judge's clock)."""
+        import time
+        calls, back = [], {}
+        for out, inputs in pairs:
+            flat, o = self._out(out)
+            calls.append({"lib": lib, "out": o, "inputs": [{"key": self._key(t, "i"), "shape": list(t.shape)}
+                                                            for t in inputs]})
+            back[o["key"]] = flat
+            back.update({self._key(t, "i"): t for t in inputs})
+        put = self.put([(t, k[0]) for k, t in back.items()]) if transfer else []
+        t0 = time.perf_counter()
+        ans = self.host.ask({"op": "call", "shape": shape, "put": put, "calls": calls,
+                             "get": list(back) if transfer else []})
+        total = time.perf_counter() - t0
+        if transfer:
+            for key, t in back.items():
+                load_into(t, self._file(key))
+        issue = ans.get("issue_ms")
+        return (min(float(issue) / 1e3, total) if isinstance(issue, (int, float)) else total), total
 
     def run(self, lib: str, shape: dict, out, *inputs) -> None:
-        flat = out._base if out._base is not None and out._base.is_contiguous() else out
-        off = out.storage_offset() - flat.storage_offset()
-        o = {**self._desc(flat, "out"), "offset": off, "numel": out.numel(), "shape": list(out.shape)}
-        ins = [self._desc(t, "in") for t in inputs]
-        self.host.ask({"op": "call", "lib": lib, "shape": shape, "inputs": ins, "out": o})
-        load_into(flat, o["file"])
-        for t, d in zip(inputs, ins):
-            load_into(t, d["file"])
+        """tools.parity's `run`: one call."""
+        self.calls(lib, shape, [(out, inputs)])
+
+
+class RemoteClock:
+    """tools.clocks' interface over the host's clock, each burst also timed here, from outside."""
+
+    def __init__(self, host: HostClient):
+        self.host = host
+        self.bursts: list[tuple[str, float, float]] = []    # (arm, ms the host reported, ms on this clock)
+
+    def rep_cost(self, arm: str, n: int = 3) -> float:
+        ms = self.host.ask({"op": "cost", "arm": arm}).get("ms")
+        if not isinstance(ms, (int, float)) or not ms >= 0:
+            raise HostFailed("error", f"the host answered a rep cost of {ms!r}")
+        return float(ms)
+
+    def run(self, arm: str, n: int, offset: int = 0) -> list[float]:
+        import math
+        import time
+        t0 = time.perf_counter()
+        ms = self.host.ask({"op": "time", "arm": arm, "n": n, "offset": offset}).get("ms")
+        outside = (time.perf_counter() - t0) * 1e3
+        if (not isinstance(ms, list) or len(ms) != n
+                or not all(isinstance(x, (int, float)) and math.isfinite(x) and x >= 0 for x in ms)):
+            raise HostFailed("error", f"the host answered {str(ms)[:80]} for {n} timed reps")
+        self.bursts.append((arm, float(sum(ms)), outside))
+        return [float(x) for x in ms]
+
+    def sync(self) -> None:
+        pass
+
+
+class HostRuns:
+    """tools.bench's runs (see LocalRuns) in the host: the candidate and, if loaded, the baseline."""
+
+    def __init__(self, remote: Remote, shape: dict, baseline: bool):
+        self.remote, self.shape, self.baseline = remote, shape, baseline
+        self.clock = RemoteClock(remote.host)
+
+    def arms(self, sets: list[tuple], outs: list, with_reference: bool) -> list[tuple[str, str]]:
+        r = self.remote
+        put = r.put([(t, "i") for s in sets for t in s] + [(r._out(o)[0], "o") for o in outs])
+        r.host.ask({"op": "call", "shape": self.shape, "put": put, "calls": [], "get": []})
+        labels = [("candidate", "candidate")] + ([("baseline", "baseline")] if self.baseline else []) \
+            + ([("reference", None)] if with_reference else [])
+        r.host.ask({"op": "arms", "shape": self.shape, "arms": labels, "outs": [r._out(o)[1] for o in outs],
+                    "sets": [[{"key": r._key(t, "i"), "shape": list(t.shape)} for t in s] for s in sets]})
+        return [(label, label) for label, _ in labels]
+
+    def calls(self, pairs: list[tuple], transfer: bool = True) -> tuple[float, float]:
+        return self.remote.calls("candidate", self.shape, pairs, transfer)
+
+    def clock_check(self) -> str | None:
+        return outside_check(self.clock.bursts)
 
 
 def mark(stage: str) -> None:
@@ -155,9 +242,10 @@ def evaluate(task, mod, host: HostClient, job: dict) -> dict:
     """The launch check, parity, then the bench, each only if the one before passed."""
     import time
 
+    from tools.bench import measure
     from tools.launch import from_context
     from tools.parity import check
-    from tools.results import BenchResult, ParityStatus
+    from tools.results import ParityStatus
     host.ask({"op": "load", "id": "candidate", "path": job["lib"]})
     if job.get("baseline_lib"):
         host.ask({"op": "load", "id": "baseline", "path": job["baseline_lib"]})
@@ -181,12 +269,10 @@ def evaluate(task, mod, host: HostClient, job: dict) -> dict:
         return {"launch": launch, "parity": par.model_dump(mode="json"), "bench": None}
     mark("bench")
     shapes = job.get("shapes") or [dict(task.spec.main)]
-    try:
-        data = host.ask({"op": "measure", "shapes": shapes, "reference": not job.get("no_reference")})
-        bench = [BenchResult.model_validate(r).model_dump(mode="json") for r in data["results"]]
-    except (HostFailed, RuntimeError) as e:
-        status = getattr(e, "status", "error")
-        bench = [{"status": status, "message": f"bench: {e}", "shape": s} for s in shapes]
+    remote = Remote(host)
+    res = measure(task, mod, None, shapes=shapes, with_reference=not job.get("no_reference"),
+                  runs_for=lambda shape: HostRuns(remote, shape, bool(job.get("baseline_lib"))))
+    bench = [r.model_dump(mode="json") for r in res]
     return {"launch": launch, "parity": par.model_dump(mode="json"), "bench": {"results": bench}}
 
 

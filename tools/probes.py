@@ -18,7 +18,6 @@ A new probe is a function of a `Probe` here, added to PROBES.
 from __future__ import annotations
 
 import random
-import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -33,16 +32,17 @@ BURST_REPEATS = 4
 
 @dataclass
 class Probe:
-    """What the probes see of one shape's bench (child side): the loaded task module and library, the
-    timed input sets and output buffers, and the candidate's measured median."""
+    """What the probes see of one shape's bench: the task module (inputs, reference), the timed input
+    sets and output buffers, the candidate's measured median, and `calls(pairs, transfer=True)`, which
+    runs the candidate on each (out, inputs) pair back to back and returns (seconds to issue them,
+    seconds until the device was idle again): in this process (tools.bench.LocalRuns) or in the judge's
+    host (tools.judge.HostRuns; `transfer` False: the buffers are already there, as the timed sets are)."""
     task: Task
     mod: Any
-    lib: Any
     shape: dict
     device: str             # "cuda" or "cpu"
     device_name: str
-    clock: Any
-    torch: Any
+    calls: Callable[..., tuple[float, float]]
     sets: list[tuple]
     outs: list
     cand_ms: float
@@ -68,17 +68,14 @@ def fresh_inputs(p: Probe) -> str | None:
     """Fresh inputs in the buffers of the latest timed call (pointer-keyed caches go stale), then fresh
     buffers; each output poisoned before the call."""
     dists = p.task.spec.distributions
-    p.mod.run(p.lib, p.shape, p.outs[0], *p.sets[0])
-    p.clock.sync()
+    p.calls([(p.outs[0], p.sets[0])])
     for x, y in zip(p.sets[0], p.inputs(dists[-1])):
         x.copy_(y)
     fresh = p.inputs(dists[0])
     for inputs, out, where, dist in ((p.sets[0], p.outs[0], "the timed buffers", dists[-1]),
                                      (fresh, p.mod.empty_output(p.shape, *fresh), "fresh buffers", dists[-1])):
         poison_(out)
-        p.clock.sync()
-        p.mod.run(p.lib, p.shape, out, *inputs)
-        p.clock.sync()
+        p.calls([(out, inputs)])
         why = p.wrong(out, inputs, dist)
         if why is not None:
             return f"after timing, the candidate was wrong on fresh inputs in {where} {why}"
@@ -96,10 +93,7 @@ def burst(p: Probe) -> str | None:
         outs = [p.mod.empty_output(p.shape, *x) for x in calls]
         for o in outs:
             poison_(o)
-        p.clock.sync()
-        for x, o in zip(calls, outs):
-            p.mod.run(p.lib, p.shape, o, *x)
-        p.clock.sync()
+        p.calls(list(zip(outs, calls)))
         for k, (x, o, exp) in enumerate(zip(calls, outs, expected)):
             why = p.wrong(o, x, dist, exp)
             if why is not None:
@@ -121,15 +115,8 @@ def side_stream(p: Probe) -> str | None:
     if p.device != "cuda":
         return None
     n = max(10, min(1000, int(50 / max(p.cand_ms, 1e-3))))
-    p.torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for i in range(n):
-        s = i % len(p.sets)
-        p.mod.run(p.lib, p.shape, p.outs[s], *p.sets[s])
-    t_host = time.perf_counter()
-    p.torch.cuda.synchronize()
-    t1 = time.perf_counter()
-    wall_ms, host_ms = (t1 - t0) * 1e3 / n, (t_host - t0) * 1e3 / n
+    issue_s, total_s = p.calls([(p.outs[i % len(p.sets)], p.sets[i % len(p.sets)]) for i in range(n)], transfer=False)
+    wall_ms, host_ms = total_s * 1e3 / n, issue_s * 1e3 / n
     if wall_ms > SIDE_STREAM_MIN_WALL_MS and wall_ms > 2 * max(p.cand_ms, host_ms):
         return (f"{shape_label(p.shape)}: events say {p.cand_ms * 1e3:.1f} us per call but back-to-back calls "
                 f"with a device-wide sync take {wall_ms * 1e3:.1f} us each: work runs outside the timed stream")

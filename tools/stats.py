@@ -54,3 +54,44 @@ def order_stat_interval(xs: list[float], confidence: float) -> tuple[float, floa
             break
         k = j
     return xs[k - 1], xs[n - k]
+
+
+# the judge's clock (tools/judge.py) against the host's: allowances for two clocks that do not tick alike
+CONTAIN_REL, CONTAIN_MS = 0.01, 0.5
+UNSEEN_FLOOR = 0.02         # of the other arm's burst, on the judge's clock
+UNSEEN_SHARE = 0.1          # of the claimed saving
+
+
+def outside_check(bursts: list[tuple[str, float, float]], first: str = "candidate") -> str | None:
+    """Hold the host's timings to the judge's clock. `bursts`: (arm, ms the host reported for the
+    burst's reps in all, ms the judge measured around the whole request), in the order they ran. None,
+    or why the timing is forged:
+    - a burst the host says took longer than the judge saw pass (beyond CONTAIN_REL and CONTAIN_MS);
+    - time that does not show from outside: per round (an arm's k-th burst against the first arm's),
+      what the host says the first arm saved over another arm (negative: lost), and how much more of
+      the first arm's burst went unreported than of the other's. An honest host reports the same share of each burst
+      (same reps, same overhead), so the unreported difference is noise; a host that shaves its
+      candidate's times leaves what it shaved unreported. Forged when the median unreported difference
+      exceeds UNSEEN_FLOOR of the other arm's burst and UNSEEN_SHARE of the median claimed difference (a real
+      gain inflated by more than about a tenth is caught; a claim with no gain behind it at 2%)."""
+    for arm, inside, outside in bursts:
+        if inside > outside * (1 + CONTAIN_REL) + CONTAIN_MS:
+            return (f"the host reported {inside:.4g} ms for a burst of the {arm} that took {outside:.4g} ms on the "
+                    f"judge's clock: the timing is forged")
+    per: dict[str, list[tuple[float, float]]] = {}
+    for arm, inside, outside in bursts:
+        per.setdefault(arm, []).append((inside, outside))
+    mine = per.get(first, [])
+    for arm, theirs in per.items():
+        k = min(len(mine), len(theirs))
+        if arm == first or k < 3:
+            continue
+        pairs = list(zip(mine[-k:], theirs[-k:]))
+        saved = statistics.median(bi - ci for (ci, _), (bi, _) in pairs)
+        unseen = statistics.median((co - ci) - (bo - bi) for (ci, co), (bi, bo) in pairs)
+        floor = UNSEEN_FLOOR * statistics.median(bo for _, (_, bo) in pairs)
+        if unseen > max(floor, UNSEEN_SHARE * abs(saved)):
+            return (f"the host under-reported the {first}'s bursts by {unseen:.4g} ms against the {arm}'s on the "
+                    f"judge's clock (median of {k} rounds; it says the {first} took {-saved:+.4g} ms per "
+                    f"burst against the {arm}): the time it did not report was spent all the same")
+    return None
