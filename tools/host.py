@@ -13,9 +13,11 @@ Requests (each answered {"ok": true, ...} or {"ok": false, "error": "..."}):
     init  {task, io}                           load the task module and torch; a CUDA task's context
     load  {id, path}                           ctypes-load a library under a name
     plan  {lib}                                the library's own launch plan for the main shape
-    call  {shape, put, calls, get}             fill the `put` buffers from their files, make the calls
-                                               back to back, write the `get` buffers back; answer the
-                                               seconds it took to issue them and to finish
+    call  {shape, put, calls, get, check}      fill the `put` buffers from their files, poison the
+                                               outputs marked so, make the calls back to back, write
+                                               the `get` buffers back (and, with `check`, the inputs a
+                                               call changed); answer the seconds it took to issue the
+                                               calls and to finish, and the changed inputs' keys
     arms  {shape, sets, outs, arms}            the bench's arms (a library, or null: the reference) over
                                                buffers already here
     cost  {arm} / time {arm, n, offset}        tools.clocks' rep cost / n timed reps (ms each)
@@ -48,6 +50,12 @@ def load_into(t, path: str) -> None:
         raise ValueError(f"{os.path.basename(path)} holds {os.path.getsize(path)} bytes, the buffer {n}")
     src = torch.from_file(path, size=n, dtype=torch.uint8)
     t.view(-1).view(torch.uint8).copy_(src)
+
+
+def _same_bits(a, b) -> bool:
+    import torch
+    return bool(torch.equal(a.view(torch.uint8) if a.dtype != torch.bool else a,
+                            b.view(torch.uint8) if b.dtype != torch.bool else b))
 
 
 class Host:
@@ -109,11 +117,30 @@ class Host:
     def _out(self, d: dict):
         return self.bufs[d["key"]][d["offset"]:d["offset"] + d["numel"]].view(d["shape"])
 
+    def _alloc(self, d: dict):
+        """An output's flat buffer (the judge names its dtype and size), poisoned here with the harness's
+        poison (tools.compare): the judge does not send an output it would only overwrite."""
+        import torch
+
+        from tools.compare import poison_
+        dtype = getattr(torch, d["dtype"])
+        have = self.bufs.get(d["key"])
+        if have is None or have.numel() != d["flat_numel"] or have.dtype != dtype:
+            have = self.bufs[d["key"]] = torch.empty(d["flat_numel"], dtype=dtype, device=self.device())
+        poison_(have)
+
     def call(self, r: dict) -> dict:
+        """The calls back to back. `check` (parity): the inputs are compared with copies taken before, and
+        those a call changed are written back and named in `changed`."""
         import time
         for d in r.get("put", []):
             self._put(d)
+        for c in r["calls"]:
+            if c["out"].get("poison"):
+                self._alloc(c["out"])
         todo = [(self.libs[c["lib"]], self._out(c["out"]), [self._in(x) for x in c["inputs"]]) for c in r["calls"]]
+        keys = {x["key"] for c in r["calls"] for x in c["inputs"]} if r.get("check") else set()
+        before = {k: self.bufs[k].clone() for k in keys}
         self.sync()
         t0 = time.perf_counter()
         for lib, out, ins in todo:
@@ -121,9 +148,10 @@ class Host:
         t1 = time.perf_counter()
         self.sync()
         t2 = time.perf_counter()
-        for key in r.get("get", []):
+        changed = sorted(k for k in keys if not _same_bits(before[k], self.bufs[k]))
+        for key in list(r.get("get", [])) + changed:
             save(self.bufs[key], self._file(key))
-        return {"ok": True, "issue_ms": (t1 - t0) * 1e3, "total_ms": (t2 - t0) * 1e3}
+        return {"ok": True, "issue_ms": (t1 - t0) * 1e3, "total_ms": (t2 - t0) * 1e3, "changed": changed}
 
     # --- the bench: arms over buffers already here, the per-rep clock -----------------------------
     def arms(self, r: dict) -> dict:

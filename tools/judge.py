@@ -27,6 +27,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import weakref
 from pathlib import Path
 
 from tools.host import load_into, save
@@ -121,10 +122,15 @@ class HostClient:
 
 class Remote:
     """The judge's tensors, run in the host: each goes out as a file under the key of its memory here
-    (the same memory, the same key, the same memory there) and comes back after the calls."""
+    (the same memory, the same key, the same memory there), only when it changed since the host last
+    had it (torch's version counter says so); outputs are poisoned there, not sent, and come back after
+    the calls, with any input a call changed."""
 
     def __init__(self, host: HostClient):
         self.host = host
+        # key -> (a weak reference to the tensor the host holds a copy of, its version then): a tensor
+        # freed and another made at the same address is a different object, and goes out again
+        self.synced: dict[str, tuple] = {}
 
     def _key(self, t, kind: str) -> str:
         if not t.is_contiguous():
@@ -137,36 +143,52 @@ class Remote:
     def _out(self, out) -> tuple:
         flat = out._base if out._base is not None and out._base.is_contiguous() else out
         return flat, {"key": self._key(flat, "o"), "offset": out.storage_offset() - flat.storage_offset(),
-                      "numel": out.numel(), "shape": list(out.shape)}
+                      "numel": out.numel(), "shape": list(out.shape), "flat_numel": flat.numel(),
+                      "dtype": str(flat.dtype).removeprefix("torch.")}
 
     def put(self, tensors) -> list[dict]:
+        """Write the tensors the host does not hold as they are here; their descriptions for `put`."""
         descs = {}
         for t, kind in tensors:
             key = self._key(t, kind)
-            if key not in descs:
+            if key not in descs and not self._held(key, t):
                 save(t, self._file(key))
                 descs[key] = {"key": key, "dtype": str(t.dtype).removeprefix("torch.")}
+                self.synced[key] = (weakref.ref(t), t._version)
         return list(descs.values())
 
+    def _held(self, key: str, t) -> bool:
+        ref, version = self.synced.get(key, (None, None))
+        return ref is not None and ref() is t and version == t._version
+
+    def _back(self, key: str, t) -> None:
+        load_into(t, self._file(key))
+        self.synced[key] = (weakref.ref(t), t._version)
+
     def calls(self, lib: str, shape: dict, pairs: list[tuple], transfer: bool = True) -> tuple[float, float]:
-        """Run lib on each (out, inputs) back to back in the host; with `transfer`, the buffers go there
-        first and come back after. Returns (seconds to issue, seconds in all on the judge's clock)."""
+        """Run lib on each (out, inputs) back to back in the host. With `transfer`, changed inputs go there
+        first, each output is poisoned there and comes back after, and so does any input a call changed
+        (without: the buffers are already there, as the bench's are). Returns (seconds to issue the
+        calls, seconds in all on the judge's clock)."""
         import time
-        calls, back = [], {}
+        calls, outs, ins = [], {}, {}
         for out, inputs in pairs:
             flat, o = self._out(out)
-            calls.append({"lib": lib, "out": o, "inputs": [{"key": self._key(t, "i"), "shape": list(t.shape)}
-                                                            for t in inputs]})
-            back[o["key"]] = flat
-            back.update({self._key(t, "i"): t for t in inputs})
-        put = self.put([(t, k[0]) for k, t in back.items()]) if transfer else []
+            calls.append({"lib": lib, "out": {**o, "poison": transfer},
+                          "inputs": [{"key": self._key(t, "i"), "shape": list(t.shape)} for t in inputs]})
+            outs[o["key"]] = flat
+            ins.update({self._key(t, "i"): t for t in inputs})
+        put = self.put([(t, "i") for t in ins.values()]) if transfer else []
         t0 = time.perf_counter()
         ans = self.host.ask({"op": "call", "shape": shape, "put": put, "calls": calls,
-                             "get": list(back) if transfer else []})
+                             "get": list(outs) if transfer else [], "check": transfer})
         total = time.perf_counter() - t0
         if transfer:
-            for key, t in back.items():
-                load_into(t, self._file(key))
+            for key, t in outs.items():
+                self._back(key, t)
+            for key in ans.get("changed") or []:
+                if key in ins:
+                    self._back(key, ins[key])
         issue = ans.get("issue_ms")
         return (min(float(issue) / 1e3, total) if isinstance(issue, (int, float)) else total), total
 

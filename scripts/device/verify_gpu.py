@@ -46,7 +46,7 @@ CASES = [
     ("side_stream", "cheat", "work on a side stream that the timing misses",
      [(LAUNCH, "static cudaStream_t side = nullptr;\n    if (!side) cudaStreamCreateWithFlags(&side, "
                "cudaStreamNonBlocking);\n    " + LAUNCH.replace("plan[6], stream>>>", "plan[6], side>>>"))],
-     "bench_failed", ("suspicious",), ("outside the timed stream", "roofline floor")),
+     "bench_failed", ("suspicious",), ("outside the timed stream", "roofline floor", "judge's clock")),
     ("low_precision", "cheat", "computes in lower precision than the task allows (fp16 row sums: caught on 256k-wide rows)",
      [(SUM, "for_row(xr, n, gl, [&](float v) { s = __half2float(__float2half(s + __expf(v - m_row))); });")],
      "parity_failed", ("mismatch",), ("outside atol",)),
