@@ -126,22 +126,19 @@ def test_twenty_no_op_candidates_are_never_kept(tmp_path):
 
 
 def _fast_then_slow_source() -> str:
-    """matmul.cpp with LOOP_ORDER 1 (genuinely faster) that, in any process but the judge's host
-    (parity and bench share it; the confirmation bench is another), does its work 20 times: a gain
-    that one bench sees and the next does not, as a transient on a shared machine makes it. It tells
-    the processes apart by its working directory (each has its own scratch directory, named for its
-    role) and leaves load.txt there, which the record lists per process. (Processes a candidate can
-    tell apart are what the host/judge split of issue 24 takes away; then this test needs a timer.)"""
+    """matmul.cpp with LOOP_ORDER 1 (genuinely faster) that, in any process but the one that checks it
+    first (parity and bench share the judge's host; the confirmation bench has a host of its own), does
+    its work 20 times: a gain that one bench sees and the next does not, as a transient on a shared
+    machine makes it. The hosts are the same program, so it tells them apart by its first call: parity
+    starts on the first listed shape, a bench on the main one (the order of requests is what still
+    tells hosts apart: VERIFICATION.md). It leaves load.txt in each host's scratch directory, which
+    the record lists per process."""
     src = (REPO / "kernels" / "matmul_cpu" / "matmul.cpp").read_text().replace("#define LOOP_ORDER 0",
                                                                               "#define LOOP_ORDER 1")
     counter_code = """#include <cstdio>
-#include <cstring>
-#include <unistd.h>
 static int g_load = 0;
-__attribute__((constructor)) static void which_process() {
-    char cwd[4096] = {0};
-    const char* base = getcwd(cwd, sizeof cwd) ? std::strrchr(cwd, '/') : nullptr;
-    g_load = (base && std::strncmp(base + 1, "host-", 5) == 0) ? 1 : 2;
+static void which_process(int M, int N, int K) {
+    g_load = (M == 64 && N == 64 && K == 64) ? 1 : 2;   // parity's first shape: the checked host
     if (FILE* f = std::fopen("load.txt", "w")) { std::fprintf(f, "%d", g_load); std::fclose(f); }
 }
 """
@@ -149,7 +146,7 @@ __attribute__((constructor)) static void which_process() {
     head, body = src.split("                       int M, int N, int K) {\n", 1)
     body = body.rstrip()
     assert body.endswith("}")
-    return (head + "                       int M, int N, int K) {\n"
+    return (head + "                       int M, int N, int K) {\n" + "  if (!g_load) which_process(M, N, K);\n"
             + "  for (int rep = 0; rep < (g_load >= 2 ? 20 : 1); ++rep) {\n" + body[:-1] + "  }\n}\n")
 
 
@@ -169,10 +166,10 @@ def test_a_gain_the_confirmation_bench_does_not_see_is_not_kept(tmp_path):
     assert res.returncode == 0, res.stderr + res.stdout
     run = _only_run(root)
     first, second = read_iterations(run)
-    # parity + bench in the judge's host, the confirmation in another child: each left its load.txt in
+    # parity + bench in the judge's host, the confirmation in another host: each left its load.txt in
     # its scratch dir
     loads = sorted(f.process for f in first.scratch_files if f.path == "load.txt")
-    assert loads == ["host", "runner-bench"], first.scratch_files
+    assert loads == ["host", "host"], first.scratch_files
     # the first bench saw the gain, the confirmation did not: reverted, both benches in the record
     assert first.bench.speedup_vs_baseline.low > 1.0
     assert first.confirm is not None and first.confirm.speedup_vs_baseline.median < 1.0

@@ -50,7 +50,7 @@ def run_bench(task: Task, lib_path: Path, *, baseline_lib: Path | None = None, s
         args.append("--no-reference")
     timeout = timeout_s if timeout_s is not None else task.spec.bench.timeout_s
     t0 = time.monotonic()
-    proc, data = run_python_json("tools.runner", args, timeout, scratch_root)
+    proc, data = run_python_json("tools.judge", args, timeout, scratch_root)
     dt = time.monotonic() - t0
     if proc.status == ProcStatus.ok and data is not None:
         try:
@@ -72,8 +72,7 @@ def failed_bench(proc, data: dict | None, shapes: list[dict], dt: float) -> list
 
 # --- child side -------------------------------------------------------------------------------
 class LocalRuns:
-    """The candidate, its baseline and the reference timed in this process (tools.runner's bench mode,
-    the sweep's batch child): the clock's word is taken. The judge's HostRuns (tools/judge.py) is the
+    """The candidate, its baseline and the reference timed in this process (the sweep's batch child): the clock's word is taken. The judge's HostRuns (tools/judge.py) is the
     same interface over a host process, with the judge's own clock around each burst."""
 
     def __init__(self, mod, lib, baseline, shape: dict, cuda: bool):
@@ -134,8 +133,10 @@ def measure(task: Task, mod, lib, *, baseline=None, shapes: list[dict], with_ref
             if cuda or hasattr(e, "status"):   # the context may be poisoned, the host is gone: stop
                 r.device = device_name
                 out.append(r)
-                out += [BenchResult(status=BenchStatus.error, shape=s, message="not run: an earlier shape hit a "
-                                    "CUDA error or lost its host") for s in shapes[i + 1:]]
+                lost = getattr(e, "status", None)   # the host is gone: every shape left is lost with it
+                out += [BenchResult(status=lost or BenchStatus.error, shape=s, message=(
+                    f"not run: the host {lost} on an earlier shape ({r.message})" if lost else
+                    "not run: an earlier shape hit a CUDA error (the context may be poisoned)")) for s in shapes[i + 1:]]
                 return out
         r.device, r.seconds, r.peak = device_name, time.monotonic() - t0, peak
         out.append(r)

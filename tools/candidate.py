@@ -11,9 +11,8 @@ from typing import NamedTuple
 
 from tools.bench import failed_bench
 from tools.parity import child_failure, child_status
-from tools import scratch
-from tools.results import BenchResult, LaunchResult, LaunchStatus, ParityResult, ParityStatus, ScratchFile
-from tools.sandbox import STAGE_MARK, Prestarted, ProcStatus, last_json, prestart_python
+from tools.results import BenchResult, LaunchResult, LaunchStatus, ParityResult, ParityStatus
+from tools.sandbox import STAGE_MARK, Prestarted, ProcStatus, child_json, prestart_python
 from tools.task import Task
 
 
@@ -82,10 +81,8 @@ def run_candidate(task: Task, lib_path: Path, baseline_lib: Path | None, *, seed
             warm.close()
         warm = prestart_candidate(task, scratch_root)   # started cold: the same child, given its job at once
     proc = warm.proc.run(json.dumps(job), timeout)
-    data = last_json(proc.stdout)
+    data = child_json(proc.stdout)     # what the host left in its scratch directory goes to the record
     dt = time.monotonic() - t0
-    if data is not None and isinstance(data.get("scratch_files"), list):   # what the host left (tools/judge.py)
-        scratch.record([ScratchFile.model_validate(f) for f in data["scratch_files"]])
     if proc.status == ProcStatus.ok and data is not None:
         try:
             launch = None if data.get("launch") is None else LaunchResult.model_validate(data["launch"])

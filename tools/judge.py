@@ -1,6 +1,12 @@
-"""The judge: `python -m tools.judge evaluate`, the candidate check whose verdict the kernel cannot reach.
+"""The judge: `python -m tools.judge`, the candidate checks whose verdict the kernel cannot reach.
 
     python -m tools.judge evaluate --task DIR --job-stdin      (the options come as one JSON line on stdin)
+    python -m tools.judge parity   --task DIR --lib PATH [--seed N] [--no-hidden]
+    python -m tools.judge bench    --task DIR --lib PATH [--baseline-lib PATH] [--shapes JSON] [--no-reference]
+
+`evaluate` is the loop's candidate check (launch plan, parity, bench, each only if the one before
+passed; pre-started while the candidate builds); `parity` and `bench` are tools.parity's run_parity
+and tools.bench's run_bench (the initial kernel, fresh-seed parity, the confirmation bench, the CLIs).
 
 The judge never loads candidate code. It starts a host (tools/host.py: fenced to a scratch directory
 of its own inside the judge's, its own process, no setsid so that it dies with the judge's tree), and
@@ -14,8 +20,9 @@ asks it to load the candidate and its baseline. Then, in this process:
   the host's times to what it saw (tools.stats.outside_check); the probes' outputs come back here.
 
 A host that crashes, exits or answers garbage fails the stage it was in with that reason; what the
-host says about correctness counts for nothing. The answer to the agent is the JSON line of
-tools.runner's evaluate mode, on a private copy of stdout the host never holds.
+host says about correctness counts for nothing. The answer to the agent is one JSON line, on a
+private copy of stdout the host never holds: {launch, parity, bench} for evaluate, a ParityResult, or
+{results: [BenchResult]}; each with `scratch_files`, what the host left in its scratch directory.
 """
 
 from __future__ import annotations
@@ -23,232 +30,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
-import signal
-import subprocess
 import sys
-import weakref
 from pathlib import Path
 
-from tools.host import load_into, save
+from tools.hostclient import HostClient, HostFailed, HostRuns, Remote
 from tools.runner import private_stdout, warm_up
 from tools.sandbox import STAGE_MARK
-from tools.scratch import Scratch
-from tools.stats import outside_check
-
-MAX_ANSWER = 16 << 20
-
-
-class HostFailed(Exception):
-    """The host died or broke the protocol: the candidate fails the stage, with `status`."""
-
-    def __init__(self, status: str, message: str):
-        super().__init__(message)
-        self.status = status      # a ParityStatus value: crashed | error
-
-
-def _die_with_parent() -> None:
-    import ctypes
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)   # PR_SET_PDEATHSIG
-    except OSError:
-        pass
-
-
-class HostClient:
-    """One host process, started now in a scratch directory under `root` (the judge's own)."""
-
-    def __init__(self, task_root: Path, root: Path):
-        self.scratch = Scratch(root, "host")
-        self.io = self.scratch.dir / "io"
-        self.io.mkdir()
-        env = {**os.environ, **self.scratch.env(), "PYTHONUNBUFFERED": "1"}
-        self.proc = subprocess.Popen([sys.executable, "-m", "tools.host"], cwd=self.scratch.dir, env=env,
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, preexec_fn=_die_with_parent)
-        self._send({"op": "init", "task": str(task_root), "io": str(self.io)})
-        self.started = False
-
-    def _send(self, req: dict) -> None:
-        try:
-            self.proc.stdin.write((json.dumps(req) + "\n").encode())
-            self.proc.stdin.flush()
-        except OSError:
-            raise self._dead() from None
-
-    def _dead(self) -> HostFailed:
-        try:
-            rc = self.proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            rc = None
-        if rc is not None and rc < 0:
-            return HostFailed("crashed", f"the kernel's host process crashed with {signal.Signals(-rc).name}")
-        return HostFailed("crashed", f"the kernel's host process exited (code {rc}) in the middle of a call")
-
-    def _answer(self) -> dict:
-        line = self.proc.stdout.readline(MAX_ANSWER)
-        if not line:
-            raise self._dead()
-        try:
-            ans = json.loads(line)
-        except ValueError:
-            ans = None
-        if not isinstance(ans, dict):
-            raise HostFailed("error", f"the kernel's host answered something that is not the protocol: {line[:120]!r}")
-        return ans
-
-    def ask(self, req: dict) -> dict:
-        """One request; its answer, or HostFailed. An answer with ok false is the task's (or kernel's)
-        exception: raised as RuntimeError with the host's message."""
-        if not self.started:
-            self.started = True
-            init = self._answer()
-            if init.get("ok") is not True:
-                raise HostFailed("error", f"the host could not load the task: {init.get('error')}")
-        self._send(req)
-        ans = self._answer()
-        if ans.get("ok") is not True:
-            raise RuntimeError(str(ans.get("error") or ans)[:500])
-        return ans
-
-    def close(self) -> list:
-        """End the host; remove the judge's buffer files (what is left in the scratch directory is the
-        kernel's: listed, answered to the agent for the record, removed)."""
-        if self.proc.poll() is None:
-            self.proc.kill()
-        self.proc.wait()
-        shutil.rmtree(self.io, ignore_errors=True)
-        return self.scratch.close()
-
-
-class Remote:
-    """The judge's tensors, run in the host: each goes out as a file under the key of its memory here
-    (the same memory, the same key, the same memory there), only when it changed since the host last
-    had it (torch's version counter says so); outputs are poisoned there, not sent, and come back after
-    the calls, with any input a call changed."""
-
-    def __init__(self, host: HostClient):
-        self.host = host
-        # key -> (a weak reference to the tensor the host holds a copy of, its version then): a tensor
-        # freed and another made at the same address is a different object, and goes out again
-        self.synced: dict[str, tuple] = {}
-
-    def _key(self, t, kind: str) -> str:
-        if not t.is_contiguous():
-            raise ValueError("the task's buffers must be contiguous to go to the kernel's host")
-        return f"{kind}{t.data_ptr():x}-{t.numel() * t.element_size()}"
-
-    def _file(self, key: str) -> str:
-        return str(self.host.io / f"{key}.bin")
-
-    def _out(self, out) -> tuple:
-        flat = out._base if out._base is not None and out._base.is_contiguous() else out
-        return flat, {"key": self._key(flat, "o"), "offset": out.storage_offset() - flat.storage_offset(),
-                      "numel": out.numel(), "shape": list(out.shape), "flat_numel": flat.numel(),
-                      "dtype": str(flat.dtype).removeprefix("torch.")}
-
-    def put(self, tensors) -> list[dict]:
-        """Write the tensors the host does not hold as they are here; their descriptions for `put`."""
-        descs = {}
-        for t, kind in tensors:
-            key = self._key(t, kind)
-            if key not in descs and not self._held(key, t):
-                save(t, self._file(key))
-                descs[key] = {"key": key, "dtype": str(t.dtype).removeprefix("torch.")}
-                self.synced[key] = (weakref.ref(t), t._version)
-        return list(descs.values())
-
-    def _held(self, key: str, t) -> bool:
-        ref, version = self.synced.get(key, (None, None))
-        return ref is not None and ref() is t and version == t._version
-
-    def _back(self, key: str, t) -> None:
-        load_into(t, self._file(key))
-        self.synced[key] = (weakref.ref(t), t._version)
-
-    def calls(self, lib: str, shape: dict, pairs: list[tuple], transfer: bool = True) -> tuple[float, float]:
-        """Run lib on each (out, inputs) back to back in the host. With `transfer`, changed inputs go there
-        first, each output is poisoned there and comes back after, and so does any input a call changed
-        (without: the buffers are already there, as the bench's are). Returns (seconds to issue the
-        calls, seconds in all on the judge's clock)."""
-        import time
-        calls, outs, ins = [], {}, {}
-        for out, inputs in pairs:
-            flat, o = self._out(out)
-            calls.append({"lib": lib, "out": {**o, "poison": transfer},
-                          "inputs": [{"key": self._key(t, "i"), "shape": list(t.shape)} for t in inputs]})
-            outs[o["key"]] = flat
-            ins.update({self._key(t, "i"): t for t in inputs})
-        put = self.put([(t, "i") for t in ins.values()]) if transfer else []
-        t0 = time.perf_counter()
-        ans = self.host.ask({"op": "call", "shape": shape, "put": put, "calls": calls,
-                             "get": list(outs) if transfer else [], "check": transfer})
-        total = time.perf_counter() - t0
-        if transfer:
-            for key, t in outs.items():
-                self._back(key, t)
-            for key in ans.get("changed") or []:
-                if key in ins:
-                    self._back(key, ins[key])
-        issue = ans.get("issue_ms")
-        return (min(float(issue) / 1e3, total) if isinstance(issue, (int, float)) else total), total
-
-    def run(self, lib: str, shape: dict, out, *inputs) -> None:
-        """tools.parity's `run`: one call."""
-        self.calls(lib, shape, [(out, inputs)])
-
-
-class RemoteClock:
-    """tools.clocks' interface over the host's clock, each burst also timed here, from outside."""
-
-    def __init__(self, host: HostClient):
-        self.host = host
-        self.bursts: list[tuple[str, float, float]] = []    # (arm, ms the host reported, ms on this clock)
-
-    def rep_cost(self, arm: str, n: int = 3) -> float:
-        ms = self.host.ask({"op": "cost", "arm": arm}).get("ms")
-        if not isinstance(ms, (int, float)) or not ms >= 0:
-            raise HostFailed("error", f"the host answered a rep cost of {ms!r}")
-        return float(ms)
-
-    def run(self, arm: str, n: int, offset: int = 0) -> list[float]:
-        import math
-        import time
-        t0 = time.perf_counter()
-        ms = self.host.ask({"op": "time", "arm": arm, "n": n, "offset": offset}).get("ms")
-        outside = (time.perf_counter() - t0) * 1e3
-        if (not isinstance(ms, list) or len(ms) != n
-                or not all(isinstance(x, (int, float)) and math.isfinite(x) and x >= 0 for x in ms)):
-            raise HostFailed("error", f"the host answered {str(ms)[:80]} for {n} timed reps")
-        self.bursts.append((arm, float(sum(ms)), outside))
-        return [float(x) for x in ms]
-
-    def sync(self) -> None:
-        pass
-
-
-class HostRuns:
-    """tools.bench's runs (see LocalRuns) in the host: the candidate and, if loaded, the baseline."""
-
-    def __init__(self, remote: Remote, shape: dict, baseline: bool):
-        self.remote, self.shape, self.baseline = remote, shape, baseline
-        self.clock = RemoteClock(remote.host)
-
-    def arms(self, sets: list[tuple], outs: list, with_reference: bool) -> list[tuple[str, str]]:
-        r = self.remote
-        put = r.put([(t, "i") for s in sets for t in s] + [(r._out(o)[0], "o") for o in outs])
-        r.host.ask({"op": "call", "shape": self.shape, "put": put, "calls": [], "get": []})
-        labels = [("candidate", "candidate")] + ([("baseline", "baseline")] if self.baseline else []) \
-            + ([("reference", None)] if with_reference else [])
-        r.host.ask({"op": "arms", "shape": self.shape, "arms": labels, "outs": [r._out(o)[1] for o in outs],
-                    "sets": [[{"key": r._key(t, "i"), "shape": list(t.shape)} for t in s] for s in sets]})
-        return [(label, label) for label, _ in labels]
-
-    def calls(self, pairs: list[tuple], transfer: bool = True) -> tuple[float, float]:
-        return self.remote.calls("candidate", self.shape, pairs, transfer)
-
-    def clock_check(self) -> str | None:
-        return outside_check(self.clock.bursts)
-
 
 def mark(stage: str) -> None:
     """Say on stderr which stage starts: the agent charges a crash or timeout of this child to it."""
@@ -256,28 +43,36 @@ def mark(stage: str) -> None:
     sys.stderr.flush()
 
 
-def failed(msg: str, status: str = "error") -> dict:
+def failed(mode: str, msg: str, status: str, shapes: list[dict]) -> dict:
+    """The answer of a check that could not run (or whose host died outside a stage)."""
+    if mode == "parity":
+        return {"status": status, "message": msg}
+    if mode == "bench":
+        return {"results": [{"status": status, "message": msg, "shape": s} for s in shapes]}
     return {"launch": None, "parity": {"status": status, "message": msg}, "bench": None}
 
 
-def evaluate(task, mod, host: HostClient, job: dict) -> dict:
+def bench(task, mod, remote: Remote, job: dict, shapes: list[dict]) -> list[dict]:
+    from tools.bench import measure
+    res = measure(task, mod, None, shapes=shapes, with_reference=not job.get("no_reference"),
+                  runs_for=lambda shape: HostRuns(remote, shape, bool(job.get("baseline_lib"))))
+    return [r.model_dump(mode="json") for r in res]
+
+
+def evaluate(task, mod, remote: Remote, job: dict, shapes: list[dict]) -> dict:
     """The launch check, parity, then the bench, each only if the one before passed."""
     import time
 
-    from tools.bench import measure
     from tools.launch import from_context
     from tools.parity import check
     from tools.results import ParityStatus
-    host.ask({"op": "load", "id": "candidate", "path": job["lib"]})
-    if job.get("baseline_lib"):
-        host.ask({"op": "load", "id": "baseline", "path": job["baseline_lib"]})
     launch = None
     ctx = job.get("launch_context")
     if ctx:
         mark("launch")
         t0 = time.monotonic()
         try:
-            plan = host.ask({"op": "plan", "lib": "candidate"})["plan"]
+            plan = remote.host.ask({"op": "plan", "lib": "candidate"})["plan"]
         except (HostFailed, RuntimeError) as e:
             plan = {"ok": False, "error": f"the host could not answer the launch plan: {e}"}
         res = from_context(task, plan, ctx)
@@ -286,41 +81,65 @@ def evaluate(task, mod, host: HostClient, job: dict) -> dict:
         if res.status.value != "ok":
             return {"launch": launch, "parity": None, "bench": None}
     mark("parity")
-    par = check(task, mod, "candidate", seed=int(job.get("seed") or 0), hidden=True, run=Remote(host).run)
+    par = check(task, mod, "candidate", seed=int(job.get("seed") or 0), hidden=not job.get("no_hidden"),
+                run=remote.run)
     if par.status != ParityStatus.ok:
         return {"launch": launch, "parity": par.model_dump(mode="json"), "bench": None}
     mark("bench")
-    shapes = job.get("shapes") or [dict(task.spec.main)]
+    return {"launch": launch, "parity": par.model_dump(mode="json"), "bench": {"results": bench(task, mod, remote, job, shapes)}}
+
+
+def run(mode: str, task, mod, host: HostClient, job: dict, shapes: list[dict]) -> dict:
+    from tools.parity import check
+    if not job.get("lib"):
+        raise ValueError("no library given")
+    host.ask({"op": "load", "id": "candidate", "path": job["lib"]})
+    if job.get("baseline_lib"):
+        host.ask({"op": "load", "id": "baseline", "path": job["baseline_lib"]})
     remote = Remote(host)
-    res = measure(task, mod, None, shapes=shapes, with_reference=not job.get("no_reference"),
-                  runs_for=lambda shape: HostRuns(remote, shape, bool(job.get("baseline_lib"))))
-    bench = [r.model_dump(mode="json") for r in res]
-    return {"launch": launch, "parity": par.model_dump(mode="json"), "bench": {"results": bench}}
+    if mode == "parity":
+        return check(task, mod, "candidate", seed=int(job.get("seed") or 0), hidden=not job.get("no_hidden"),
+                     run=remote.run).model_dump(mode="json")
+    if mode == "bench":
+        return {"results": bench(task, mod, remote, job, shapes)}
+    return evaluate(task, mod, remote, job, shapes)
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m tools.judge")
-    ap.add_argument("mode", choices=["evaluate"])
+    ap.add_argument("mode", choices=["evaluate", "parity", "bench"])
     ap.add_argument("--task", required=True)
-    ap.add_argument("--job-stdin", action="store_true", required=True)
+    ap.add_argument("--job-stdin", action="store_true", help="wait for the job (the options below, as one "
+                    "JSON object) on stdin: the judge and its host start up while the candidate builds")
+    ap.add_argument("--lib")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--no-hidden", action="store_true")
+    ap.add_argument("--baseline-lib")
+    ap.add_argument("--shapes", help="JSON list of shape dicts (default: the main shape)")
+    ap.add_argument("--no-reference", action="store_true")
     a = ap.parse_args(argv)
     out = private_stdout()
-    host, result = None, None
+    job = {"lib": a.lib, "seed": a.seed, "no_hidden": a.no_hidden, "baseline_lib": a.baseline_lib,
+           "shapes": json.loads(a.shapes) if a.shapes else None, "no_reference": a.no_reference}
+    host, result, shapes = None, None, []
     try:
         host = HostClient(Path(a.task), Path(os.environ.get("AGENT_SCRATCH") or os.getcwd()))
         from tools.task import load_task
         task = load_task(a.task)
         mod = task.module()
         warm_up(task)
-        line = sys.stdin.readline()
-        if not line.strip():
-            return 0      # never given a job (the agent moved on, or died)
-        result = evaluate(task, mod, host, json.loads(line))
+        if a.job_stdin:
+            line = sys.stdin.readline()
+            if not line.strip():
+                return 0      # never given a job (the agent moved on, or died)
+            job.update(json.loads(line))
+        shapes = job.get("shapes") or [dict(task.spec.main)]
+        result = run(a.mode, task, mod, host, job, shapes)
     except HostFailed as e:
-        result = failed(f"evaluate: {e}", e.status)
+        result = failed(a.mode, f"{a.mode}: {e}", e.status, shapes)
     except Exception as e:  # a bad task, a library that does not load, a missing symbol: one line
         msg = " ".join(str(e).split())[:500]
-        result = failed(f"evaluate could not run: {type(e).__name__}: {msg}")
+        result = failed(a.mode, f"{a.mode} could not run: {type(e).__name__}: {msg}", "error", shapes)
     finally:
         if host is not None:
             files = host.close()
@@ -329,7 +148,6 @@ def main(argv: list[str] | None = None) -> int:
     out.write(json.dumps(result) + "\n")
     out.flush()
     return 0
-
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -13,7 +13,8 @@ Adversarial by construction; a fast wrong kernel must not pass:
 - inputs compared bitwise with clones after each call.
 
 The parent (`run_parity`) imports no torch and no candidate code: the work runs in
-`python -m tools.runner parity` (see tools/runner.py), which calls `check()` below.
+`python -m tools.judge parity` (tools/judge.py), which calls `check()` below with the candidate's
+calls made in its host; the sweep's batch child calls it in-process.
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ def run_parity(task: Task, lib_path: Path, *, timeout_s: float | None = None, hi
     if not hidden:
         args.append("--no-hidden")
     t0 = time.monotonic()
-    proc, data = run_python_json("tools.runner", args, timeout, scratch_root)
+    proc, data = run_python_json("tools.judge", args, timeout, scratch_root)
     dt = time.monotonic() - t0
     if proc.status == ProcStatus.ok and data is not None:
         try:

@@ -183,7 +183,7 @@ class ScratchFile(BaseModel):
     """A file a candidate process left in its scratch directory (listed, then removed with it)."""
     path: str                    # relative to the scratch directory
     bytes: int
-    process: str = ""            # which child: runner-evaluate, runner-bench, plan_child-plan, ...
+    process: str = ""            # which child: host (the judge's), plan_child-plan, batch_child, ...
 
 
 class DevicePeak(BaseModel):

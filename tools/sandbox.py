@@ -233,7 +233,7 @@ def run_python_json(module: str, args: list[str], timeout_s: float, scratch_root
     """
     with Scratch(scratch_root, _label(module, args)) as s:
         res = run_isolated([sys.executable, "-m", module, *args], timeout_s, cwd=s.dir, env=python_env(env, s))
-    return res, last_json(res.stdout)
+    return res, child_json(res.stdout)
 
 
 def _label(module: str, args: list[str]) -> str:
@@ -254,6 +254,20 @@ def prestart_python(module: str, args: list[str], scratch_root: Path | str | Non
     its job later (Prestarted.run)."""
     s = Scratch(scratch_root, _label(module, args))
     return Prestarted([sys.executable, "-m", module, *args], cwd=s.dir, env=python_env(env, s), scratch=s)
+
+
+def child_json(stdout: str) -> dict | None:
+    """last_json, less `scratch_files`: what the child listed of a scratch directory it made and closed
+    itself (the judge, its host's), which goes into this process's scratch log for the record."""
+    data = last_json(stdout)
+    if data is not None and isinstance(data.get("scratch_files"), list):
+        from tools.results import ScratchFile
+        from tools.scratch import record
+        try:
+            record([ScratchFile.model_validate(f) for f in data.pop("scratch_files")])
+        except ValueError:
+            pass
+    return data
 
 
 def last_json(stdout: str) -> dict | None:

@@ -1,0 +1,232 @@
+"""The judge's side of its host (tools/host.py): start it, ask it, move the judge's tensors to it and
+back (Remote), and time its bench bursts from outside (RemoteClock, HostRuns). Imported by the judge
+only; nothing here loads candidate code.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import weakref
+from pathlib import Path
+
+from tools.host import load_into, save
+from tools.scratch import Scratch
+from tools.stats import outside_check
+
+MAX_ANSWER = 16 << 20
+
+
+class HostFailed(Exception):
+    """The host died or broke the protocol: the candidate fails the stage, with `status`."""
+
+    def __init__(self, status: str, message: str):
+        super().__init__(message)
+        self.status = status      # a ParityStatus value: crashed | error
+
+
+def _die_with_parent() -> None:
+    import ctypes
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)   # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
+class HostClient:
+    """One host process, started now in a scratch directory under `root` (the judge's own)."""
+
+    def __init__(self, task_root: Path, root: Path):
+        self.scratch = Scratch(root, "host")
+        self.io = self.scratch.dir / "io"
+        self.io.mkdir()
+        env = {**os.environ, **self.scratch.env(), "PYTHONUNBUFFERED": "1"}
+        self.proc = subprocess.Popen([sys.executable, "-m", "tools.host"], cwd=self.scratch.dir, env=env,
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, preexec_fn=_die_with_parent)
+        self._send({"op": "init", "task": str(task_root), "io": str(self.io)})
+        self.started = False
+
+    def _send(self, req: dict) -> None:
+        try:
+            self.proc.stdin.write((json.dumps(req) + "\n").encode())
+            self.proc.stdin.flush()
+        except OSError:
+            raise self._dead() from None
+
+    def _dead(self) -> HostFailed:
+        try:
+            rc = self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            rc = None
+        if rc is not None and rc < 0:
+            return HostFailed("crashed", f"the kernel's host process crashed with {signal.Signals(-rc).name}")
+        return HostFailed("crashed", f"the kernel's host process exited (code {rc}) in the middle of a call")
+
+    def _answer(self) -> dict:
+        line = self.proc.stdout.readline(MAX_ANSWER)
+        if not line:
+            raise self._dead()
+        try:
+            ans = json.loads(line)
+        except ValueError:
+            ans = None
+        if not isinstance(ans, dict):
+            raise HostFailed("error", f"the kernel's host answered something that is not the protocol: {line[:120]!r}")
+        return ans
+
+    def ask(self, req: dict) -> dict:
+        """One request; its answer, or HostFailed. An answer with ok false is the task's (or kernel's)
+        exception: raised as RuntimeError with the host's message."""
+        if not self.started:
+            self.started = True
+            init = self._answer()
+            if init.get("ok") is not True:
+                raise HostFailed("error", f"the host could not load the task: {init.get('error')}")
+        self._send(req)
+        ans = self._answer()
+        if ans.get("ok") is not True:
+            raise RuntimeError(str(ans.get("error") or ans)[:500])
+        return ans
+
+    def close(self) -> list:
+        """End the host; remove the judge's buffer files (what is left in the scratch directory is the
+        kernel's: listed, answered to the agent for the record, removed)."""
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()
+        shutil.rmtree(self.io, ignore_errors=True)
+        return self.scratch.close()
+
+
+class Remote:
+    """The judge's tensors, run in the host: each goes out as a file under the key of its memory here
+    (the same memory, the same key, the same memory there), only when it changed since the host last
+    had it (torch's version counter says so); outputs are poisoned there, not sent, and come back after
+    the calls, with any input a call changed."""
+
+    def __init__(self, host: HostClient):
+        self.host = host
+        # key -> (a weak reference to the tensor the host holds a copy of, its version then): a tensor
+        # freed and another made at the same address is a different object, and goes out again
+        self.synced: dict[str, tuple] = {}
+
+    def _key(self, t, kind: str) -> str:
+        if not t.is_contiguous():
+            raise ValueError("the task's buffers must be contiguous to go to the kernel's host")
+        return f"{kind}{t.data_ptr():x}-{t.numel() * t.element_size()}"
+
+    def _file(self, key: str) -> str:
+        return str(self.host.io / f"{key}.bin")
+
+    def _out(self, out) -> tuple:
+        flat = out._base if out._base is not None and out._base.is_contiguous() else out
+        return flat, {"key": self._key(flat, "o"), "offset": out.storage_offset() - flat.storage_offset(),
+                      "numel": out.numel(), "shape": list(out.shape), "flat_numel": flat.numel(),
+                      "dtype": str(flat.dtype).removeprefix("torch.")}
+
+    def put(self, tensors) -> list[dict]:
+        """Write the tensors the host does not hold as they are here; their descriptions for `put`."""
+        descs = {}
+        for t, kind in tensors:
+            key = self._key(t, kind)
+            if key not in descs and not self._held(key, t):
+                save(t, self._file(key))
+                descs[key] = {"key": key, "dtype": str(t.dtype).removeprefix("torch.")}
+                self.synced[key] = (weakref.ref(t), t._version)
+        return list(descs.values())
+
+    def _held(self, key: str, t) -> bool:
+        ref, version = self.synced.get(key, (None, None))
+        return ref is not None and ref() is t and version == t._version
+
+    def _back(self, key: str, t) -> None:
+        load_into(t, self._file(key))
+        self.synced[key] = (weakref.ref(t), t._version)
+
+    def calls(self, lib: str, shape: dict, pairs: list[tuple], transfer: bool = True) -> tuple[float, float]:
+        """Run lib on each (out, inputs) back to back in the host. With `transfer`, changed inputs go there
+        first, each output is poisoned there and comes back after, and so does any input a call changed
+        (without: the buffers are already there, as the bench's are). Returns (seconds to issue the
+        calls, seconds in all on the judge's clock)."""
+        import time
+        calls, outs, ins = [], {}, {}
+        for out, inputs in pairs:
+            flat, o = self._out(out)
+            calls.append({"lib": lib, "out": {**o, "poison": transfer},
+                          "inputs": [{"key": self._key(t, "i"), "shape": list(t.shape)} for t in inputs]})
+            outs[o["key"]] = flat
+            ins.update({self._key(t, "i"): t for t in inputs})
+        put = self.put([(t, "i") for t in ins.values()]) if transfer else []
+        t0 = time.perf_counter()
+        ans = self.host.ask({"op": "call", "shape": shape, "put": put, "calls": calls,
+                             "get": list(outs) if transfer else [], "check": transfer})
+        total = time.perf_counter() - t0
+        if transfer:
+            for key, t in outs.items():
+                self._back(key, t)
+            for key in ans.get("changed") or []:
+                if key in ins:
+                    self._back(key, ins[key])
+        issue = ans.get("issue_ms")
+        return (min(float(issue) / 1e3, total) if isinstance(issue, (int, float)) else total), total
+
+    def run(self, lib: str, shape: dict, out, *inputs) -> None:
+        """tools.parity's `run`: one call."""
+        self.calls(lib, shape, [(out, inputs)])
+
+
+class RemoteClock:
+    """tools.clocks' interface over the host's clock, each burst also timed here, from outside."""
+
+    def __init__(self, host: HostClient):
+        self.host = host
+        self.bursts: list[tuple[str, float, float]] = []    # (arm, ms the host reported, ms on this clock)
+
+    def rep_cost(self, arm: str, n: int = 3) -> float:
+        ms = self.host.ask({"op": "cost", "arm": arm}).get("ms")
+        if not isinstance(ms, (int, float)) or not ms >= 0:
+            raise HostFailed("error", f"the host answered a rep cost of {ms!r}")
+        return float(ms)
+
+    def run(self, arm: str, n: int, offset: int = 0) -> list[float]:
+        import math
+        import time
+        t0 = time.perf_counter()
+        ms = self.host.ask({"op": "time", "arm": arm, "n": n, "offset": offset}).get("ms")
+        outside = (time.perf_counter() - t0) * 1e3
+        if (not isinstance(ms, list) or len(ms) != n
+                or not all(isinstance(x, (int, float)) and math.isfinite(x) and x >= 0 for x in ms)):
+            raise HostFailed("error", f"the host answered {str(ms)[:80]} for {n} timed reps")
+        self.bursts.append((arm, float(sum(ms)), outside))
+        return [float(x) for x in ms]
+
+    def sync(self) -> None:
+        pass
+
+
+class HostRuns:
+    """tools.bench's runs (see LocalRuns) in the host: the candidate and, if loaded, the baseline."""
+
+    def __init__(self, remote: Remote, shape: dict, baseline: bool):
+        self.remote, self.shape, self.baseline = remote, shape, baseline
+        self.clock = RemoteClock(remote.host)
+
+    def arms(self, sets: list[tuple], outs: list, with_reference: bool) -> list[tuple[str, str]]:
+        r = self.remote
+        put = r.put([(t, "i") for s in sets for t in s] + [(r._out(o)[0], "o") for o in outs])
+        r.host.ask({"op": "call", "shape": self.shape, "put": put, "calls": [], "get": []})
+        labels = [("candidate", "candidate")] + ([("baseline", "baseline")] if self.baseline else []) \
+            + ([("reference", None)] if with_reference else [])
+        r.host.ask({"op": "arms", "shape": self.shape, "arms": labels, "outs": [r._out(o)[1] for o in outs],
+                    "sets": [[{"key": r._key(t, "i"), "shape": list(t.shape)} for t in s] for s in sets]})
+        return [(label, label) for label, _ in labels]
+
+    def calls(self, pairs: list[tuple], transfer: bool = True) -> tuple[float, float]:
+        return self.remote.calls("candidate", self.shape, pairs, transfer)
+
+    def clock_check(self) -> str | None:
+        return outside_check(self.clock.bursts)
