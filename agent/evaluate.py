@@ -81,13 +81,34 @@ class Implausible(IterationEnded):
     outcome = Outcome.implausible
 
 
+class TouchedCheckout(IterationEnded):
+    outcome = Outcome.touched_checkout
+
+
 class Evaluator:
     """The instruments for one task, with the run's build directory and device limits."""
 
-    def __init__(self, task: Task, build_dir: Path, limits: DeviceLimits | None, scratch_root: Path | None = None):
+    def __init__(self, task: Task, build_dir: Path, limits: DeviceLimits | None, scratch_root: Path | None = None,
+                 checkout: Path | str | None = None):
         self.task, self.build_dir, self.limits = task, build_dir, limits
         # each child that loads a candidate runs in a directory of its own under here (tools/scratch.py)
         self.scratch_root = scratch_root or Path(build_dir).parent / "scratch"
+        # the user's checkout: file modes compared around each candidate child (tools/checkout.py)
+        self.watch = None
+        if checkout is not None:
+            from tools.checkout import CheckoutWatch
+            self.watch = CheckoutWatch(checkout)
+
+    def _modes(self) -> dict | None:
+        return self.watch.modes() if self.watch is not None else None
+
+    def _checkout_unchanged(self, before: dict | None) -> None:
+        """After a candidate child: a file mode it changed in the user's checkout is put back, and the
+        candidate fails for it (the fence stops writes, not chmod)."""
+        changed = self.watch.restore(before) if self.watch is not None and before is not None else []
+        if changed:
+            raise TouchedCheckout("the candidate changed the user's checkout: " + "; ".join(changed[:5])
+                                  + (f" (+{len(changed) - 5} more)" if len(changed) > 5 else ""))
 
     def build(self, times: StageTimes) -> BuildResult:
         from tools.build import build
@@ -134,9 +155,10 @@ class Evaluator:
 
     def parity(self, lib: Path, times: StageTimes, seed: int | None = None) -> ParityResult:
         from tools.parity import run_parity
-        t0 = time.monotonic()
+        t0, before = time.monotonic(), self._modes()
         res = run_parity(self.task, lib, seed=seed, scratch_root=self.scratch_root)
         times.parity += time.monotonic() - t0
+        self._checkout_unchanged(before)
         if res.status != ParityStatus.ok:
             raise ParityFailed(f"parity {res.status.value}: {res.message}", res)
         return res
@@ -178,7 +200,7 @@ class Evaluator:
             a.launch = LaunchResult(status=LaunchStatus.not_applicable,
                                     message="CPU task: no launch geometry" if self.task.spec.device == "cpu"
                                     else "no device limits known: no launch check")
-        t0 = time.monotonic()
+        t0, before = time.monotonic(), self._modes()
         launch, par, bench = run_candidate(self.task, lib, baseline, launch_context=launch_context, warm=warm,
                                            with_reference=with_reference, scratch_root=self.scratch_root)
         total = time.monotonic() - t0
@@ -187,6 +209,7 @@ class Evaluator:
         times.launch += min(l_secs, total)
         times.bench += min(b_secs, max(total - l_secs, 0.0))
         times.parity += max(total - l_secs - b_secs, 0.0)
+        self._checkout_unchanged(before)
         if launch is not None:
             a.launch = launch
             _launch_ok(launch)
@@ -208,10 +231,11 @@ class Evaluator:
     def bench(self, lib: Path, baseline: Path | None, times: StageTimes, with_reference: bool = False,
               shapes: list[dict] | None = None) -> list[BenchResult]:
         from tools.bench import run_bench
-        t0 = time.monotonic()
+        t0, before = time.monotonic(), self._modes()
         res = run_bench(self.task, lib, baseline_lib=baseline, shapes=shapes, with_reference=with_reference,
                         scratch_root=self.scratch_root)
         times.bench += time.monotonic() - t0
+        self._checkout_unchanged(before)
         bad = next((r for r in res if r.status != BenchStatus.ok), None)
         if bad is not None:
             raise BenchFailed(f"bench {bad.status.value}: {bad.message}", res[0])

@@ -41,7 +41,8 @@ class Loop:
         self.state = read_state(run_dir) if (run_dir / "state.json").exists() else RunState()
         self.task = load_task(self._task_dir())
         self.records: list[IterationRecord] = read_iterations(run_dir)
-        self.evaluator = Evaluator(self.task, run_dir / "build", task_limits(self.task))
+        user = rgit.repo.working_tree_dir     # its file modes are watched around each candidate child
+        self.evaluator = Evaluator(self.task, run_dir / "build", task_limits(self.task), checkout=user)
         self.best = Best(run_dir, cfg, self.state, self.evaluator, view)
         self.t_start = time.monotonic()
         self._iter_t0: float | None = None     # the iteration under way started (monotonic)

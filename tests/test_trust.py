@@ -46,8 +46,8 @@ NO_FENCE = ("no Landlock on this kernel: a write by absolute path is not prevent
             "user's checkout, matmul_profile.txt beside the library)")
 
 
-def listing(root: Path) -> dict[str, tuple[int, int]]:
-    """Every file under root outside runs/ and .git: relative path -> (size, mtime_ns)."""
+def listing(root: Path) -> dict[str, tuple[int, int, int]]:
+    """Every file under root outside runs/ and .git: relative path -> (size, mtime_ns, mode)."""
     out: dict[str, tuple[int, int]] = {}
     for dirpath, dirnames, filenames in os.walk(root):
         if Path(dirpath) == root:
@@ -55,7 +55,7 @@ def listing(root: Path) -> dict[str, tuple[int, int]]:
         for name in filenames:
             p = Path(dirpath) / name
             st = p.lstat()
-            out[p.relative_to(root).as_posix()] = (st.st_size, st.st_mtime_ns)
+            out[p.relative_to(root).as_posix()] = (st.st_size, st.st_mtime_ns, st.st_mode)
     return out
 
 
