@@ -17,6 +17,16 @@ import subprocess
 from pathlib import Path
 
 
+def checkout_of(path: Path | str) -> Path | None:
+    """The git checkout that holds path (its top level), or None outside one."""
+    try:
+        out = subprocess.run(["git", "-C", str(path), "rev-parse", "--show-toplevel"], capture_output=True,
+                             text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return Path(out.stdout.strip()) if out.returncode == 0 and out.stdout.strip() else None
+
+
 class CheckoutWatch:
     def __init__(self, root: Path | str):
         self.root = Path(root).resolve()

@@ -54,13 +54,14 @@ def run_check(task_path: Path, build_dir: Path | None = None) -> tuple[CheckSumm
     from agent.review.show import throughput
     from agent.runlog import StageTimes
     from tools.build import default_build_dir
+    from tools.checkout import checkout_of
     from tools.device import device_limits
     from tools.task import load_task
 
     task = load_task(task_path)
     steps = _Steps()
     times = StageTimes()
-    ev = Evaluator(task, build_dir or default_build_dir(task), None)
+    ev = Evaluator(task, build_dir or default_build_dir(task), None, checkout=checkout_of(task.root))
     try:
         b = ev.build(times)
     except CompileFailed as e:

@@ -65,10 +65,11 @@ def _git(root: Path, *args: str) -> subprocess.CompletedProcess:
 
 
 def repo_root(path: Path) -> Path:
-    p = _git(path, "rev-parse", "--show-toplevel")
-    if p.returncode != 0:
+    from tools.checkout import checkout_of
+    root = checkout_of(path)
+    if root is None:
         raise GateError(f"{path} is not inside a git repository: the gate compares against a recorded commit")
-    return Path(p.stdout.decode().strip())
+    return root
 
 
 def newest_finished_run(runs_dir: Path, task: str) -> Run:
@@ -136,8 +137,8 @@ def gate(task_dir: Path, against: str | None, limit: float, runs_dir: Path | Non
     try:
         base_task = export_task(root, sha, task_rel, tmp / "baseline-src")
         limits = _limits(task)
-        cur = Evaluator(task, tmp / "build-current", limits)
-        base = Evaluator(base_task, tmp / "build-baseline", limits)
+        cur = Evaluator(task, tmp / "build-current", limits, checkout=root)   # modes watched (tools/checkout.py)
+        base = Evaluator(base_task, tmp / "build-baseline", limits, checkout=root)
         try:
             b = cur.build(times)
         except CompileFailed as e:
