@@ -80,6 +80,23 @@ class RunGit:
             repo.git.worktree("add", str(worktree), branch)
         return cls(repo, worktree, branch, run_id)
 
+    def clear_stale_locks(self) -> list[str]:
+        """Remove the lock files a SIGKILL in the middle of a git command leaves (index.lock, a ref's .lock),
+        which would fail every later git command in the run's worktree. Only the run's own: its worktree's
+        index and HEAD, its branch and refs/agent/RUN/; never the user's index or packed-refs. The caller
+        holds the run's lock (runlog.hold_run), so no agent process is using them."""
+        wt_git = Path(self.wt.git.rev_parse("--absolute-git-dir"))
+        common = Path(self.repo.git.rev_parse("--git-common-dir"))
+        common = common if common.is_absolute() else Path(self.repo.working_tree_dir) / common
+        found = [wt_git / "index.lock", wt_git / "HEAD.lock", common / "refs" / "heads" / f"{self.branch}.lock"]
+        found += sorted((common / "refs" / "agent" / self.run_id).rglob("*.lock"))
+        gone = []
+        for f in found:
+            if f.is_file():
+                f.unlink()
+                gone.append(str(f))
+        return gone
+
     @property
     def wt(self) -> git.Repo:
         return git.Repo(self.worktree)

@@ -7,6 +7,7 @@ schema this code does not know is refused with a clear message, never misread.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 from enum import Enum
@@ -254,3 +255,26 @@ def find_run(repo: Path, run_id: str) -> Path:
     if not matches:
         raise LogError(f"no run {run_id!r} under {runs_dir(repo)} (see `agent runs`)")
     raise LogError(f"run id {run_id!r} is ambiguous: {', '.join(sorted(p.name for p in matches))}")
+
+
+_HELD: list = []    # the lock files of the runs this process drives; the kernel drops the locks when it dies
+
+
+def hold_run(run_dir: Path) -> None:
+    """Take runs/RUN/agent.lock for the life of this process. A second agent on the same run (`agent resume`
+    while the run still goes) is refused, and the holder knows that a git lock file left in the run's own
+    worktree is stale: no other agent process uses it. A SIGKILLed holder leaves the file, not the lock."""
+    f = open(run_dir / "agent.lock", "a+")
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        f.seek(0)
+        pid = f.read().strip() or "?"
+        f.close()
+        raise LogError(f"run {run_dir.name} is in use by another agent process (pid {pid}); "
+                       "wait for it to finish or stop it, then resume") from None
+    f.seek(0)
+    f.truncate()
+    f.write(f"{os.getpid()}\n")
+    f.flush()
+    _HELD.append(f)

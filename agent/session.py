@@ -15,7 +15,7 @@ from agent.loop import Loop, load_run, now
 from agent.proposers.base import Proposer
 from agent.proposers.retry import RetryFirst, is_retry, undecided
 from agent.evaluate import snapshot_lib
-from agent.runlog import Decision, RunConfig, StageTimes, write_json_atomic
+from agent.runlog import Decision, RunConfig, StageTimes, hold_run, write_json_atomic
 from agent.view import View
 from tools.task import Task, first_fitting_task, load_task
 
@@ -149,6 +149,7 @@ def start_run(task_dir: Path, *, target: float, iters: int, proposer_kind: str, 
     if run_dir.exists():
         raise UsageError(f"run folder {run_dir} already exists")
     run_dir.mkdir(parents=True)
+    hold_run(run_dir)
     if gitops.ensure_runs_ignored(repo, runs):
         view.message(f"note: added /{runs.relative_to(root).as_posix()}/ to .git/info/exclude so runs never show "
                      "in your git status")
@@ -202,8 +203,11 @@ def resume_run(run_dir: Path, view: View, extra: dict | None = None) -> Loop:
         raise UsageError(f"run {cfg.run_id} is finished ({state.stop_reason}); start a new one")
     if state.status == "failed":
         raise UsageError(f"run {cfg.run_id} failed at setup ({state.stop_reason}); start a new one")
+    hold_run(run_dir)
     repo = gitops.open_repo(Path(cfg.repo))
     rgit = gitops.RunGit.attach(repo, Path(cfg.worktree), cfg.branch, cfg.run_id)
+    for f in rgit.clear_stale_locks():
+        view.message(f"removed {f}: left by a git command the killed run did not finish")
     task = load_task(Path(cfg.worktree) / cfg.task_dir)
     merged = {**cfg.extra, **(extra or {})}
     merged["spent"] = state.usage

@@ -172,3 +172,48 @@ def test_kill_at_each_stage_then_resume(tmp_path, sig):
     if sig == "SIGKILL":   # the candidates killed mid-evaluation stay reviewable
         refs = git(root, "for-each-ref", "--format=%(refname)", f"refs/agent/{cfg.run_id}/interrupted")
         assert refs, "a killed candidate was not kept under refs/agent/RUN/interrupted/N"
+
+
+def test_resume_removes_the_git_locks_a_kill_left_and_refuses_a_second_agent(tmp_path):
+    """A SIGKILL inside a git command leaves its lock file (the worktree's index.lock, the branch's ref
+    lock), and every later git command in the run's worktree would fail on it. `agent resume` removes the
+    run's own stale locks, never the user's (their checkout's index.lock is theirs: their git may be
+    running), and a second agent on a run that is still held is refused rather than racing the first."""
+    import fcntl
+
+    root = make_user_repo(tmp_path / "user")
+    props = [_comment(0), _comment(1)]
+    (tmp_path / "p.json").write_text(json.dumps(props))
+    run = root / "runs" / "locks"
+    log = tmp_path / "agent.log"
+    proc = _start(root, ["optimize", "kernels/matmul_cpu", "--proposer", "replay", "--replay",
+                         str(tmp_path / "p.json"), "--iters", "2", "--target", "100x", "--run-id", "locks"], log)
+    _wait_stage(proc, run, 1, "propose", time.time() - 60, tmp_path / "unused")
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=120)
+    cfg = read_config(run)
+    wt_git = Path(git(Path(cfg.worktree), "rev-parse", "--absolute-git-dir"))
+    stale = [wt_git / "index.lock", root / ".git" / "refs" / "heads" / f"{cfg.branch}.lock"]
+    users = root / ".git" / "index.lock"
+    for f in [*stale, users]:
+        f.parent.mkdir(parents=True, exist_ok=True)
+        f.write_text("")
+    git_entries = sorted(p.name for p in (root / ".git").iterdir())
+
+    # a second agent while the run is held: refused with the holder named, nothing touched
+    with open(run / "agent.lock", "a+") as held:
+        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        res = agent(root, "resume", "locks", timeout=120)
+    assert res.returncode != 0
+    assert "in use by another agent process" in res.stderr + res.stdout, res.stderr[-2000:]
+    assert all(f.exists() for f in stale) and read_state(run).status == "running"
+
+    res = agent(root, "resume", "locks", timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:] + res.stdout[-2000:]
+    out = res.stdout + res.stderr
+    for f in stale:
+        assert not f.exists() and f"removed {f}" in out, out[-2000:]
+    assert users.exists(), "the user's own index.lock was removed"
+    assert sorted(p.name for p in (root / ".git").iterdir()) == git_entries
+    state, recs = read_state(run), read_iterations(run)
+    assert state.status == "done" and [r.iteration for r in recs] == [1, 2]
