@@ -165,7 +165,7 @@ class Evaluator:
 
     def launch_context(self, build: BuildResult, parent: LaunchResult | None) -> dict | None:
         """What a child needs to run the static launch check on the plan of the library it loaded
-        (tools.runner.static_launch): the device limits, ptxas' resources, the parent's launch.
+        (tools.judge and tools._batch_child: the host answers the plan, tools.launch judges it): the device limits, ptxas' resources, the parent's launch.
         None for a CPU task or where no limits are known."""
         if self.task.spec.device == "cpu" or self.limits is None:
             return None

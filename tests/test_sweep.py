@@ -23,9 +23,10 @@ from tools.task import load_task
 BODY = "int M, int N, int K) {\n"
 
 
-def _task(tmp: Path, values: dict[str, list[int]] | None = None, head: str = "", tail: str = "") -> Path:
+def _task(tmp: Path, values: dict[str, list[int]] | None = None, head: str = "", tail: str = "",
+          prelude: str = "") -> Path:
     """The fast matmul_cpu copy, with knob value lists narrowed, `head` planted at the top of the
-    kernel's body and `tail` at its end."""
+    kernel's body, `tail` at its end and `prelude` before it."""
     root = make_user_repo(tmp / "user")
     d = root / "kernels" / "matmul_cpu"
     toml = d / "task.toml"
@@ -37,7 +38,7 @@ def _task(tmp: Path, values: dict[str, list[int]] | None = None, head: str = "",
     src = d / "matmul.cpp"
     text = src.read_text()
     assert text.count(BODY) == 1 and text.endswith("}\n")
-    text = "#include <cstdio>\n" + text.replace(BODY, BODY + head)
+    text = "#include <cstdio>\n" + prelude + text.replace(BODY, BODY + head)
     text = text[:-2] + tail + "}\n"
     src.write_text(text)
     return d
@@ -120,6 +121,54 @@ def test_a_best_that_fails_verification_is_marked_and_the_next_is_verified(tmp_p
     slow = pts[(0, 8, 16, 16)]
     assert slow.verified and res.best() is slow and res.verified == slow.knobs
     assert sum("failed verification" in ln for ln in lines) == 2
+
+
+# A forgery planted in one configuration: on its first call it runs Python in whatever process loaded
+# it and makes every output comparison there pass (tools.parity's and the probes' `compare`, parity's
+# `disagree`), then computes only the first half of C's rows, about twice as fast as its honest sibling.
+FORGE_COMPARE = r'''#include <dlfcn.h>
+static const char* FORGE = R"PY(
+import sys
+def _ok(got, exp, atol, rtol):
+    return {"status": "ok", "numel": got.numel(), "max_abs_err": 0.0, "max_rel_err": 0.0, "mismatches": 0}
+for _m in ("tools.parity", "tools.probes"):
+    if _m in sys.modules:
+        sys.modules[_m].compare = _ok
+if "tools.parity" in sys.modules:
+    sys.modules["tools.parity"].disagree = lambda *a, **k: None
+)PY";
+static void forge_once() {
+    static int done = 0;
+    if (done) return;
+    done = 1;
+    typedef int (*ensure_t)();
+    typedef void (*release_t)(int);
+    typedef int (*run_t)(const char*);
+    ensure_t ensure = (ensure_t)dlsym(RTLD_DEFAULT, "PyGILState_Ensure");
+    release_t release = (release_t)dlsym(RTLD_DEFAULT, "PyGILState_Release");
+    run_t run = (run_t)dlsym(RTLD_DEFAULT, "PyRun_SimpleString");
+    if (!ensure || !release || !run) return;
+    const int st = ensure();
+    run(FORGE);
+    release(st);
+}
+'''
+
+
+@pytest.mark.slow
+def test_a_configuration_that_forges_the_comparison_is_judged_outside_its_process(tmp_path):
+    """The batch's verdicts are the judge's: the configurations run in a host, and the comparison, the
+    probes and the bench's statistics stay in the batch child, which never loads them (issue 24)."""
+    head = "#if LOOP_ORDER == 1 && BLOCK_M == 16\n    forge_once();\n    M = M / 2;\n#endif\n"
+    d = _task(tmp_path, {"LOOP_ORDER": [0, 1], "BLOCK_M": [8, 16], "BLOCK_N": [16], "BLOCK_K": [16]}, head,
+              prelude=FORGE_COMPARE)
+    res = sweep(load_task(d), tmp_path / "sweep", jobs=2, batch=8)
+    pts = _by_knobs(res)
+    forged, honest = pts[(1, 16, 16, 16)], pts[(1, 8, 16, 16)]
+    # rejected by the batch itself (not only when the reported best is verified afresh), for what it did
+    assert not forged.ok and forged.outcome == "parity_failed", forged
+    assert not forged.reason.startswith("on verification") and "unwritten" in forged.reason, forged.reason
+    assert honest.ok and res.best() is honest and honest.verified
 
 
 @pytest.mark.slow

@@ -1,28 +1,31 @@
-"""Child of tools/batch.py: parity, then bench, of several libraries in one process.
+"""Child of tools/batch.py: parity, then bench, of several libraries, judged here, run in a host.
 
     python -m tools._batch_child --task DIR --baseline-lib PATH --limit-s S [--screen] [--contexts JSON_FILE] LIB ...
 
-Loads the task module and the baseline library once (the torch import and the CUDA context are
-paid once per batch, not per library), then for each library in turn runs what the loop's evaluate
-child runs: parity (`tools.parity.check`, hidden shapes, a fresh seed) and, if it passes,
-the interleaved bench against the baseline on the main shape (`tools.bench.measure`).
+A judge for a batch, as tools/judge.py is for one candidate: this process loads the task module (the
+reference) but never a library under test. It starts one host (tools/host.py: fenced to its own
+scratch directory, the only process that loads the libraries), has it load the baseline once, then for
+each library in turn has it load the library and runs here what the loop's judge runs: parity
+(`tools.parity.check`, hidden shapes, a fresh seed; the inputs made here, the outputs compared here)
+and, if it passes, the interleaved bench against the baseline on the main shape (`tools.bench.measure`
+over the host's runs, each burst timed here from outside). What a library does in the host cannot
+reach the comparison, the probes, the statistics or the line this process writes.
 With --screen: only a short timing of each library alone on the main shape (the bench's own output
 spot checks included, no parity), to rank a huge space before the full checks of the fastest.
 With --contexts (a JSON list, one launch context or null per library): first the static launch
-check of the library's own plan (tools.runner.static_launch, as in the loop's evaluate child);
-a library it rejects runs nothing on the GPU.
+check of the library's own plan (the host answers the plan as data, tools.launch judges it here);
+a library it rejects runs nothing.
 
-Output, as in tools/runner.py: fd 1 points at stderr before any generated code loads; one JSON
-line per library goes to a private copy of stdout, flushed at once, so the parent keeps every
-result written before a later library killed the process:
+Output: one JSON line per library on a private copy of stdout, flushed at once, so the parent keeps
+every result written before a later library killed the host:
 
     {"i": K, "status": "ok" | "launch_rejected" | "parity_failed" | "bench_failed" | "timeout", ..., "stop": bool}
-    {"fatal": MESSAGE}                       # the task or the baseline did not load; nothing ran
+    {"fatal": MESSAGE}                       # the task, the host or the baseline did not load; nothing ran
 
-The child stops (exit 0, "stop": true) after a library that may have left the process unfit for
-the next one: a CUDA error (the context may be poisoned), a write outside the output, or a hang.
-A watchdog thread ends the process after --limit-s on one library, writing that library's line as
-a timeout first: a hung kernel costs one configuration, not the rest of the batch.
+The child stops (exit 0, "stop": true) after a library that may have left the host unfit for the next
+one (a crash, a CUDA error, a write outside the output, a hang); the parent starts a fresh child, and so
+a fresh host, for the rest. A watchdog thread ends the process (and with it the host) after --limit-s
+on one library, writing that library's line as a timeout first.
 """
 
 from __future__ import annotations
@@ -34,8 +37,10 @@ import secrets
 import sys
 import threading
 import time
+from pathlib import Path
 
-from tools.runner import load_lib, parity_then_bench, private_stdout, static_launch
+from tools.hostclient import HostClient, HostFailed, HostRuns, Remote
+from tools.runner import private_stdout, warm_up
 
 # failures after which the process is not trusted with the next library
 UNSAFE_PARITY = {"error", "crashed", "timeout", "out_of_bounds"}
@@ -83,49 +88,69 @@ class _Reporter:
                 os._exit(0)
 
 
-def _launch(task, mod, lib, ctx: dict | None, t0: float) -> tuple[dict, dict | None]:
+def _launch(task, remote: Remote, ctx: dict | None, t0: float) -> tuple[dict, dict | None]:
     """The static launch check where a context was given: ({"launch": ...} or {}, the row that ends
-    this library, or None to go on)."""
+    this library, or None to go on). The host answers the plan as data; tools.launch judges it here."""
+    from tools.launch import from_context
     if ctx is None:
         return {}, None
-    launch = static_launch(task, mod, lib, ctx)
+    try:
+        plan = remote.host.ask({"op": "plan", "lib": "candidate"})["plan"]
+    except RuntimeError as e:
+        plan = {"ok": False, "error": f"the host could not answer the launch plan: {e}"}
+    res = from_context(task, plan, ctx)
+    res.seconds = time.monotonic() - t0
+    launch = res.model_dump(mode="json")
     if launch["status"] == "ok":
         return {"launch": launch}, None
     return {}, {"launch": launch, "status": "launch_rejected", "message": f"launch {launch['status']}: {launch['message']}",
                 "stop": False, "seconds": time.monotonic() - t0}
 
 
-def _one(task, mod, base, lib_path: str, ctx: dict | None = None) -> dict:
-    from tools.results import ParityResult, ParityStatus
+def _load(remote: Remote, lib_path: str, t0: float, what: str) -> dict | None:
+    """Have the host load the library as the candidate: None, or the row that ends this library."""
+    try:
+        remote.host.ask({"op": "load", "id": "candidate", "path": str(Path(lib_path).resolve())})
+        return None
+    except RuntimeError as e:   # the library did not load (a missing symbol): this library's failure
+        msg = " ".join(str(e).split())[:500]
+        from tools.results import ParityResult, ParityStatus
+        row = {"status": "parity_failed" if what == "parity" else "bench_failed", "stop": False,
+               "message": f"{what} could not load the library: {msg}", "seconds": time.monotonic() - t0}
+        if what == "parity":
+            row["parity"] = ParityResult(status=ParityStatus.error, message=row["message"]).model_dump(mode="json")
+        return row
+
+
+def _one(task, mod, remote: Remote, lib_path: str, ctx: dict | None = None) -> dict:
+    from tools.bench import measure
+    from tools.parity import check
+    from tools.results import ParityStatus
     t0 = time.monotonic()
     seed = secrets.randbits(31)
-    bench, stage, launch = None, ["launch"], {}
-    try:
-        lib = load_lib(lib_path)
-        launch, rejected = _launch(task, mod, lib, ctx, t0)
-        if rejected is not None:
-            return rejected
-        stage[0] = "parity"
-        parity, benches = parity_then_bench(task, mod, lib, base, seed=seed, shapes=[dict(task.spec.main)],
-                                            mark=lambda st: stage.__setitem__(0, st))
-        bench = benches[0] if benches else None
-    except Exception as e:  # a library that does not load, a missing symbol: this library's failure
-        if stage[0] == "bench":
-            raise       # the harness failed in the bench: main() reports it and trusts nothing after
-        msg = " ".join(str(e).split())[:500]
-        parity = ParityResult(status=ParityStatus.error, message=f"parity could not run: {type(e).__name__}: {msg}")
+    failed = _load(remote, lib_path, t0, "parity")
+    if failed is not None:
+        return {**failed, "seed": seed}
+    launch, rejected = _launch(task, remote, ctx, t0)
+    if rejected is not None:
+        return rejected
+    parity = check(task, mod, "candidate", seed=seed, hidden=True, run=remote.run)
     row = {**launch, "seed": seed, "parity": parity.model_dump(mode="json", exclude={"checks"})}
     if parity.status != ParityStatus.ok:
-        return {**row, "status": "parity_failed", "message": f"parity {parity.status.value}: {parity.message}",
+        return {**row, "status": "crashed" if parity.status == ParityStatus.crashed else "parity_failed",
+                "message": f"parity {parity.status.value}: {parity.message}",
                 "stop": parity.status.value in UNSAFE_PARITY, "seconds": time.monotonic() - t0}
+    bench = measure(task, mod, None, shapes=[dict(task.spec.main)], with_reference=False,
+                    runs_for=lambda shape: HostRuns(remote, shape, True))[0]
     row["bench"] = bench.model_dump(mode="json")
     if bench.status.value != "ok":
-        return {**row, "status": "bench_failed", "message": f"bench {bench.status.value}: {bench.message}",
+        return {**row, "status": "crashed" if bench.status.value == "crashed" else "bench_failed",
+                "message": f"bench {bench.status.value}: {bench.message}",
                 "stop": bench.status.value in UNSAFE_BENCH, "seconds": time.monotonic() - t0}
     return {**row, "status": "ok", "stop": False, "seconds": time.monotonic() - t0}
 
 
-def _screen(task, mod, lib_path: str, ctx: dict | None = None) -> dict:
+def _screen(task, mod, remote: Remote, lib_path: str, ctx: dict | None = None) -> dict:
     """A short timing alone on the main shape: a ranking hint, never a reported result."""
     from tools.bench import measure
     from tools.task import Task
@@ -133,20 +158,18 @@ def _screen(task, mod, lib_path: str, ctx: dict | None = None) -> dict:
     b = task.spec.bench
     quick = b.model_copy(update={"warmup_ms": min(b.warmup_ms, 5.0), "rep_ms": min(b.rep_ms, 20.0), "input_sets": 1})
     qtask = Task(task.spec.model_copy(update={"bench": quick}), task.root)
-    try:
-        lib = load_lib(lib_path)
-    except Exception as e:
-        msg = " ".join(str(e).split())[:500]
-        return {"status": "bench_failed", "message": f"screen could not load the library: {type(e).__name__}: {msg}",
-                "stop": False, "seconds": time.monotonic() - t0}
-    launch, rejected = _launch(task, mod, lib, ctx, t0)
+    failed = _load(remote, lib_path, t0, "screen")
+    if failed is not None:
+        return failed
+    launch, rejected = _launch(task, remote, ctx, t0)
     if rejected is not None:
         return rejected
-    bench = measure(qtask, mod, lib, baseline=None, shapes=[dict(task.spec.main)], with_reference=False)[0]
+    bench = measure(qtask, mod, None, shapes=[dict(task.spec.main)], with_reference=False,
+                    runs_for=lambda shape: HostRuns(remote, shape, False))[0]
     row = {**launch, "bench": bench.model_dump(mode="json"), "seconds": time.monotonic() - t0}
     if bench.status.value != "ok":
-        return {**row, "status": "bench_failed", "message": f"screen {bench.status.value}: {bench.message}",
-                "stop": bench.status.value in UNSAFE_BENCH}
+        return {**row, "status": "crashed" if bench.status.value == "crashed" else "bench_failed",
+                "message": f"screen {bench.status.value}: {bench.message}", "stop": bench.status.value in UNSAFE_BENCH}
     return {**row, "status": "ok", "stop": False}
 
 
@@ -161,32 +184,42 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     out = private_stdout()
     rep = _Reporter(out, a.limit_s)
+    host = None
     try:
         from tools.task import load_task
         task = load_task(a.task)
+        host = HostClient(task.root, Path(os.environ.get("AGENT_SCRATCH") or os.getcwd()))
         mod = task.module()
-        base = load_lib(a.baseline_lib)
+        warm_up(task)
+        remote = Remote(host)
+        host.ask({"op": "load", "id": "baseline", "path": str(Path(a.baseline_lib).resolve())})
         ctxs = json.loads(open(a.contexts).read()) if a.contexts else [None] * len(a.libs)
         if len(ctxs) != len(a.libs):
             raise ValueError(f"{len(ctxs)} launch contexts for {len(a.libs)} libraries")
-    except Exception as e:
+    except Exception as e:   # HostFailed included: the host did not start or load the baseline
         rep.write({"fatal": f"the batch child could not start: {type(e).__name__}: {' '.join(str(e).split())[:500]}"})
+        if host is not None:
+            host.close()
         return 2
-    for i, lib in enumerate(a.libs):
-        rep.start(i)
-        try:
-            row = _screen(task, mod, lib, ctxs[i]) if a.screen else _one(task, mod, base, lib, ctxs[i])
-        except Exception as e:  # the harness itself failed on this library: report it, trust nothing after
-            msg = " ".join(str(e).split())[:500]
-            row = {"status": "bench_failed", "message": f"evaluation failed: {type(e).__name__}: {msg}", "stop": True}
-        rep.done({"i": i, **row})
-        if row["stop"]:
-            return 0
+    try:
+        for i, lib in enumerate(a.libs):
+            rep.start(i)
+            try:
+                row = (_screen(task, mod, remote, lib, ctxs[i]) if a.screen
+                       else _one(task, mod, remote, lib, ctxs[i]))
+            except HostFailed as e:   # the host died outside a stage's own handling (loading, the plan)
+                row = {"status": "crashed" if e.status == "crashed" else "parity_failed", "message": str(e),
+                       "stop": True, "parity": {"status": e.status, "message": str(e)}}
+            except Exception as e:  # the harness itself failed on this library: report it, trust nothing after
+                msg = " ".join(str(e).split())[:500]
+                row = {"status": "bench_failed", "message": f"evaluation failed: {type(e).__name__}: {msg}", "stop": True}
+            rep.done({"i": i, **row})
+            if row["stop"]:
+                return 0
+    finally:
+        host.close()
     return 0
 
 
 if __name__ == "__main__":
-    # before any candidate code is loaded: writes only in this process's scratch directory
-    from tools.confine import fence_scratch
-    fence_scratch()
     sys.exit(main())

@@ -215,7 +215,7 @@ class BatchStatus(str, Enum):
     launch_rejected = "launch_rejected"   # the static launch check of the library's plan failed; nothing ran
     parity_failed = "parity_failed"
     bench_failed = "bench_failed"
-    crashed = "crashed"              # the batch child died while this library ran (signal, exit)
+    crashed = "crashed"              # its host (or the batch child) died while this library ran
     timeout = "timeout"              # the watchdog or the batch's timeout ended the child on this library
 
 
