@@ -154,14 +154,15 @@ def test_roofline_floor_is_far_below_honest_kernels_and_names_its_basis():
 
 @pytest.mark.slow
 def test_bench_flags_timing_loop_cheats_that_pass_parity(tmp_path):
-    """The two cheats that pass parity, straight through parity and bench (no loop)."""
+    """The cheats that pass parity, straight through parity and bench (no loop)."""
     import subprocess
     from tools.bench import run_bench
     from tools.parity import run_parity
     from tools.task import load_task
     root = verification_repo(tmp_path / "user")
     task = load_task(root / "kernels" / "matmul_cpu")
-    for name, needle in (("timing_shortcut", "back to back"), ("fingerprint_cache", "roofline floor")):
+    for name, needle in (("timing_shortcut", "back to back"), ("fingerprint_cache", "roofline floor"),
+                         ("fingerprint_partial", "repeated earlier calls")):
         cpp = tmp_path / f"{name}.cpp"
         cpp.write_text(source(name))
         lib = tmp_path / f"lib{name}.so"

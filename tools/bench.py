@@ -99,6 +99,10 @@ class LocalRuns:
         self.clock.sync()
         return t1 - t0, time.perf_counter() - t0
 
+    def time_pairs(self, sets: list[tuple], outs: list, n: int) -> list[float]:
+        k = len(sets)
+        return self.clock.run(lambda i: self.mod.run(self.lib, self.shape, outs[i % k], *sets[i % k]), n)
+
     def clock_check(self) -> str | None:
         return None     # no clock outside this process to hold the bench to
 
@@ -165,7 +169,7 @@ def _bench_shape(task, mod, runs, shape, with_reference, cuda, device_name="") -
     if why is not None:
         status, msg = BenchStatus.suspicious, why
     probe = Probe(task=task, mod=mod, shape=shape, device=device, device_name=device_name, calls=runs.calls,
-                  sets=sets, outs=outs, cand_ms=cand_med, flops=flops, nbytes=nbytes)
+                  sets=sets, outs=outs, cand_ms=cand_med, flops=flops, nbytes=nbytes, time_pairs=runs.time_pairs)
     for check in PROBES if status == BenchStatus.ok else ():
         why = check(probe)
         if why is not None:

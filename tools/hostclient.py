@@ -228,5 +228,16 @@ class HostRuns:
     def calls(self, pairs: list[tuple], transfer: bool = True) -> tuple[float, float]:
         return self.remote.calls("candidate", self.shape, pairs, transfer)
 
+    def time_pairs(self, sets: list[tuple], outs: list, n: int) -> list[float]:
+        """The candidate alone on these buffers, timed by the host's clock as a bench rep is (after the
+        bench: the host's timed arms are replaced)."""
+        r = self.remote
+        put = r.put([(t, "i") for s in sets for t in s] + [(r._out(o)[0], "o") for o in outs])
+        r.host.ask({"op": "call", "shape": self.shape, "put": put, "calls": [], "get": []})
+        r.host.ask({"op": "arms", "shape": self.shape, "arms": [("candidate", "candidate")],
+                    "outs": [r._out(o)[1] for o in outs],
+                    "sets": [[{"key": r._key(t, "i"), "shape": list(t.shape)} for t in s] for s in sets]})
+        return RemoteClock(r.host).run("candidate", n)
+
     def clock_check(self) -> str | None:
         return outside_check(self.clock.bursts)

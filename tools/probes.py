@@ -10,7 +10,12 @@ marks the bench `suspicious` (the candidate is rejected with it).
   device's peaks allow;
 - side_stream (CUDA): N back-to-back calls timed by wall clock with a device-wide sync; if the events
   say the kernel is over 2x faster than that (and a call takes over 50 us of wall time, above launch
-  overhead), work runs where the events do not see it.
+  overhead), work runs where the events do not see it;
+- repeat_speed: a few fresh input sets, each called once, timed exactly as the bench's reps are,
+  against as many calls on the timed (repeated) inputs: a kernel that does less work on a call it has
+  seen before (a memo on its inputs, whole or partial) is fast only on the repeats. The class, not one
+  cheat: the output of a repeated call is right whatever the kernel skipped, so no output check can see
+  it, and the roofline sees it only when nearly all the work is skipped.
 
 A new probe is a function of a `Probe` here, added to PROBES.
 """
@@ -28,6 +33,10 @@ from tools.task import Task, shape_label
 SIDE_STREAM_MIN_WALL_MS = 0.05
 BURST = 3
 BURST_REPEATS = 4
+REPEAT_RATIO = 2.0          # a first call this much slower than a repeated one, every try: suspicious
+REPEAT_TRIES = 3
+REPEAT_SETS_MAX = 4
+REPEAT_BYTES = 128 << 20    # fresh inputs per try at most (at least 2 sets)
 
 
 @dataclass
@@ -36,7 +45,9 @@ class Probe:
     sets and output buffers, the candidate's measured median, and `calls(pairs, transfer=True)`, which
     runs the candidate on each (out, inputs) pair back to back and returns (seconds to issue them,
     seconds until the device was idle again): in this process (tools.bench.LocalRuns) or in the judge's
-    host (tools.judge.HostRuns; `transfer` False: the buffers are already there, as the timed sets are)."""
+    host (tools.judge.HostRuns; `transfer` False: the buffers are already there, as the timed sets are);
+    and `time_pairs(sets, outs, n)`, the per-call milliseconds of n candidate calls on (outs[i % k],
+    sets[i % k]), each timed as the bench times a rep (the same clock, the L2 flushed on CUDA)."""
     task: Task
     mod: Any
     shape: dict
@@ -48,6 +59,7 @@ class Probe:
     cand_ms: float
     flops: float | None
     nbytes: float | None
+    time_pairs: Callable[[list, list, int], list[float]] | None = None
     rng: random.SystemRandom = field(default_factory=random.SystemRandom)
 
     def inputs(self, dist: str) -> tuple:
@@ -123,4 +135,28 @@ def side_stream(p: Probe) -> str | None:
     return None
 
 
-PROBES: tuple[Callable[[Probe], str | None], ...] = (fresh_inputs, burst, roofline, side_stream)
+def repeat_speed(p: Probe) -> str | None:
+    if p.time_pairs is None:
+        return None
+    import statistics
+    dist = p.task.spec.distributions[0]
+    set_bytes = sum(t.numel() * t.element_size() for t in p.sets[0])
+    k = max(2, min(REPEAT_SETS_MAX, REPEAT_BYTES // max(set_bytes, 1)))
+    best = None
+    for _ in range(REPEAT_TRIES):
+        fresh = [p.inputs(dist) for _ in range(k)]
+        outs = [p.mod.empty_output(p.shape, *x) for x in fresh]
+        first = statistics.median(p.time_pairs(fresh, outs, k))
+        again = statistics.median(p.time_pairs(p.sets, p.outs, k))
+        del fresh, outs
+        if first <= REPEAT_RATIO * again:
+            return None
+        if best is None or first / max(again, 1e-9) < best[0] / max(best[1], 1e-9):
+            best = (first, again)
+    first, again = best
+    return (f"{shape_label(p.shape)}: a call on inputs it had not seen took {first * 1e3:.3g} us, a call on the "
+            f"timed inputs {again * 1e3:.3g} us ({first / max(again, 1e-9):.1f}x at best of {REPEAT_TRIES} tries, "
+            f"{k} fresh sets each): the timed calls did less work because they repeated earlier calls")
+
+
+PROBES: tuple[Callable[[Probe], str | None], ...] = (fresh_inputs, burst, roofline, side_stream, repeat_speed)
