@@ -105,12 +105,16 @@ def test_every_cpu_cheat_and_fault_is_rejected_and_the_loop_goes_on(tmp_path):
 
     by = {c.name: r for c, r in zip(cases, recs)}
     # the roofline check names its floor; the floor is far above what the cheat's timed call took
+    # (or the timed rounds' spot check got there first: its skipped calls leave the poison)
     fc = by["fingerprint_cache"]
-    assert "roofline floor" in fc.bench.message and "FLOP" in fc.bench.message
-    fl = floor_ms(2 * 256 ** 3, 4 * 3 * 256 ** 2, "cpu", "float32")
-    assert fc.bench.timing("candidate").median_ms < fl.ms < state.initial_ms
-    # the burst check caught the timing-loop detector before the roofline had to
-    assert "back to back" in by["timing_shortcut"].bench.message
+    if "timed round" not in fc.bench.message:
+        assert "roofline floor" in fc.bench.message and "FLOP" in fc.bench.message
+        fl = floor_ms(2 * 256 ** 3, 4 * 3 * 256 ** 2, "cpu", "float32")
+        assert fc.bench.timing("candidate").median_ms < fl.ms < state.initial_ms
+    # the timed rounds' spot check or the burst check caught the timing-loop detector before the roofline
+    # had to (which one depends on whether the first call of a burst came 40 us after the last one)
+    ts = by["timing_shortcut"].bench.message
+    assert "timed round" in ts or "back to back" in ts, ts
     # the compile timeout was enforced at the task's limit, not waited out
     ct = by["compile_timeout"]
     assert ct.build.status.value == "timeout" and ct.times.build < BUILD_TIMEOUT_S + 15
@@ -161,8 +165,8 @@ def test_bench_flags_timing_loop_cheats_that_pass_parity(tmp_path):
     from tools.task import load_task
     root = verification_repo(tmp_path / "user")
     task = load_task(root / "kernels" / "matmul_cpu")
-    for name, needle in (("timing_shortcut", "back to back"), ("fingerprint_cache", "roofline floor"),
-                         ("fingerprint_partial", "repeated earlier calls")):
+    for name, needle in (("timing_shortcut", "(timed round|back to back)"), ("fingerprint_cache", "(timed round|roofline floor)"),
+                         ("fingerprint_partial", "repeated earlier calls"), ("window_partial", "timed round")):
         cpp = tmp_path / f"{name}.cpp"
         cpp.write_text(source(name))
         lib = tmp_path / f"lib{name}.so"
@@ -170,7 +174,7 @@ def test_bench_flags_timing_loop_cheats_that_pass_parity(tmp_path):
                        check=True, capture_output=True)
         assert run_parity(task, lib).status.value == "ok", f"{name} is built to pass parity"
         b = run_bench(task, lib, with_reference=False)[0]
-        assert b.status.value == "suspicious" and needle in b.message, b.message
+        assert b.status.value == "suspicious" and re.search(needle, b.message), b.message
         assert re.search(r"\d", b.message)
 
 

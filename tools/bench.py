@@ -12,6 +12,11 @@ reference is timed inside the rounds because a figure "vs reference" taken alone
 from the candidate, moves with whatever else the machine is doing (the same 256-cube reference took
 0.24 ms in one run and 23 ms in the next, started while another process held one of two cores).
 
+Timed rounds are checked too, at random: the library arms' output buffers are poisoned before each of
+their bursts, and after the candidate's burst of a round the judge decides (about two rounds in all,
+at least one, drawn after the burst) whether to fetch those buffers and compare them with the
+reference. Whatever a kernel counts or watches, it cannot know which timed burst will be looked at,
+so doing less work in any stretch of the timing (and leaving the buffers as they were) fails here.
 After the timing, the probes (tools/probes.py) cross-check that the timed calls did the work; a
 probe that fails marks the result `suspicious`. Statistics are in tools/stats.py, the clocks in
 tools/clocks.py, the one-child candidate check (launch plan, parity, bench) in tools/candidate.py.
@@ -103,6 +108,15 @@ class LocalRuns:
         k = len(sets)
         return self.clock.run(lambda i: self.mod.run(self.lib, self.shape, outs[i % k], *sets[i % k]), n)
 
+    def poison_outs(self, outs: list) -> None:
+        from tools.compare import poison_
+        for o in outs:
+            poison_(o)
+        self.clock.sync()
+
+    def fetch_outs(self, outs: list) -> None:
+        self.clock.sync()     # they are here already
+
     def clock_check(self) -> str | None:
         return None     # no clock outside this process to hold the bench to
 
@@ -157,7 +171,8 @@ def _bench_shape(task, mod, runs, shape, with_reference, cuda, device_name="") -
     outs = [mod.empty_output(shape, *s) for s in sets]
     arms = runs.arms(sets, outs, with_reference)
     flops, nbytes = spec.flops(shape), spec.bytes(shape)
-    got, cis = _interleaved(runs.clock, arms, b)
+    spot = SpotCheck(task, mod, runs, shape, sets, outs, b.rounds, sysrng)
+    got, cis = _interleaved(runs.clock, arms, b, before=spot.before, after=spot.after)
     timings = [stats(label, got[label], flops, nbytes) for label, _ in arms]
     ci, ref_ci = cis.get("baseline"), cis.get("reference")
     cand_med = timings[0].median_ms
@@ -165,7 +180,7 @@ def _bench_shape(task, mod, runs, shape, with_reference, cuda, device_name="") -
     status, msg = BenchStatus.ok, (f"{shape_label(shape)}: candidate median {cand_med:.4g} ms"
                                    + (f", {ci.median:.3f}x vs baseline (95% CI {ci.low:.3f}-{ci.high:.3f})" if ci else "")
                                    + (f", {vs_ref:.3f}x vs reference" if vs_ref else ""))
-    why = runs.clock_check()
+    why = runs.clock_check() or spot.why
     if why is not None:
         status, msg = BenchStatus.suspicious, why
     probe = Probe(task=task, mod=mod, shape=shape, device=device, device_name=device_name, calls=runs.calls,
@@ -179,15 +194,61 @@ def _bench_shape(task, mod, runs, shape, with_reference, cuda, device_name="") -
                        speedup_vs_reference=vs_ref, speedup_vs_reference_ci=ref_ci)
 
 
-def _interleaved(clock, arms, b) -> tuple[dict[str, list[float]], dict[str, SpeedupCI]]:
+class SpotCheck:
+    """The timed rounds' own outputs, checked at random (see the module's docstring). `before(label)`
+    poisons the library arms' output buffers before each of their bursts; `after(label, r, offset, n)`
+    decides, after the candidate's burst of round r, whether to fetch and compare them. The first wrong
+    output is kept in `why` (the bench is `suspicious` with it; the timing goes on, so that its figures
+    are still reported, and nothing more is checked)."""
+
+    def __init__(self, task, mod, runs, shape, sets, outs, rounds: int, rng):
+        self.task, self.mod, self.runs, self.shape, self.sets, self.outs = task, mod, runs, shape, sets, outs
+        self.rounds, self.rng = rounds, rng
+        self.p = min(1.0, 2.0 / max(rounds, 1))
+        self.checked = 0
+        self.expected: dict[int, object] = {}
+        self.why: str | None = None
+
+    def before(self, label: str) -> None:
+        if label != "reference":
+            self.runs.poison_outs(self.outs)
+
+    def after(self, label: str, r: int, offset: int, n: int) -> None:
+        if label != "candidate" or self.why is not None:
+            return
+        last = r == self.rounds - 1
+        if not (self.rng.random() < self.p or (last and self.checked == 0)):
+            return
+        self.checked += 1
+        from tools.compare import compare, describe, tolerance_for
+        self.runs.fetch_outs(self.outs)
+        k = len(self.sets)
+        for j in sorted({(offset + i) % k for i in range(min(n, k))}):
+            if j not in self.expected:
+                self.expected[j] = self.mod.reference(self.shape, *self.sets[j])
+            atol, rtol = tolerance_for(self.task, self.outs[j])
+            c = compare(self.outs[j], self.expected[j], atol, rtol)
+            if c["status"] != "ok":
+                line = describe(shape_label(self.shape), self.task.spec.distributions[0], c, atol, rtol)
+                self.why = (f"timed round {r + 1} of {self.rounds} (checked after it ran, drawn at random): the "
+                            f"candidate's output on timed input set {j + 1} of {k} was wrong ({c['status']}): {line}")
+                return
+
+
+def _interleaved(clock, arms, b, before=lambda label: None, after=lambda label, r, offset, n: None
+                 ) -> tuple[dict[str, list[float]], dict[str, SpeedupCI]]:
     """Time each arm (label, fn): one arm alone; several in `b.rounds` rounds, each timing every arm
     with the same rep count in an order rotated round by round, so that load which comes and goes
     falls on all of them alike. Returns every arm's times and, per arm after the first, the speedup
-    of the first over it (median of the per-round ratios, 95% CI)."""
+    of the first over it (median of the per-round ratios, 95% CI). `before(label)` runs before each
+    timed burst of the rounds, `after(label, round, offset, n)` after it (SpotCheck)."""
     ests = [estimate_and_warm(clock, fn, b.warmup_ms) for _, fn in arms]
     if len(arms) == 1:
         label, fn = arms[0]
-        return {label: clock.run(fn, reps(ests[0], b.rep_ms))}, {}
+        before(label)
+        ts = clock.run(fn, reps(ests[0], b.rep_ms))
+        after(label, b.rounds - 1, 0, len(ts))
+        return {label: ts}, {}
     n = reps(max(ests), b.rep_ms)
     got: dict[str, list[float]] = {label: [] for label, _ in arms}
     ratios: dict[str, list[float]] = {label: [] for label, _ in arms[1:]}
@@ -195,7 +256,9 @@ def _interleaved(clock, arms, b) -> tuple[dict[str, list[float]], dict[str, Spee
         k = r % len(arms)
         meds = {}
         for label, fn in arms[k:] + arms[:k]:
+            before(label)
             ts = clock.run(fn, n, offset=r * n)
+            after(label, r, r * n, n)
             got[label] += ts
             meds[label] = statistics.median(ts)
         first = meds[arms[0][0]]

@@ -173,6 +173,13 @@ class Host:
                       "clock": CudaClock(torch) if self.device() == "cuda" else CpuClock()}
         return {"ok": True}
 
+    def poison(self, r: dict) -> dict:
+        """The judge's SpotCheck: these output buffers poisoned before a timed burst."""
+        for d in r["outs"]:
+            self._alloc(d)
+        self.sync()
+        return {"ok": True}
+
     def cost(self, r: dict) -> dict:
         return {"ok": True, "ms": self.timed["clock"].rep_cost(self.timed["arms"][r["arm"]])}
 
@@ -181,7 +188,7 @@ class Host:
         return {"ok": True, "ms": self.timed["clock"].run(fn, int(r["n"]), offset=int(r["offset"]))}
 
 
-OPS = ("init", "load", "plan", "call", "arms", "cost", "time")
+OPS = ("init", "load", "plan", "call", "arms", "poison", "cost", "time")
 
 
 def main() -> int:

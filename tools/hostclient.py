@@ -228,6 +228,21 @@ class HostRuns:
     def calls(self, pairs: list[tuple], transfer: bool = True) -> tuple[float, float]:
         return self.remote.calls("candidate", self.shape, pairs, transfer)
 
+    def poison_outs(self, outs: list) -> None:
+        """Poison the timed output buffers in the host (SpotCheck: before every library arm's burst)."""
+        self.remote.host.ask({"op": "poison", "outs": [self.remote._out(o)[1] for o in outs]})
+
+    def fetch_outs(self, outs: list) -> None:
+        """The timed output buffers as the host holds them now, into the judge's tensors."""
+        r = self.remote
+        flats = {}
+        for o in outs:
+            flat, d = r._out(o)
+            flats[d["key"]] = flat
+        r.host.ask({"op": "call", "shape": self.shape, "put": [], "calls": [], "get": list(flats)})
+        for key, flat in flats.items():
+            r._back(key, flat)
+
     def time_pairs(self, sets: list[tuple], outs: list, n: int) -> list[float]:
         """The candidate alone on these buffers, timed by the host's clock as a bench rep is (after the
         bench: the host's timed arms are replaced)."""
