@@ -98,9 +98,15 @@ def test_compile_error_names_file_and_line(tmp_path):
 
 
 def test_timeout_is_a_status(tmp_path):
-    task = load_task(ROOT / "kernels" / "matmul_cpu")
-    res = build(task, tmp_path / "b", timeout_s=0.001)
-    assert res.status == BuildStatus.timeout
+    # a source that takes minutes to compile, so that no scheduling delay can let the build finish inside
+    # its timeout (with the task's own source and 1 ms, one full-suite run of five on this 2-core machine
+    # answered ok, 2026-11-25; 40 tries alone under load did not reproduce it: still unexplained)
+    from tests.fixtures.cheats.cheats import source
+    d = tmp_path / "slowbuild"
+    shutil.copytree(ROOT / "kernels" / "matmul_cpu", d, ignore=shutil.ignore_patterns("__pycache__"))
+    (d / "matmul.cpp").write_text(source("compile_timeout"))
+    res = build(load_task(d), tmp_path / "b", timeout_s=0.5)
+    assert res.status == BuildStatus.timeout, res.message
     assert "timed out" in res.message
 
 
