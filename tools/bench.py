@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 
 from tools.clocks import CpuClock, CudaClock, estimate_and_warm, reps
-from tools.probes import PROBES, Probe
+from tools.probes import PROBES, Probe, wrong
 from tools.results import BenchResult, BenchStatus, DevicePeak, SpeedupCI
 from tools.roofline import spec_peak
 from tools.sandbox import ProcStatus, run_python_json
@@ -220,18 +220,15 @@ class SpotCheck:
         if not (self.rng.random() < self.p or (last and self.checked == 0)):
             return
         self.checked += 1
-        from tools.compare import compare, describe, tolerance_for
         self.runs.fetch_outs(self.outs)
         k = len(self.sets)
         for j in sorted({(offset + i) % k for i in range(min(n, k))}):
             if j not in self.expected:
                 self.expected[j] = self.mod.reference(self.shape, *self.sets[j])
-            atol, rtol = tolerance_for(self.task, self.outs[j])
-            c = compare(self.outs[j], self.expected[j], atol, rtol)
-            if c["status"] != "ok":
-                line = describe(shape_label(self.shape), self.task.spec.distributions[0], c, atol, rtol)
+            why = wrong(self.task, self.shape, self.outs[j], self.expected[j], self.task.spec.distributions[0])
+            if why is not None:
                 self.why = (f"timed round {r + 1} of {self.rounds} (checked after it ran, drawn at random): the "
-                            f"candidate's output on timed input set {j + 1} of {k} was wrong ({c['status']}): {line}")
+                            f"candidate's output on timed input set {j + 1} of {k} was wrong {why}")
                 return
 
 

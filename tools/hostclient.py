@@ -216,14 +216,19 @@ class HostRuns:
         self.clock = RemoteClock(remote.host)
 
     def arms(self, sets: list[tuple], outs: list, with_reference: bool) -> list[tuple[str, str]]:
+        labels = [("candidate", "candidate")] + ([("baseline", "baseline")] if self.baseline else []) \
+            + ([("reference", None)] if with_reference else [])
+        self._timed(sets, outs, labels)
+        return [(label, label) for label, _ in labels]
+
+    def _timed(self, sets: list[tuple], outs: list, labels: list[tuple]) -> None:
+        """Send the buffers the host lacks and make `labels` (label, library id or None for the
+        reference) its timed arms over them."""
         r = self.remote
         put = r.put([(t, "i") for s in sets for t in s] + [(r._out(o)[0], "o") for o in outs])
         r.host.ask({"op": "call", "shape": self.shape, "put": put, "calls": [], "get": []})
-        labels = [("candidate", "candidate")] + ([("baseline", "baseline")] if self.baseline else []) \
-            + ([("reference", None)] if with_reference else [])
         r.host.ask({"op": "arms", "shape": self.shape, "arms": labels, "outs": [r._out(o)[1] for o in outs],
                     "sets": [[{"key": r._key(t, "i"), "shape": list(t.shape)} for t in s] for s in sets]})
-        return [(label, label) for label, _ in labels]
 
     def calls(self, pairs: list[tuple], transfer: bool = True) -> tuple[float, float]:
         return self.remote.calls("candidate", self.shape, pairs, transfer)
@@ -246,13 +251,8 @@ class HostRuns:
     def time_pairs(self, sets: list[tuple], outs: list, n: int) -> list[float]:
         """The candidate alone on these buffers, timed by the host's clock as a bench rep is (after the
         bench: the host's timed arms are replaced)."""
-        r = self.remote
-        put = r.put([(t, "i") for s in sets for t in s] + [(r._out(o)[0], "o") for o in outs])
-        r.host.ask({"op": "call", "shape": self.shape, "put": put, "calls": [], "get": []})
-        r.host.ask({"op": "arms", "shape": self.shape, "arms": [("candidate", "candidate")],
-                    "outs": [r._out(o)[1] for o in outs],
-                    "sets": [[{"key": r._key(t, "i"), "shape": list(t.shape)} for t in s] for s in sets]})
-        return RemoteClock(r.host).run("candidate", n)
+        self._timed(sets, outs, [("candidate", "candidate")])
+        return RemoteClock(self.remote.host).run("candidate", n)
 
     def clock_check(self) -> str | None:
         return outside_check(self.clock.bursts)

@@ -69,11 +69,16 @@ class Probe:
         """Why `out` is not the reference's answer for `inputs` (`exp`, where computed before the call),
         or None."""
         exp = self.mod.reference(self.shape, *inputs) if exp is None else exp
-        atol, rtol = tolerance_for(self.task, out)
-        c = compare(out, exp, atol, rtol)
-        if c["status"] == "ok":
-            return None
-        return f"({c['status']}): " + (c.get("message") or describe(shape_label(self.shape), dist, c, atol, rtol))
+        return wrong(self.task, self.shape, out, exp, dist)
+
+
+def wrong(task: Task, shape: dict, out, exp, dist: str) -> str | None:
+    """Why `out` is not `exp`, the reference's answer, within the task's tolerance ("(status): where"), or None."""
+    atol, rtol = tolerance_for(task, out)
+    c = compare(out, exp, atol, rtol)
+    if c["status"] == "ok":
+        return None
+    return f"({c['status']}): " + (c.get("message") or describe(shape_label(shape), dist, c, atol, rtol))
 
 
 def fresh_inputs(p: Probe) -> str | None:
