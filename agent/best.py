@@ -65,7 +65,7 @@ class Best:
         """Profile the best library (CUDA only: a CPU task has no counters; the heuristic explores its
         knobs); a profile with no kernels keeps the previous one."""
         task = self.evaluator.task
-        if task.spec.device != "cuda":
+        if not task.backend.gpu:
             self.profile = None
             return
         try:

@@ -124,7 +124,7 @@ class Evaluator:
         """The static check (the library's own plan + ptxas against the limits), then, on a GPU and
         when `dynamic`, the real geometry from a profiler trace. The loop asks for the dynamic part
         only for a candidate about to be kept (it costs a fresh torch process, 12-15 s on an H200)."""
-        if self.task.spec.device == "cpu" or self.limits is None:
+        if not self.task.backend.gpu or self.limits is None:
             return LaunchResult(status=LaunchStatus.not_applicable, message="CPU task: no launch geometry")
         from tools import launch as launch_tool
         t0 = time.monotonic()
@@ -167,7 +167,7 @@ class Evaluator:
         """What a child needs to run the static launch check on the plan of the library it loaded
         (tools.judge and tools._batch_child: the host answers the plan, tools.launch judges it): the device limits, ptxas' resources, the parent's launch.
         None for a CPU task or where no limits are known."""
-        if self.task.spec.device == "cpu" or self.limits is None:
+        if not self.task.backend.gpu or self.limits is None:
             return None
         return {"limits": self.limits.model_dump(mode="json"),
                 "kernels": [k.model_dump(mode="json") for k in build.kernels],
@@ -198,7 +198,7 @@ class Evaluator:
         a = Attempt(iteration=0, run_id="", started="", parent_sha="") if into is None else into
         if launch_context is None:
             a.launch = LaunchResult(status=LaunchStatus.not_applicable,
-                                    message="CPU task: no launch geometry" if self.task.spec.device == "cpu"
+                                    message="CPU task: no launch geometry" if not self.task.backend.gpu
                                     else "no device limits known: no launch check")
         t0, before = time.monotonic(), self._modes()
         launch, par, bench = run_candidate(self.task, lib, baseline, launch_context=launch_context, warm=warm,

@@ -239,7 +239,7 @@ class Loop:
         t0 = time.monotonic()
         self.best.reprofile(d)
         a.times.profile += time.monotonic() - t0
-        a.profile_summary = profile_summary(self.best.profile) if self.task.spec.device == "cuda" else None
+        a.profile_summary = profile_summary(self.best.profile) if self.task.backend.gpu else None
         a.commit_sha = sha
         return self._record(a, Decision.kept, Outcome.kept, f"kept: {ci.median:.3f}x over the parent",
                             speedup_vs_best=ci.median)

@@ -119,3 +119,36 @@ def test_the_function_length_check_sees_a_long_function(tmp_path):
     p = tmp_path / "m.py"
     p.write_text("def f():\n" + "    x = 1\n" * 70 + "\n\ndef g():\n    return 1\n")
     assert _long_functions(p, 60) == ["m.py:1 f (71 lines)"]
+
+
+# What differs between kernel forms and devices lives in tools/backend.py (issue 25): nowhere else does
+# the code branch on the device's name. A comparison of anything called `device` with "cuda" or "cpu"
+# counts, whatever its spelling (spec.device, self.device(), p.device, a local `device`).
+BACKEND_HOME = {"tools.backend"}
+
+
+def _device_branches(src: str, where: str) -> list[str]:
+    def is_device(n: ast.AST) -> bool:
+        if isinstance(n, ast.Call):
+            n = n.func
+        return (isinstance(n, ast.Name) and n.id == "device") or (isinstance(n, ast.Attribute) and n.attr == "device")
+
+    out = []
+    for n in ast.walk(ast.parse(src)):
+        if isinstance(n, ast.Compare):
+            sides = [n.left, *n.comparators]
+            if any(isinstance(s, ast.Constant) and s.value in ("cuda", "cpu") for s in sides) and any(map(is_device, sides)):
+                out.append(f"{where}:{n.lineno}")
+    return out
+
+
+def test_no_device_branch_outside_the_backends():
+    bad = [b for m, p in _modules().items() if m not in BACKEND_HOME
+           for b in _device_branches(p.read_text(), str(p.relative_to(ROOT)))]
+    assert bad == []
+
+
+def test_the_device_branch_finder_finds_each_spelling():
+    src = ('a = task.spec.device == "cuda"\nb = "cpu" != p.device\nc = self.device() == "cuda"\n'
+           'd = device == "cpu"\ne = x.kind == "cuda"\n')
+    assert _device_branches(src, "f") == ["f:1", "f:2", "f:3", "f:4"]

@@ -57,7 +57,10 @@ def test_kernel_against_itself_has_an_interval_containing_one(tmp_path):
     rci = r.speedup_vs_reference_ci
     assert ref is not None and ref.reps == cand.reps and rci is not None and rci.rounds == 8
     assert r.speedup_vs_reference == rci.median and rci.low <= rci.median <= rci.high
-    assert r.speedup_vs_reference == pytest.approx(ref.median_ms / cand.median_ms, rel=0.1)
+    # the paired median of per-round ratios against the ratio of pooled medians: the same quantity, two
+    # estimators; torch's threaded matmul on 2 busy cores moves between rounds, so they agree within a
+    # factor, not 10% (1 run in 5 differed by 13-47%). The factor still tells ref/cand from cand/ref (~25x apart).
+    assert 1 / 1.6 < r.speedup_vs_reference / (ref.median_ms / cand.median_ms) < 1.6
     assert r.shape == SHAPE and r.device == "cpu"
 
 

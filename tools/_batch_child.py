@@ -40,7 +40,7 @@ import time
 from pathlib import Path
 
 from tools.hostclient import HostClient, HostFailed, HostRuns, Remote
-from tools.runner import private_stdout, warm_up
+from tools.runner import private_stdout
 
 # failures after which the process is not trusted with the next library
 UNSAFE_PARITY = {"error", "crashed", "timeout", "out_of_bounds"}
@@ -190,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
         task = load_task(a.task)
         host = HostClient(task.root, Path(os.environ.get("AGENT_SCRATCH") or os.getcwd()))
         mod = task.module()
-        warm_up(task)
+        task.backend.warm_up()
         remote = Remote(host)
         host.ask({"op": "load", "id": "baseline", "path": str(Path(a.baseline_lib).resolve())})
         ctxs = json.loads(open(a.contexts).read()) if a.contexts else [None] * len(a.libs)

@@ -32,7 +32,7 @@ import sys
 import time
 from pathlib import Path
 
-from tools.clocks import CpuClock, CudaClock, estimate_and_warm, reps
+from tools.clocks import estimate_and_warm, reps
 from tools.probes import PROBES, Probe, wrong
 from tools.results import BenchResult, BenchStatus, DevicePeak, SpeedupCI
 from tools.roofline import spec_peak
@@ -80,10 +80,9 @@ class LocalRuns:
     """The candidate, its baseline and the reference timed in this process (the sweep's batch child): the clock's word is taken. The judge's HostRuns (tools/judge.py) is the
     same interface over a host process, with the judge's own clock around each burst."""
 
-    def __init__(self, mod, lib, baseline, shape: dict, cuda: bool):
-        import torch
+    def __init__(self, mod, lib, baseline, shape: dict, backend):
         self.mod, self.lib, self.baseline, self.shape = mod, lib, baseline, shape
-        self.clock = CudaClock(torch) if cuda else CpuClock()
+        self.clock = backend.clock()
 
     def arms(self, sets: list[tuple], outs: list, with_reference: bool) -> list[tuple[str, object]]:
         mod, shape, n = self.mod, self.shape, len(sets)
@@ -122,8 +121,7 @@ class LocalRuns:
 
 
 def device_info(task: Task) -> tuple[str, DevicePeak | None]:
-    import torch
-    device_name = f"cuda: {torch.cuda.get_device_name()}" if task.spec.device == "cuda" else "cpu"
+    device_name = task.backend.device_name()
     sp = spec_peak(device_name, task.spec.dtypes[0])
     return device_name, (DevicePeak(tflops=sp[0], gbps=sp[1], label=sp[2]) if sp else None)
 
@@ -132,18 +130,17 @@ def measure(task: Task, mod, lib, *, baseline=None, shapes: list[dict], with_ref
             runs_for=None) -> list[BenchResult]:
     """Bench in this process (the child). One BenchResult per shape; never raises for the candidate.
     `runs_for(shape)` gives the runs to time (default LocalRuns of lib and baseline here)."""
-    import torch
-    cuda = task.spec.device == "cuda"
-    if cuda and not torch.cuda.is_available():
-        return [BenchResult(status=BenchStatus.error, message="the task needs CUDA but no GPU is visible", shape=s)
-                for s in shapes]
+    backend = task.backend
+    cuda = backend.gpu
+    if (why := backend.runnable()) is not None:
+        return [BenchResult(status=BenchStatus.error, message=why, shape=s) for s in shapes]
     device_name, peak = device_info(task)
-    runs_for = runs_for or (lambda shape: LocalRuns(mod, lib, baseline, shape, cuda))
+    runs_for = runs_for or (lambda shape: LocalRuns(mod, lib, baseline, shape, backend))
     out: list[BenchResult] = []
     for i, shape in enumerate(shapes):
         t0 = time.monotonic()
         try:
-            r = _bench_shape(task, mod, runs_for(shape), shape, with_reference, cuda, device_name)
+            r = _bench_shape(task, mod, runs_for(shape), shape, with_reference, device_name)
         except Exception as e:
             msg = " ".join(str(e).split())[:400]
             r = BenchResult(status=getattr(e, "status", BenchStatus.error), shape=shape,
@@ -161,10 +158,10 @@ def measure(task: Task, mod, lib, *, baseline=None, shapes: list[dict], with_ref
     return out
 
 
-def _bench_shape(task, mod, runs, shape, with_reference, cuda, device_name="") -> BenchResult:
+def _bench_shape(task, mod, runs, shape, with_reference, device_name="") -> BenchResult:
     spec = task.spec
     b = spec.bench
-    device = "cuda" if cuda else "cpu"
+    device = task.backend.torch_device
     sysrng = random.SystemRandom()
     dist = spec.distributions[0]
     sets = [tuple(mod.make_inputs(shape, sysrng.getrandbits(31), device, dist)) for _ in range(b.input_sets)]

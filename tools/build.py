@@ -63,11 +63,12 @@ def write_ninja(task: Task, build_dir: Path, src_dir: Path, tools: dict[str, str
                 arch: str | None) -> tuple[list[tuple[str, str]], list[str]]:
     """Write build.ninja; return [(source rel path, object path)] of the compile edges, and each
     compile and link command as a person would type it (for the review: which flags built this)."""
-    cuda = task.spec.device == "cuda"
+    cuda = task.backend.gpu
+    form = task.backend.build_flags()      # what the kernel's form adds (torch's headers and libraries)
     flags = list(task.spec.build.flags)
     q = lambda args: " ".join(shlex.quote(a) for a in args)  # noqa: E731
     inc = ["-I" + str(src_dir)]
-    cxx_flags = CXX_FLAGS + inc + (flags if not cuda else [f for f in flags if _forwardable(f)])
+    cxx_flags = CXX_FLAGS + inc + form.cxx + (flags if not cuda else [f for f in flags if _forwardable(f)])
     home = cuda_home(tools.get("nvcc"))
     cxx_flags += ["-I" + str(home / "include")] if cuda and home else []
     lines = [
@@ -80,17 +81,17 @@ def write_ninja(task: Task, build_dir: Path, src_dir: Path, tools: dict[str, str
     lines += ["rule cxx", f"  command = $cxx $cxxflags -MD -MF $obj.d -c $src -o $obj {tail}",
               "  depfile = $out.d", "  deps = gcc", "  description = CXX $out"]
     if tools.get("nvcc"):
-        nv_flags = NVCC_FLAGS + [f"-arch={arch or DEFAULT_ARCH}"] + inc + (flags if cuda else [])
+        nv_flags = NVCC_FLAGS + [f"-arch={arch or DEFAULT_ARCH}"] + inc + form.cxx + form.nvcc + (flags if cuda else [])
         lines += [f"nvcc = {_val(shlex.quote(tools['nvcc']))}", f"nvccflags = {_val(q(nv_flags))}",
                   "rule nvcc", f"  command = $nvcc $nvccflags -MD -MF $obj.d -c $src -o $obj {tail}",
                   "  depfile = $out.d", "  deps = gcc", "  description = NVCC $out"]
-    if cuda:
+    if cuda and form.linker == "native":
         link = ["$nvcc", "-shared", "-cudart", "static", f"-arch={arch or DEFAULT_ARCH}", "-Xlinker", "--no-undefined"]
         link_flags = [f for f in flags if not f.startswith("-Xptxas")]
     else:
-        link = ["$cxx", "-shared", "-Wl,--no-undefined"]
-        link_flags = flags
-    lines += ["rule link", f"  command = {' '.join(link)} {_val(q(link_flags))} -o $out $in",
+        link = ["$cxx", "-shared"] + (["-Wl,--no-undefined"] if form.no_undefined else [])
+        link_flags = [f for f in flags if not cuda or _forwardable(f)]
+    lines += ["rule link", f"  command = {' '.join(link)} {_val(q(link_flags))} -o $out $in {_val(q(form.link))}",
               "  description = LINK $out"]
     edges, commands = [], []
     for rel in task.spec.sources:
@@ -108,7 +109,8 @@ def write_ninja(task: Task, build_dir: Path, src_dir: Path, tools: dict[str, str
     lib = f"lib{task.name}.so"
     link_cmd = " ".join(link).replace("$nvcc", Path(tools.get("nvcc") or "nvcc").name).replace(
         "$cxx", Path(tools["c++"]).name)
-    commands.append(f"{link_cmd} {q(link_flags)} -o {lib} " + " ".join(Path(o).name for _, o in edges))
+    commands.append(f"{link_cmd} {q(link_flags)} -o {lib} " + " ".join(Path(o).name for _, o in edges)
+                    + (" " + q(form.link) if form.link else ""))
     lines += [f"build {_nj(lib)}: link {' '.join(_nj(o) for _, o in edges)}", f"default {_nj(lib)}", ""]
     text = "\n".join(lines)
     path = build_dir / "build.ninja"
@@ -203,7 +205,7 @@ def build(task: Task, build_dir: Path, src_dir: Path | None = None, timeout_s: f
     src_dir = Path(src_dir or task.root).resolve()
     timeout_s = timeout_s if timeout_s is not None else task.spec.build.timeout_s
     exts = {Path(s).suffix for s in task.spec.sources}
-    need_nvcc = task.spec.device == "cuda" or bool(exts & CU_EXT)
+    need_nvcc = task.backend.gpu or bool(exts & CU_EXT)
     tools = {"ninja": find_ninja(), "c++": find_cxx(), "nvcc": find_nvcc() if need_nvcc else None}
     missing = [t for t, p in tools.items() if p is None and (t != "nvcc" or need_nvcc)]
     commands: list[str] = []

@@ -69,9 +69,7 @@ def gpu_arch() -> str | None:
 def task_limits(task) -> DeviceLimits | None:
     """The limits a task's launches are checked against: the device's for a CUDA task (the GPU's own,
     else the table's for the task's arch), None for a CPU task (no launch geometry)."""
-    if task.spec.device != "cuda":
-        return None
-    return device_limits(task.spec.build.arch)
+    return task.backend.limits(task.spec.build.arch)
 
 
 def table_limits(arch: str | None) -> DeviceLimits:

@@ -34,7 +34,7 @@ import json
 import os
 import sys
 
-from tools.runner import load_lib, private_stdout
+from tools.runner import private_stdout
 
 
 def save(t, path: str) -> None:
@@ -67,23 +67,20 @@ class Host:
         self.timed: dict | None = None
 
     def device(self) -> str:
-        return "cuda" if self.task.spec.device == "cuda" else "cpu"
+        return self.task.backend.torch_device
 
     def sync(self) -> None:
-        if self.device() == "cuda":
-            import torch
-            torch.cuda.synchronize()
+        self.task.backend.sync()
 
     def init(self, r: dict) -> dict:
-        from tools.runner import warm_up
         from tools.task import load_task
         self.task, self.io = load_task(r["task"]), r["io"]
         self.mod = self.task.module()
-        warm_up(self.task)
+        self.task.backend.warm_up()
         return {"ok": True, "pid": os.getpid()}
 
     def load(self, r: dict) -> dict:
-        self.libs[r["id"]] = load_lib(r["path"])
+        self.libs[r["id"]] = self.task.backend.load(r["path"])
         return {"ok": True}
 
     def plan(self, r: dict) -> dict:
@@ -155,9 +152,7 @@ class Host:
 
     # --- the bench: arms over buffers already here, the per-rep clock -----------------------------
     def arms(self, r: dict) -> dict:
-        import torch
 
-        from tools.clocks import CpuClock, CudaClock
         shape, mod = r["shape"], self.mod
         sets = [[self._in(x) for x in s] for s in r["sets"]]
         outs = [self._out(o) for o in r["outs"]]
@@ -170,7 +165,7 @@ class Host:
             return lambda i: mod.run(lib, shape, outs[i % n], *sets[i % n])
 
         self.timed = {"arms": {label: arm(None if lib_id is None else self.libs[lib_id]) for label, lib_id in r["arms"]},
-                      "clock": CudaClock(torch) if self.device() == "cuda" else CpuClock()}
+                      "clock": self.task.backend.clock()}
         return {"ok": True}
 
     def poison(self, r: dict) -> dict:

@@ -34,7 +34,7 @@ import sys
 from pathlib import Path
 
 from tools.hostclient import HostClient, HostFailed, HostRuns, Remote
-from tools.runner import private_stdout, warm_up
+from tools.runner import private_stdout
 from tools.sandbox import STAGE_MARK
 
 def mark(stage: str) -> None:
@@ -127,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
         from tools.task import load_task
         task = load_task(a.task)
         mod = task.module()
-        warm_up(task)
+        task.backend.warm_up()
         if a.job_stdin:
             line = sys.stdin.readline()
             if not line.strip():

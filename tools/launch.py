@@ -139,7 +139,7 @@ def _main_shape_json(task: Task) -> str:
 
 def static_check(task: Task, build: BuildResult, limits: DeviceLimits, parent: LaunchResult | None = None,
                  *, timeout_s: float = 120, scratch_root: Path | None = None) -> LaunchResult:
-    if task.spec.device != "cuda":
+    if not task.backend.gpu:
         return LaunchResult(status=LaunchStatus.not_applicable, message="CPU task: no launch geometry", limits=limits)
     if build.status != BuildStatus.ok or not build.lib_path:
         return LaunchResult(status=LaunchStatus.error, limits=limits,
@@ -210,7 +210,7 @@ def compare_with_plan(traced: list[Launch], trace_smem: list[int | None], plan: 
 
 def dynamic_check(task: Task, lib_path: str, limits: DeviceLimits, plan: LaunchResult,
                   *, timeout_s: float = 180, scratch_root: Path | None = None) -> LaunchResult:
-    if task.spec.device != "cuda":
+    if not task.backend.gpu:
         return LaunchResult(status=LaunchStatus.not_applicable, mode="dynamic", limits=limits,
                             message="CPU task: no launch geometry")
     from tools.device import cuda_present

@@ -142,17 +142,17 @@ def check(task: Task, mod, lib, *, seed: int, hidden: bool = True, run=None) -> 
     import torch
     t0 = time.monotonic()
     spec = task.spec
-    cuda = spec.device == "cuda"
-    if cuda and not torch.cuda.is_available():
-        return ParityResult(status=ParityStatus.error, message="the task needs CUDA but no GPU is visible")
-    device = "cuda" if cuda else "cpu"
+    backend = task.backend
+    if (why := backend.runnable()) is not None:
+        return ParityResult(status=ParityStatus.error, message=why)
+    device = backend.torch_device
     rng = random.Random(seed)
     seeds = [rng.getrandbits(31) for _ in range(spec.parity.seeds)]
     shapes: list[tuple[dict, bool]] = [(dict(s), False) for s in spec.shapes]
     if hidden and spec.parity.hidden_shapes and hasattr(mod, "hidden_shapes"):
         extra = mod.hidden_shapes(random.Random(rng.getrandbits(32)))[:spec.parity.hidden_shapes]
         shapes += [(dict(s), True) for s in extra]
-    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    sync = backend.sync
     checks: list[ShapeCheck] = []
     fatal = False
     for shape, is_hidden in shapes:
@@ -166,7 +166,7 @@ def check(task: Task, mod, lib, *, seed: int, hidden: bool = True, run=None) -> 
                     msg = " ".join(str(e).split())[:400]
                     status = getattr(e, "status", None)
                     c = {"status": status or "error", "message": f"{label} dist={dist}: {type(e).__name__}: {msg}"}
-                    fatal = cuda or status is not None   # the context may be poisoned, the host is gone: stop
+                    fatal = backend.gpu or status is not None   # the context may be poisoned, the host is gone: stop
                 if c["status"] != "ok" and "message" not in c:
                     c["message"] = describe(label, dist, c, *c.pop("tol"))
                 c.pop("tol", None)

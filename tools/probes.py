@@ -129,7 +129,7 @@ def roofline(p: Probe) -> str | None:
 
 
 def side_stream(p: Probe) -> str | None:
-    if p.device != "cuda":
+    if not p.task.backend.gpu:
         return None
     n = max(10, min(1000, int(50 / max(p.cand_ms, 1e-3))))
     issue_s, total_s = p.calls([(p.outs[i % len(p.sets)], p.sets[i % len(p.sets)]) for i in range(n)], transfer=False)

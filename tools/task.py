@@ -10,18 +10,18 @@ A bad task fails with one `TaskError` naming the file and the field, never a tra
 
 from __future__ import annotations
 
-import ast
 import importlib.util
 import itertools
-import operator
 import re
 import sys
 import tomllib
 from pathlib import Path
 from types import ModuleType
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from tools.expr import compile_expr, eval_expr
 
 Shape = dict[str, int | bool]
 
@@ -97,6 +97,14 @@ class BenchSpec(_Strict):
     timeout_s: float = 300.0
 
 
+class ExtensionSpec(_Strict):
+    """A kernel in the form of a PyTorch C++/CUDA extension (form = "torch_extension"): the module the
+    sources build (PYBIND11_MODULE(TORCH_EXTENSION_NAME, m)) and the function the task calls."""
+    entry: str = Field(default="forward", pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
+    # TORCH_EXTENSION_NAME; default: the task's name with _ext, made a C identifier
+    name: str | None = Field(default=None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
 class MetricsSpec(_Strict):
     flops: str | None = None   # arithmetic over the shape's fields, e.g. "4*B*H*S*S*D"
     bytes: str | None = None
@@ -105,7 +113,7 @@ class MetricsSpec(_Strict):
     @classmethod
     def _parses(cls, v: str | None) -> str | None:
         if v is not None:
-            _compile_expr(v, allowed=None)
+            compile_expr(v, allowed=None)
         return v
 
 
@@ -113,6 +121,10 @@ class TaskSpec(_Strict):
     name: str = Field(pattern=r"^[A-Za-z0-9_\-]+$")
     description: str = ""
     device: Literal["cuda", "cpu"]
+    # how the kernel is called: "ctypes" (a shared library with extern "C" entry points, task.py's
+    # run(lib, ...)) or "torch_extension" (a pybind module built with torch's headers; tools/backend.py)
+    form: Literal["ctypes", "torch_extension"] = "ctypes"
+    extension: ExtensionSpec | None = None
     module: str = "task.py"
     sources: list[str] = Field(min_length=1)
     editable: list[str] = Field(min_length=1)
@@ -133,6 +145,8 @@ class TaskSpec(_Strict):
 
     @model_validator(mode="after")
     def _consistent(self) -> "TaskSpec":
+        if self.extension is not None and self.form != "torch_extension":
+            raise ValueError('[extension] is for form = "torch_extension"')
         for f in self.editable:
             if f not in self.sources:
                 raise ValueError(f"editable file {f!r} is not among the sources {self.sources}")
@@ -148,7 +162,7 @@ class TaskSpec(_Strict):
             if k.file not in self.editable:
                 raise ValueError(f"knob {k.name}: file {k.file!r} is not editable")
         for r in self.restrictions:
-            _compile_expr(r, allowed=set(names))
+            compile_expr(r, allowed=set(names))
         if self.knobs and not self.restriction_ok(self.default_knobs()):
             raise ValueError("the knobs' defaults break the restrictions")
         return self
@@ -158,7 +172,7 @@ class TaskSpec(_Strict):
         return {k.name: k.default for k in self.knobs}
 
     def restriction_ok(self, config: dict[str, int]) -> bool:
-        return all(bool(_eval_expr(r, config)) for r in self.restrictions)
+        return all(bool(eval_expr(r, config)) for r in self.restrictions)
 
     def knob_space(self) -> list[dict[str, int]]:
         """Every knob configuration the restrictions allow (Kernel Tuner's search space)."""
@@ -175,11 +189,17 @@ class TaskSpec(_Strict):
     def main(self) -> Shape:
         return self.shapes[self.main_shape]
 
+    @property
+    def ext(self) -> ExtensionSpec:
+        """The extension's names (defaults filled in), for form = "torch_extension"."""
+        e = self.extension or ExtensionSpec()
+        return e if e.name else e.model_copy(update={"name": re.sub(r"\W|^(?=\d)", "_", self.name) + "_ext"})
+
     def flops(self, shape: Shape) -> float | None:
-        return float(_eval_expr(self.metrics.flops, shape)) if self.metrics.flops else None
+        return float(eval_expr(self.metrics.flops, shape)) if self.metrics.flops else None
 
     def bytes(self, shape: Shape) -> float | None:
-        return float(_eval_expr(self.metrics.bytes, shape)) if self.metrics.bytes else None
+        return float(eval_expr(self.metrics.bytes, shape)) if self.metrics.bytes else None
 
 
 def shape_label(shape: Shape) -> str:
@@ -199,8 +219,15 @@ class Task:
     def path(self, rel: str) -> Path:
         return self.root / rel
 
+    @property
+    def backend(self):
+        """What differs between kernel forms and devices (tools/backend.py)."""
+        from tools.backend import backend_for
+        return backend_for(self)
+
     def module(self) -> ModuleType:
-        return load_module(self.root / self.spec.module, f"agent_task_{self.spec.name}")
+        """task.py, completed by the backend (a torch extension's task may leave out `run`)."""
+        return self.backend.complete(load_module(self.root / self.spec.module, f"agent_task_{self.spec.name}"))
 
     def read_knobs(self, root: Path | None = None) -> dict[str, int | None]:
         """Current knob values as written in the sources (None where the #define is gone)."""
@@ -276,62 +303,3 @@ def first_fitting_task(kernels_dir: Path, cuda: bool) -> Path | None:
             if dev == want:
                 return path
     return None
-
-
-# --- a small, safe arithmetic evaluator for formulas and restrictions ------------------------
-_BIN = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
-        ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod, ast.Pow: operator.pow}
-_CMP = {ast.Lt: operator.lt, ast.LtE: operator.le, ast.Gt: operator.gt, ast.GtE: operator.ge,
-        ast.Eq: operator.eq, ast.NotEq: operator.ne}
-_FUNCS = {"min": min, "max": max}
-
-
-def _compile_expr(src: str, allowed: set[str] | None) -> ast.Expression:
-    try:
-        tree = ast.parse(src, mode="eval")
-    except SyntaxError as e:
-        raise ValueError(f"expression {src!r} does not parse: {e.msg}") from None
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Name) and allowed is not None and node.id not in allowed | set(_FUNCS):
-            raise ValueError(f"expression {src!r} names {node.id!r}, which is not a knob")
-        if isinstance(node, ast.Call) and not (isinstance(node.func, ast.Name) and node.func.id in _FUNCS):
-            raise ValueError(f"expression {src!r}: only min() and max() may be called")
-        if isinstance(node, (ast.Attribute, ast.Subscript, ast.Lambda, ast.comprehension)):
-            raise ValueError(f"expression {src!r}: only arithmetic, comparisons and names are allowed")
-    return tree
-
-
-def _eval_expr(src: str, env: dict[str, Any]) -> Any:
-    def ev(n: ast.AST) -> Any:
-        if isinstance(n, ast.Expression):
-            return ev(n.body)
-        if isinstance(n, ast.Constant) and isinstance(n.value, (int, float, bool)):
-            return n.value
-        if isinstance(n, ast.Name):
-            if n.id not in env:
-                raise ValueError(f"expression {src!r}: {n.id!r} is not defined here (have {sorted(env)})")
-            return env[n.id]
-        if isinstance(n, ast.BinOp) and type(n.op) in _BIN:
-            return _BIN[type(n.op)](ev(n.left), ev(n.right))
-        if isinstance(n, ast.UnaryOp) and isinstance(n.op, ast.USub):
-            return -ev(n.operand)
-        if isinstance(n, ast.UnaryOp) and isinstance(n.op, ast.Not):
-            return not ev(n.operand)
-        if isinstance(n, ast.BoolOp):
-            vals = [ev(v) for v in n.values]
-            return all(vals) if isinstance(n.op, ast.And) else any(vals)
-        if isinstance(n, ast.Compare):
-            left = ev(n.left)
-            for op, right_n in zip(n.ops, n.comparators):
-                right = ev(right_n)
-                if type(op) not in _CMP or not _CMP[type(op)](left, right):
-                    return False
-                left = right
-            return True
-        if isinstance(n, ast.IfExp):
-            return ev(n.body) if ev(n.test) else ev(n.orelse)
-        if isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id in _FUNCS:
-            return _FUNCS[n.func.id](*(ev(a) for a in n.args))
-        raise ValueError(f"expression {src!r}: unsupported syntax {type(n).__name__}")
-
-    return ev(_compile_expr(src, allowed=None))

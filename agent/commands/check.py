@@ -55,7 +55,6 @@ def run_check(task_path: Path, build_dir: Path | None = None) -> tuple[CheckSumm
     from agent.runlog import StageTimes
     from tools.build import default_build_dir
     from tools.checkout import checkout_of
-    from tools.device import device_limits
     from tools.task import load_task
 
     task = load_task(task_path)
@@ -73,7 +72,7 @@ def run_check(task_path: Path, build_dir: Path | None = None) -> tuple[CheckSumm
     if b.status != BuildStatus.ok:
         return summary, steps
 
-    ev.limits = device_limits(b.arch) if task.spec.device == "cuda" else None
+    ev.limits = task.backend.limits(b.arch)
     a = Attempt(iteration=0, run_id="check", started="", parent_sha="")
     failed: IterationEnded | None = None
     try:

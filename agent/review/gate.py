@@ -115,13 +115,7 @@ def export_task(root: Path, sha: str, task_rel: str, dest: Path) -> Task:
 
 
 def _limits(task: Task):
-    if task.spec.device != "cuda":
-        return None
-    try:
-        from tools.device import device_limits
-    except ImportError:
-        return None
-    return device_limits(task.spec.build.arch)
+    return task.backend.limits(task.spec.build.arch)
 
 
 def gate(task_dir: Path, against: str | None, limit: float, runs_dir: Path | None = None) -> GateResult:

@@ -94,7 +94,7 @@ def profile_task(task: Task, lib_path: str | Path, *, tier: int = 1, shape: int 
     idx = spec.main_shape if shape is None else shape_index(task, shape)
     shp = dict(spec.shapes[idx])
     env = ProfileEnv(clock_control=CLOCK_CONTROL, tier=tier)
-    if spec.device != "cuda":
+    if not task.backend.gpu:
         return _failure(ProfileStatus.error, f"task {spec.name} runs on the {spec.device}: Nsight Compute profiles CUDA kernels",
                         task, shp, env).model_copy(update={"hint": "profile a CUDA task (device = \"cuda\")"})
     ncu = find_ncu()

@@ -10,7 +10,6 @@ Prints one JSON line last.
 from __future__ import annotations
 
 import argparse
-import ctypes
 import json
 import sys
 import time
@@ -54,7 +53,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--trace", default=None)
     a = ap.parse_args(argv)
 
-    import torch
 
     from tools.task import load_task
 
@@ -62,14 +60,11 @@ def main(argv: list[str] | None = None) -> int:
     spec = task.spec
     shape = spec.shapes[spec.main_shape if a.shape_index is None else a.shape_index]
     mod = task.module()
-    lib = ctypes.CDLL(a.lib)
-    device = "cuda" if spec.device == "cuda" else "cpu"
-    inputs = mod.make_inputs(shape, 0, device, spec.distributions[0])
+    backend = task.backend
+    lib = backend.load(a.lib)
+    inputs = mod.make_inputs(shape, 0, backend.torch_device, spec.distributions[0])
     out = mod.empty_output(shape, *inputs)
-
-    def sync():
-        if device == "cuda":
-            torch.cuda.synchronize()
+    sync = backend.sync
 
     t0 = time.perf_counter()
     for _ in range(a.warmup):
@@ -77,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
     sync()
     if a.trace:
         from torch.profiler import ProfilerActivity, profile
-        acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
+        acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if backend.gpu else [])
         with profile(activities=acts) as prof:
             for _ in range(a.iters):
                 mod.run(lib, shape, out, *inputs)

@@ -1,0 +1,225 @@
+"""What differs between kernel forms, in one place: the Backend of a task.
+
+A task's kernel reaches the tools in one of two forms, on a GPU or on the CPU:
+
+- ctypes: a shared library with the task's `extern "C"` entry points; task.py's `run(lib, shape, out,
+  *inputs)` calls them through ctypes.
+- torch_extension: a PyTorch C++/CUDA extension as its author wrote it (`#include <torch/extension.h>`,
+  `PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) { m.def("forward", ...); }`), built with torch's headers
+  and libraries into a Python module; the task's `run` may be left out: the entry function is called
+  with the inputs and its answer checked (shape, dtype) and copied into the judge's output buffer.
+
+What differs between forms and devices lives here, behind one small protocol, so that the loop, the
+evaluate path, parity, the bench and the probes ask a question ("is there launch geometry?", "which
+torch device?", "wait for the device", "which clock?") instead of branching on `device == "cuda"`.
+tests/test_architecture.py fails on such a branch outside this module.
+
+    backend_for(task)  -> Backend
+    .name              "ctypes-cuda", "ctypes-cpu", "torch_extension-cuda", "torch_extension-cpu"
+    .gpu               launch geometry, device limits, Nsight Compute counters, device events
+    .torch_device      where the judge puts inputs and outputs ("cuda" / "cpu")
+    .device_name()     what the bench reports as the device
+    .runnable()        why the task cannot run here, or None
+    .warm_up()         what a job pays first (torch; a CUDA task's context)
+    .sync()            wait for the device (nothing on the CPU)
+    .clock()           the per-rep clock of the bench (tools.clocks)
+    .limits(arch)      DeviceLimits for the launch check, None where there is no launch geometry
+    .build_flags()     what tools.build adds to its compile and link lines for this form
+    .load(path)        the built artifact, loaded (in the host process only)
+    .complete(mod)     task.py, with what the form supplies (a torch extension's default `run`)
+
+A new form (a Triton kernel, say) is a new class here and one line in backend_for; see
+docs/ARCHITECTURE.md. The module sits near the bottom of tools/: it imports tools.device,
+tools.clocks and tools.toolchain only inside its methods, and nothing above them.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import itertools
+import os
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class BuildFlags:
+    """A form's additions to tools.build's command lines."""
+    cxx: list[str] = field(default_factory=list)     # compile flags, C++ and (forwarded) nvcc
+    nvcc: list[str] = field(default_factory=list)    # nvcc only
+    link: list[str] = field(default_factory=list)    # after the objects
+    linker: str = "native"        # "native": nvcc for a CUDA task (static cudart), c++ else; "cxx": c++ always
+    no_undefined: bool = True     # -Wl,--no-undefined (a Python module's Python symbols come from the interpreter)
+
+
+class _Device:
+    """The device half of a backend: what a GPU task and a CPU task do differently."""
+
+    form = ""
+
+    def __init__(self, gpu: bool):
+        self.gpu = gpu
+        self.torch_device = "cuda" if gpu else "cpu"
+        self.name = f"{self.form}-{self.torch_device}"
+
+    def __repr__(self) -> str:
+        return f"<Backend {self.name}>"
+
+    def device_name(self) -> str:
+        if not self.gpu:
+            return "cpu"
+        import torch
+        return f"cuda: {torch.cuda.get_device_name()}"
+
+    def runnable(self) -> str | None:
+        if not self.gpu:
+            return None
+        import torch
+        return None if torch.cuda.is_available() else "the task needs CUDA but no GPU is visible"
+
+    def warm_up(self) -> None:
+        import torch
+        if self.gpu and torch.cuda.is_available():
+            torch.cuda.init()
+            torch.empty(1, device="cuda")
+
+    def sync(self) -> None:
+        if self.gpu:
+            import torch
+            torch.cuda.synchronize()
+
+    def clock(self):
+        from tools.clocks import CpuClock, CudaClock
+        if self.gpu:
+            import torch
+            return CudaClock(torch)
+        return CpuClock()
+
+    def limits(self, arch: str | None):
+        """The device's limits for the launch check (the GPU's own, else the table's for `arch`); None
+        on the CPU, which has no launch geometry."""
+        if not self.gpu:
+            return None
+        from tools.device import device_limits
+        return device_limits(arch)
+
+
+class CtypesBackend(_Device):
+    """A shared library with the task's `extern "C"` entry points, called through ctypes."""
+
+    form = "ctypes"
+
+    def build_flags(self) -> BuildFlags:
+        return BuildFlags()
+
+    def load(self, path: str):
+        p = Path(path)
+        if not p.is_file():
+            raise FileNotFoundError(f"library {path} does not exist")
+        return ctypes.CDLL(str(p.resolve()), mode=os.RTLD_LOCAL | os.RTLD_NOW)
+
+    def complete(self, mod):
+        return mod
+
+
+_LOADED = itertools.count()
+
+
+class TorchExtensionBackend(_Device):
+    """A PyTorch C++/CUDA extension (pybind11), built by tools.build with torch's own flags."""
+
+    form = "torch_extension"
+
+    def __init__(self, gpu: bool, module_name: str, entry: str, where: str):
+        super().__init__(gpu)
+        self.module_name, self.entry, self.where = module_name, entry, where
+
+    def build_flags(self) -> BuildFlags:
+        inc, libs, abi = _torch_paths(self.gpu)
+        defines = [f"-DTORCH_EXTENSION_NAME={self.module_name}", "-DTORCH_API_INCLUDE_EXTENSION_H",
+                   f"-D_GLIBCXX_USE_CXX11_ABI={abi}"]
+        cxx = defines + [f for d in inc for f in ("-isystem", d)]
+        link = [f"-L{d}" for d in libs] + [f"-Wl,-rpath,{d}" for d in libs] + ["-lc10", "-ltorch", "-ltorch_cpu",
+                                                                                  "-ltorch_python"]
+        nvcc: list[str] = []
+        if self.gpu:
+            from tools.toolchain import cuda_home, find_nvcc
+            from torch.utils.cpp_extension import COMMON_NVCC_FLAGS
+            nvcc = list(COMMON_NVCC_FLAGS)
+            home = cuda_home(find_nvcc())
+            link += ["-lc10_cuda", "-ltorch_cuda"] + ([f"-L{home / 'lib64'}"] if home else []) + ["-lcudart"]
+        return BuildFlags(cxx=cxx, nvcc=nvcc, link=link, linker="cxx", no_undefined=False)
+
+    def load(self, path: str):
+        """The module, under a name of its own in this process (two builds of one extension, the best
+        and a candidate, load side by side: CPython keys a module by its file), checked for its entry."""
+        import importlib.machinery
+        import importlib.util
+        p = Path(path)
+        if not p.is_file():
+            raise FileNotFoundError(f"extension {path} does not exist")
+        name = f"agent_ext_{os.getpid()}_{next(_LOADED)}.{self.module_name}"
+        loader = importlib.machinery.ExtensionFileLoader(name, str(p.resolve()))
+        spec = importlib.util.spec_from_file_location(name, str(p.resolve()), loader=loader)
+        try:
+            mod = importlib.util.module_from_spec(spec)
+            loader.exec_module(mod)
+        except ImportError as e:
+            msg = " ".join(str(e).split())[:300]
+            if "PyInit" in msg or "init function" in msg:
+                raise ImportError(f"{self.where}: extension.name: the module is not {self.module_name!r}: write "
+                                  "PYBIND11_MODULE(TORCH_EXTENSION_NAME, m), or set [extension] name") from None
+            raise ImportError(f"{self.where}: the built extension does not import: {msg}") from None
+        if not callable(getattr(mod, self.entry, None)):
+            have = sorted(n for n in dir(mod) if not n.startswith("_") and callable(getattr(mod, n)))
+            raise AttributeError(f"{self.where}: extension.entry: the module has no function {self.entry!r} "
+                                 f"(it has {', '.join(have) or 'none'}): name it in task.toml's [extension] "
+                                 "entry, or m.def() it in PYBIND11_MODULE")
+        return mod
+
+    def complete(self, mod):
+        """task.py may leave out `run`: the entry function is called with the inputs, and its answer must
+        be the task's output (empty_output's shape and dtype) to be copied into the judge's buffer."""
+        if hasattr(mod, "run"):
+            return mod
+        entry, where = self.entry, self.where
+
+        def run(lib, shape, out, *inputs):
+            got = getattr(lib, entry)(*inputs)
+            if not hasattr(got, "shape") or tuple(got.shape) != tuple(out.shape) or got.dtype != out.dtype \
+                    or got.device != out.device:
+                what = (f"{str(got.dtype).removeprefix('torch.')} {list(got.shape)} on {got.device}"
+                        if hasattr(got, "shape") else type(got).__name__)
+                raise ValueError(f"{where}: {entry}() returned {what}; the task's output is "
+                                 f"{str(out.dtype).removeprefix('torch.')} {list(out.shape)} on {out.device} "
+                                 "(task.py's empty_output): return that, or write run(lib, shape, out, *inputs)")
+            out.copy_(got)
+
+        mod.run = run
+        return mod
+
+
+@lru_cache(maxsize=2)
+def _torch_paths(gpu: bool) -> tuple[list[str], list[str], int]:
+    """torch's include and library folders and its C++ ABI, as torch.utils.cpp_extension gives them
+    to its own builds (and the interpreter's include folder, for pybind11)."""
+    import sysconfig
+
+    import torch
+    from torch.utils.cpp_extension import include_paths, library_paths
+    dev = "cuda" if gpu else "cpu"
+    inc = list(include_paths(dev)) + [sysconfig.get_paths()["include"]]
+    return inc, list(library_paths(dev)), int(bool(torch._C._GLIBCXX_USE_CXX11_ABI))
+
+
+Backend = CtypesBackend | TorchExtensionBackend
+
+
+def backend_for(task) -> Backend:
+    spec = task.spec
+    gpu = spec.device == "cuda"
+    if spec.form == "torch_extension":
+        ext = spec.ext
+        return TorchExtensionBackend(gpu, ext.name, ext.entry, str(Path(task.root) / "task.toml"))
+    return CtypesBackend(gpu)
