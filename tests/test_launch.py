@@ -40,6 +40,14 @@ def _variant(tmp_path: Path, name: str, **knobs: int):
     return task, b
 
 
+def _without_plan(task) -> None:
+    """The task's launch_plan taken out of task.py, as a torch extension's author leaves it."""
+    mod = task.root / "task.py"
+    text = mod.read_text()
+    assert "\ndef launch_plan(" in text
+    mod.write_text(text.split("\ndef launch_plan(")[0])
+
+
 def _rules(res: LaunchResult) -> set[str]:
     return {v.rule for v in res.violations}
 
@@ -111,6 +119,17 @@ def test_plan_that_raises_is_an_error_not_a_crash(tmp_path, limits):
     assert res.status == LaunchStatus.error and "plan exploded" in res.message
 
 
+@pytest.mark.nvcc
+@needs_nvcc
+def test_a_task_without_a_plan_passes_the_static_check_and_leaves_the_geometry_to_the_trace(tmp_path, limits):
+    task, b = _variant(tmp_path, "planless", MAX_CTAS=2)     # 2 CTAs: the plan would have said so
+    _without_plan(task)
+    parent = LaunchResult(status=LaunchStatus.ok, main_ctas=4096)
+    res = static_check(task, b, limits, parent=parent)
+    assert res.status == LaunchStatus.ok and res.launches == [] and "profiler trace" in res.message
+    assert res.parent_main_ctas == 4096     # for the trace, which alone can apply the collapse rule
+
+
 def test_rules_on_plans_alone(limits):
     task = load_task(FIX)
     odd = Launch(kernel="scale_kernel", grid=(1000, 1, 1), block=(100, 1, 1))
@@ -158,3 +177,22 @@ def test_dynamic_check_reads_the_real_geometry_and_catches_a_lying_plan(tmp_path
     plan2 = static_check(task2, b2, limits)
     dyn2 = dynamic_check(task2, b2.lib_path, limits, plan2)
     assert dyn2.status == LaunchStatus.rejected and "plan_mismatch" in _rules(dyn2)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _gpu(), reason="needs a CUDA GPU")
+def test_without_a_plan_the_trace_alone_is_judged_by_the_same_rules(tmp_path):
+    task, b = _variant(tmp_path, "planless_ok")
+    _without_plan(task)
+    limits = device_limits(b.arch)
+    dyn = dynamic_check(task, b.lib_path, limits, static_check(task, b, limits))
+    assert dyn.status == LaunchStatus.ok and dyn.launches[0].grid == (1048576 // 256, 1, 1), dyn.message
+    task2, b2 = _variant(tmp_path, "planless_tiny", MAX_CTAS=2)
+    _without_plan(task2)
+    dyn2 = dynamic_check(task2, b2.lib_path, limits, static_check(task2, b2, limits))
+    assert _rules(dyn2) == {"grid_too_small"}, dyn2.message
+    task3, b3 = _variant(tmp_path, "planless_fewer", MAX_CTAS=512)
+    _without_plan(task3)
+    parent = LaunchResult(status=LaunchStatus.ok, main_ctas=4096)
+    dyn3 = dynamic_check(task3, b3.lib_path, limits, static_check(task3, b3, limits, parent=parent))
+    assert _rules(dyn3) == {"cta_collapse"}, dyn3.message

@@ -1,16 +1,17 @@
 """Child process of the launch check: loads a task module and its library, prints one JSON line.
 
-    python -m tools._plan_child plan  TASK_MODULE LIB SHAPE_JSON
-    python -m tools._plan_child trace TASK_MODULE LIB SHAPE_JSON DIST
+    python -m tools._plan_child plan  TASK_DIR LIB SHAPE_JSON
+    python -m tools._plan_child trace TASK_DIR LIB SHAPE_JSON DIST
 
 `plan` calls the module's launch_plan(lib, shape) (no GPU needed: the library links cudart
-statically). `trace` runs the shape once on the GPU under torch.profiler and reports every kernel
-launch with the geometry the driver saw. The parent never imports generated code.
+statically); a task without one (a torch extension as its author wrote it) answers no launches and
+`planned: false`, and its geometry comes from `trace` alone. `trace` runs the shape once on the GPU
+under torch.profiler and reports every kernel launch with the geometry the driver saw. The library is
+loaded by the task's backend (tools/backend.py). The parent never imports generated code.
 """
 
 from __future__ import annotations
 
-import ctypes
 import json
 import sys
 import tempfile
@@ -22,23 +23,22 @@ def _emit(obj: dict) -> None:
     print(json.dumps(obj), flush=True)
 
 
-def _load(module_path: str, lib_path: str):
-    from tools.task import load_module
-    mod = load_module(Path(module_path), "agent_launch_task")
-    lib = ctypes.CDLL(lib_path)
-    return mod, lib
+def _load(task_dir: str, lib_path: str):
+    from tools.task import load_task
+    task = load_task(Path(task_dir))
+    return task.module(), task.backend.load(lib_path), task.spec.module
 
 
-def plan(module_path: str, lib_path: str, shape: dict) -> dict:
-    mod, lib = _load(module_path, lib_path)
-    return plan_from(mod, lib, shape, Path(module_path).name)
+def plan(task_dir: str, lib_path: str, shape: dict) -> dict:
+    mod, lib, module_name = _load(task_dir, lib_path)
+    return plan_from(mod, lib, shape, module_name)
 
 
 def plan_from(mod, lib, shape: dict, module_name: str = "the task module") -> dict:
     """The library's own launch plan for `shape`, from an already loaded module and library (also
     used inside the loop's evaluate child, where they are loaded anyway)."""
     if not hasattr(mod, "launch_plan"):
-        return {"ok": False, "error": f"{module_name} has no launch_plan(lib, shape)"}
+        return {"ok": True, "launches": [], "planned": False}
     launches = []
     for i, item in enumerate(mod.launch_plan(lib, shape)):
         try:
@@ -57,13 +57,13 @@ def _dims(v) -> list[int]:
     return v[:3]
 
 
-def trace(module_path: str, lib_path: str, shape: dict, dist: str) -> dict:
+def trace(task_dir: str, lib_path: str, shape: dict, dist: str) -> dict:
     import torch
     from torch.profiler import ProfilerActivity, profile
 
     if not torch.cuda.is_available():
         return {"ok": False, "error": "no CUDA device visible to torch"}
-    mod, lib = _load(module_path, lib_path)
+    mod, lib, _ = _load(task_dir, lib_path)
     inputs = mod.make_inputs(shape, 0, "cuda", dist)
     out = mod.empty_output(shape, *inputs)
     mod.run(lib, shape, out, *inputs)        # warm-up: module load, cudaFuncSetAttribute, ...
@@ -87,13 +87,13 @@ def trace(module_path: str, lib_path: str, shape: dict, dist: str) -> dict:
 
 
 def main(argv: list[str]) -> int:
-    mode, module_path, lib_path, shape_json = argv[:4]
+    mode, task_dir, lib_path, shape_json = argv[:4]
     shape = json.loads(shape_json)
     try:
         if mode == "plan":
-            res = plan(module_path, lib_path, shape)
+            res = plan(task_dir, lib_path, shape)
         elif mode == "trace":
-            res = trace(module_path, lib_path, shape, argv[4] if len(argv) > 4 else "normal")
+            res = trace(task_dir, lib_path, shape, argv[4] if len(argv) > 4 else "normal")
         else:
             res = {"ok": False, "error": f"unknown mode {mode!r}"}
     except OSError as e:

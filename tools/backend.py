@@ -25,6 +25,7 @@ tests/test_architecture.py fails on such a branch outside this module.
     .clock()           the per-rep clock of the bench (tools.clocks)
     .limits(arch)      DeviceLimits for the launch check, None where there is no launch geometry
     .build_flags()     what tools.build adds to its compile and link lines for this form
+    .unbuildable()     why this machine cannot build the form (a CUDA extension on a CPU torch), or None
     .load(path)        the built artifact, loaded (in the host process only)
     .complete(mod)     task.py, with what the form supplies (a torch extension's default `run`)
 
@@ -113,6 +114,9 @@ class CtypesBackend(_Device):
     def build_flags(self) -> BuildFlags:
         return BuildFlags()
 
+    def unbuildable(self) -> str | None:
+        return None
+
     def load(self, path: str):
         p = Path(path)
         if not p.is_file():
@@ -135,6 +139,15 @@ class TorchExtensionBackend(_Device):
         super().__init__(gpu)
         self.module_name, self.entry, self.where = module_name, entry, where
 
+    def unbuildable(self) -> str | None:
+        """Why this torch cannot build the extension (a CUDA extension on a CPU build of torch), or None."""
+        if self.gpu:
+            import torch
+            if torch.version.cuda is None:
+                return (f"{self.name}: this torch ({torch.__version__}) is a CPU build, without the CUDA headers and "
+                        "libraries a CUDA extension compiles and links against: install a CUDA build of torch")
+        return None
+
     def build_flags(self) -> BuildFlags:
         inc, libs, abi = _torch_paths(self.gpu)
         defines = [f"-DTORCH_EXTENSION_NAME={self.module_name}", "-DTORCH_API_INCLUDE_EXTENSION_H",
@@ -144,11 +157,9 @@ class TorchExtensionBackend(_Device):
                                                                                   "-ltorch_python"]
         nvcc: list[str] = []
         if self.gpu:
-            from tools.toolchain import cuda_home, find_nvcc
             from torch.utils.cpp_extension import COMMON_NVCC_FLAGS
-            nvcc = list(COMMON_NVCC_FLAGS)
-            home = cuda_home(find_nvcc())
-            link += ["-lc10_cuda", "-ltorch_cuda"] + ([f"-L{home / 'lib64'}"] if home else []) + ["-lcudart"]
+            nvcc = list(COMMON_NVCC_FLAGS)     # what torch's own builds pass (no implicit half conversions)
+            link += ["-lc10_cuda", "-ltorch_cuda", "-lcudart"]
         return BuildFlags(cxx=cxx, nvcc=nvcc, link=link, linker="cxx", no_undefined=False)
 
     def load(self, path: str):
@@ -203,14 +214,23 @@ class TorchExtensionBackend(_Device):
 @lru_cache(maxsize=2)
 def _torch_paths(gpu: bool) -> tuple[list[str], list[str], int]:
     """torch's include and library folders and its C++ ABI, as torch.utils.cpp_extension gives them
-    to its own builds (and the interpreter's include folder, for pybind11)."""
+    to its own builds (and the interpreter's include folder, for pybind11). The CUDA folders come from
+    the nvcc tools.toolchain found (torch's own lookup wants CUDA_HOME or nvcc on PATH)."""
     import sysconfig
 
     import torch
     from torch.utils.cpp_extension import include_paths, library_paths
-    dev = "cuda" if gpu else "cpu"
-    inc = list(include_paths(dev)) + [sysconfig.get_paths()["include"]]
-    return inc, list(library_paths(dev)), int(bool(torch._C._GLIBCXX_USE_CXX11_ABI))
+    inc = list(include_paths("cpu")) + [sysconfig.get_paths()["include"]]
+    libs = list(library_paths("cpu"))
+    if gpu:
+        from tools.toolchain import cuda_home, find_nvcc
+        home = cuda_home(find_nvcc())
+        if home is None:
+            raise OSError("no CUDA toolkit found for the extension's CUDA headers and libraries: put nvcc on "
+                          "PATH or set CUDA_HOME")
+        inc.append(str(home / "include"))
+        libs.append(str(home / ("lib64" if (home / "lib64").is_dir() else "lib")))
+    return inc, libs, int(bool(torch._C._GLIBCXX_USE_CXX11_ABI))
 
 
 Backend = CtypesBackend | TorchExtensionBackend

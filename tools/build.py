@@ -217,8 +217,14 @@ def build(task: Task, build_dir: Path, src_dir: Path | None = None, timeout_s: f
 
     if missing:
         return result(BuildStatus.toolchain_missing, message="; ".join(toolchain_hint(t) for t in missing))
+    why = task.backend.unbuildable()
+    if why:
+        return result(BuildStatus.toolchain_missing, message=why)
     build_dir.mkdir(parents=True, exist_ok=True)
-    edges, commands = write_ninja(task, build_dir, src_dir, tools, arch)  # type: ignore[arg-type]
+    try:
+        edges, commands = write_ninja(task, build_dir, src_dir, tools, arch)  # type: ignore[arg-type]
+    except (OSError, ImportError) as e:   # the form's flags: torch or the CUDA toolkit it needs is missing
+        return result(BuildStatus.toolchain_missing, message=f"{task.backend.name}: {' '.join(str(e).split())}")
     if not edges:
         return result(BuildStatus.compile_error, message=f"no compilable sources (.cu/.cpp) among {task.spec.sources}")
     proc = run_isolated([tools["ninja"], "-C", str(build_dir)], timeout_s,  # type: ignore[list-item]

@@ -3,7 +3,9 @@
 static_check: the library's own launch plan (asked in a child process; no GPU needed) plus the
 ptxas resources of the build. dynamic_check (GPU): the geometry the driver really saw, from the
 torch profiler trace of one run of the main shape, checked by the same rules and compared with the
-plan (a plan that lies is rejected).
+plan (a plan that lies is rejected). A task without launch_plan (a torch extension as its author
+wrote it) passes the static check with no launches, and the trace alone is checked, the parent's CTA
+count included; on a machine without a GPU its launch is not checked, and the result says so.
 
     python -m tools.launch kernels/TASK [--json] [--build-dir D] [--static-only]
 """
@@ -144,7 +146,7 @@ def static_check(task: Task, build: BuildResult, limits: DeviceLimits, parent: L
     if build.status != BuildStatus.ok or not build.lib_path:
         return LaunchResult(status=LaunchStatus.error, limits=limits,
                             message=f"no library to check (build status {build.status.value})")
-    proc, data = run_python_json(CHILD, ["plan", str(task.path(task.spec.module)), build.lib_path,
+    proc, data = run_python_json(CHILD, ["plan", str(task.root), build.lib_path,
                                          _main_shape_json(task)], timeout_s, scratch_root)
     if data is None:
         data = {"ok": False, "error": f"launch-plan child {proc.reason()}"}
@@ -166,6 +168,9 @@ def from_plan(task: Task, data: dict, kernels: list[KernelResources], limits: De
     if not data.get("ok"):
         return LaunchResult(status=LaunchStatus.error, limits=limits,
                             message=f"launch plan unavailable: {data.get('error')}")
+    if data.get("planned") is False:
+        return LaunchResult(status=LaunchStatus.ok, limits=limits, parent_main_ctas=parent.main_ctas if parent else None,
+                            message="no launch_plan in the task: the launch is checked from a profiler trace on the GPU")
     launches = []
     for item in data["launches"]:
         res = match_resources(item["kernel"], kernels)
@@ -217,7 +222,7 @@ def dynamic_check(task: Task, lib_path: str, limits: DeviceLimits, plan: LaunchR
     if not cuda_present():
         return LaunchResult(status=LaunchStatus.not_applicable, mode="dynamic", limits=limits,
                             message="no CUDA GPU here: only the static check ran")
-    proc, data = run_python_json(CHILD, ["trace", str(task.path(task.spec.module)), lib_path, _main_shape_json(task),
+    proc, data = run_python_json(CHILD, ["trace", str(task.root), lib_path, _main_shape_json(task),
                                          task.spec.distributions[0]], timeout_s, scratch_root)
     if data is None or not data.get("ok"):
         why = data.get("error") if data else f"trace child {proc.reason()}"
@@ -235,7 +240,10 @@ def dynamic_check(task: Task, lib_path: str, limits: DeviceLimits, plan: LaunchR
     if not traced:
         return LaunchResult(status=LaunchStatus.error, mode="dynamic", limits=limits,
                             message="the trace shows no kernel launch for the main shape")
-    violations, main_ctas = check_rules(task, traced, limits)
+    parent = None
+    if plan.parent_main_ctas:   # no plan: the trace is the only geometry, so it meets the parent's here
+        parent = LaunchResult(status=LaunchStatus.ok, main_ctas=plan.parent_main_ctas)
+    violations, main_ctas = check_rules(task, traced, limits, parent)
     violations += compare_with_plan(traced, smem, plan)
     return _result("dynamic", traced, limits, violations, main_ctas)
 

@@ -102,6 +102,9 @@ class LaunchResult(BaseModel):
     main_ctas: int | None = None
     waves: float | None = None
     seconds: float = 0.0
+    # a task without launch_plan: the static check had no geometry, so the trace checks the parent's
+    # CTA count (the collapse rule) itself; this carries that count from the static check to the trace
+    parent_main_ctas: int | None = None
 
 
 # --- parity -------------------------------------------------------------------------------

@@ -11,11 +11,15 @@
 #                self-check of both tasks (softmax vs torch.softmax; the 21-configuration samples
 #                that "Sweeps" cites as earlier samples)
 #   rebuild      "Rebuild after a one-line edit"
+#   rebuild_ext  the same section, for the CUDA torch extension kernels/attention_ext: a cold build
+#                (binding.cpp with torch's headers, and the kernel), one-line kernel edits, and the
+#                import of the built module in a fresh process
 #   repeat       "Repeatability of `bench`" (both rows, and the kernel timed against itself)
 #   profile      "Profile overhead" (the tier-1 rows and the tier-2 row)
 #   opt_attn     "`agent optimize` and `agent sweep`: the current figures": attention_fwd to 1.5x
 #   opt_sm       the same section: softmax to 1.5x under a 170 s budget
 #   opt_attn_hi  the same section: attention_fwd to 8x, 30 iterations
+#   opt_ext      the same section: attention_ext (the torch extension, no launch_plan) to 1.5x
 #                (opt_* also give that section's table of seconds per iteration, from `agent show`)
 #   sweep_sm     "Sweeps: what the knobs can reach": every softmax configuration
 #   sweep_attn   the same section: every attention_fwd configuration
@@ -29,6 +33,7 @@
 #   bash scripts/device/figures.sh sweep_attn                    # 478 s (timeout 560 s)
 #   bash scripts/device/figures.sh opt_attn_hi                   # 367 s (timeout 520 s)
 #   bash scripts/device/figures.sh gpu_tests                     # 504 s with -m "gpu or nvcc" (timeout 540 s)
+#   bash scripts/device/figures.sh rebuild_ext opt_ext           # 36 s + 106 s
 #
 # Environment overrides: ITERS (iterations of every optimize part; default 20, and 30 for
 # opt_attn_hi), HI_BUDGET (opt_attn_hi's --budget-seconds, default 420), ATTN_S (sweep_attn's
@@ -40,7 +45,7 @@
 # the agent's run folders (worktrees, builds, libraries and ncu reports left out).
 set -uo pipefail
 
-PARTS="baseline rebuild repeat profile opt_attn opt_sm opt_attn_hi sweep_sm sweep_attn gpu_tests"
+PARTS="baseline rebuild rebuild_ext repeat profile opt_attn opt_sm opt_attn_hi opt_ext sweep_sm sweep_attn gpu_tests"
 usage() { echo "usage: bash scripts/device/figures.sh PART [PART ...]; parts: $PARTS" >&2; exit 2; }
 [ $# -gt 0 ] || usage
 for part in "$@"; do
@@ -170,6 +175,13 @@ finally:
 PY
 }
 
+rebuild_ext() {
+  # kernels/attention_ext (binding.cpp + attention.cu): a cold build, attention.cu with one comment
+  # line added, three times (the target is 2 s), and the module loaded in a fresh process.
+  echo "== rebuild of attention_ext (torch extension) after a one-line kernel edit" >> "$S"
+  python3 scripts/rebuild_time.py kernels/attention_ext attention.cu "$BLD/rebuild_ext" >> "$S" 2>&1
+}
+
 repeat() {
   # Five separate bench processes of attention_fwd's main shape, no reference: the spread of their
   # medians (target at most 2%). Then parity_bench_gpu.py: CUDA faults through parity, a kernel timed
@@ -248,6 +260,11 @@ opt_attn_hi() {
   # best, so 30 iterations and a 420 s budget (the run took 367 s).
   local budget=${HI_BUDGET:-420}
   optimize attnhi kernels/attention_fwd "${ITERS:-30}" "$budget" $((budget + 100)) --target 8x
+}
+
+opt_ext() {
+  # attention_ext (attention_fwd's kernel as a torch extension, launch geometry from the trace) to 1.5x.
+  optimize ext kernels/attention_ext "${ITERS:-20}" 240 300 --target 1.5x
 }
 
 sweep_sm() {

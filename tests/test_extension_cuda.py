@@ -1,0 +1,116 @@
+"""The CUDA torch extension (kernels/attention_ext: the seeds' attention kernel as a pybind11
+extension with forward(q, k, v, is_causal), no launch_plan).
+
+Here (no GPU): the editable kernel compiled by the real nvcc with the flags torch gives its own
+extension builds (no implicit half conversions), in every knob family, and the build graph that
+links the binding against torch's CUDA libraries. On the device: the whole path, build, parity on
+every shape, the launch geometry from the profiler trace, and a one-line kernel edit that
+recompiles the kernel alone.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from tools.build import build, parse_ptxas, resolve_arch, write_ninja
+from tools.task import knob_pattern, load_task
+from tools.toolchain import find_cxx, find_ninja, find_nvcc
+
+ROOT = Path(__file__).resolve().parent.parent
+SHIPPED = ROOT / "kernels" / "attention_ext"
+needs_nvcc = pytest.mark.skipif(find_nvcc() is None or find_ninja() is None, reason="nvcc or ninja not found")
+
+
+def _gpu() -> bool:
+    import torch
+    return torch.cuda.is_available()
+
+
+def _copy(tmp: Path, **knobs: int) -> Path:
+    dst = tmp / "attention_ext"
+    shutil.copytree(SHIPPED, dst, ignore=shutil.ignore_patterns("__pycache__"))
+    src = (dst / "attention.cu").read_text()
+    for k, v in knobs.items():
+        src, n = knob_pattern(k).subn(rf"\g<1>{v}", src)
+        assert n == 1, k
+    (dst / "attention.cu").write_text(src)
+    return dst
+
+
+def test_the_shipped_task_is_a_cuda_extension_without_a_plan():
+    task = load_task(SHIPPED)
+    assert task.backend.name == "torch_extension-cuda" and task.spec.ext.entry == "forward"
+    assert task.spec.editable == ["attention.cu"] and "binding.cpp" in task.spec.sources
+    assert not hasattr(task.module(), "launch_plan")      # the launch check must use the trace
+    assert "torch/extension.h" not in (SHIPPED / "attention.cu").read_text()   # the fast file to rebuild
+
+
+def test_a_cpu_torch_says_it_cannot_build_a_cuda_extension(tmp_path):
+    import torch
+    if torch.version.cuda is not None:
+        pytest.skip("this torch has CUDA")
+    res = build(load_task(SHIPPED), tmp_path / "build")
+    assert res.status.value == "toolchain_missing" and "CPU build" in res.message, res.message
+    assert "\n" not in res.message and not (tmp_path / "build").exists()
+
+
+@pytest.mark.nvcc
+@needs_nvcc
+@pytest.mark.parametrize("knobs", [{}, {"KV_SPLITS": 4, "USE_TENSOR_CORES": 1, "SMEM_PAD": 8},
+                                   {"BLOCK_M": 128, "NUM_WARPS": 8, "SMEM_PAD": 2}])
+def test_the_kernel_compiles_with_torchs_extension_flags(tmp_path, knobs):
+    """Compile-only: the kernel object alone (linking needs torch's CUDA libraries, absent from a CPU
+    torch), through the build graph tools.build writes for this form."""
+    task = load_task(_copy(tmp_path, **knobs))
+    out = tmp_path / "build"
+    out.mkdir()
+    tools = {"ninja": find_ninja(), "c++": find_cxx(), "nvcc": find_nvcc()}
+    edges, commands = write_ninja(task, out, task.root, tools, resolve_arch(task))
+    graph = (out / "build.ninja").read_text()
+    # torch's own nvcc flags reach the kernel; the binding is compiled as a module named for the task
+    assert "-D__CUDA_NO_HALF_OPERATORS__" in graph and "-DTORCH_EXTENSION_NAME=attention_ext_ext" in graph
+    link = next(c for c in commands if " -shared" in c)
+    assert "-ltorch_cuda" in link and "-ltorch_python" in link and "--no-undefined" not in link
+    obj = dict(edges)["attention.cu"]
+    proc = subprocess.run([tools["ninja"], "-C", str(out), obj], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    kernels = parse_ptxas((out / (obj + ".log")).read_text())
+    assert len(kernels) == 2 and all(k.spill_stores_bytes == 0 for k in kernels), kernels
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _gpu(), reason="needs a CUDA GPU")
+def test_on_the_gpu_the_extension_is_correct_its_launch_traced_and_an_edit_recompiles_the_kernel_alone(tmp_path):
+    from tools.device import device_limits
+    from tools.launch import dynamic_check, static_check
+    from tools.parity import run_parity
+    from tools.results import BuildStatus, LaunchStatus, ParityStatus
+
+    src = _copy(tmp_path)
+    task = load_task(src)
+    t0 = time.monotonic()
+    first = build(task, tmp_path / "build", src_dir=src)
+    first_s = time.monotonic() - t0
+    assert first.status == BuildStatus.ok, first.message
+    par = run_parity(task, Path(first.lib_path))
+    assert par.status == ParityStatus.ok, par.message
+    limits = device_limits(first.arch)
+    static = static_check(task, first, limits)
+    assert static.status == LaunchStatus.ok and static.launches == [], static.message
+    dyn = dynamic_check(task, first.lib_path, limits, static)
+    assert dyn.status == LaunchStatus.ok, dyn.message
+    # the main shape, 32 x 8 x 512: 8 query tiles of 64 rows per (batch, head)
+    assert dyn.launches[0].source == "trace" and dyn.main_ctas == 32 * 8 * 8
+    cu = src / "attention.cu"
+    cu.write_text(cu.read_text().replace("#define SMEM_PAD 0 ", "#define SMEM_PAD 2 ", 1))
+    t0 = time.monotonic()
+    again = build(task, tmp_path / "build", src_dir=src)
+    again_s = time.monotonic() - t0
+    assert again.status == BuildStatus.ok and again.steps_run == 2, again.log[-2000:]
+    assert run_parity(task, Path(again.lib_path)).status == ParityStatus.ok
+    print(f"attention_ext build: first {first_s:.1f} s, after a one-line kernel edit {again_s:.2f} s")
