@@ -91,6 +91,9 @@ class Evaluator:
     def __init__(self, task: Task, build_dir: Path, limits: DeviceLimits | None, scratch_root: Path | None = None,
                  checkout: Path | str | None = None):
         self.task, self.build_dir, self.limits = task, build_dir, limits
+        # an earlier build of the task whose objects of non-editable sources may be linked as they are
+        # (the sweep: a torch extension's binding compiled once, not per configuration)
+        self.reuse_objects: Path | None = None
         # each child that loads a candidate runs in a directory of its own under here (tools/scratch.py)
         self.scratch_root = scratch_root or Path(build_dir).parent / "scratch"
         # the user's checkout: file modes compared around each candidate child (tools/checkout.py)
@@ -113,7 +116,7 @@ class Evaluator:
     def build(self, times: StageTimes) -> BuildResult:
         from tools.build import build
         t0 = time.monotonic()
-        res = build(self.task, self.build_dir)
+        res = build(self.task, self.build_dir, reuse=self.reuse_objects)
         times.build += time.monotonic() - t0
         if res.status != BuildStatus.ok:
             raise CompileFailed(f"{res.status.value}: {first_lines(res.message, 8)}", res)

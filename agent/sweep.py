@@ -216,6 +216,7 @@ def _prepare(task: Task, n: int, cfg: dict[str, int], out_dir: Path, limits) -> 
     write_knobs(work / "task", task, cfg)
     ct = load_task(work / "task")
     ev = Evaluator(ct, work / "build", limits)
+    ev.reuse_objects = out_dir / "build-initial"    # the initial build's binding, say: compiled once per sweep
     t = StageTimes()
     try:
         b = ev.build(t)

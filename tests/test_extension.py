@@ -7,6 +7,8 @@ single-file extension written the way `torch.utils.cpp_extension.load` takes it.
 
 from __future__ import annotations
 
+import json
+import re
 import shutil
 import textwrap
 from pathlib import Path
@@ -38,6 +40,18 @@ def test_an_extension_table_needs_the_extension_form(tmp_path):
     assert 'is for form = "torch_extension"' in str(e.value) and str(toml) in str(e.value)
     t = load_task(SHIPPED)
     assert (t.backend.name, t.spec.ext.name, t.spec.ext.entry) == ("torch_extension-cpu", "matmul_ext_cpu_ext", "forward")
+
+
+def test_torchs_headers_in_an_editable_file_get_a_note_a_split_extension_none(tmp_path):
+    from tools.backend import slow_rebuild_note
+    assert slow_rebuild_note(load_task(SHIPPED)) is None
+    assert slow_rebuild_note(load_task(REPO / "kernels" / "attention_ext")) is None
+    assert slow_rebuild_note(load_task(REPO / "kernels" / "matmul_cpu")) is None      # not an extension
+    task = _copy(tmp_path)
+    toml = task / "task.toml"
+    toml.write_text(toml.read_text().replace('editable = ["matmul.cpp"]', 'editable = ["matmul.cpp", "binding.cpp"]'))
+    note = slow_rebuild_note(load_task(task))
+    assert note.startswith("binding.cpp is editable and includes torch's headers") and "matmul.cpp" not in note
 
 
 @pytest.fixture(scope="module")
@@ -75,6 +89,62 @@ def test_a_kernel_edit_recompiles_only_the_kernel_and_both_builds_load_side_by_s
     assert best.forward(x, x)[0, 0].item() == 4.0 and cand.forward(x, x)[0, 0].item() == 8.0
 
 
+@pytest.mark.slow
+def test_a_configuration_links_the_earlier_builds_binding_and_is_still_its_own(built, tmp_path):
+    """The sweep's reuse: another configuration of the kernel, built beside the first, links the
+    first build's binding object instead of compiling torch's headers again."""
+    import torch
+    task, src, build_dir, _ = built
+    cfg = tmp_path / "cfg"
+    shutil.copytree(src, cfg)
+    kernel = cfg / "matmul.cpp"
+    kernel.write_text(kernel.read_text().replace("#define LOOP_ORDER 0", "#define LOOP_ORDER 1", 1))
+    res = build(load_task(cfg), tmp_path / "b", src_dir=cfg, reuse=build_dir)
+    assert res.status == BuildStatus.ok, res.message
+    assert res.steps_run == 2 and f"== binding.cpp (reused: {(build_dir / 'obj' / 'binding.cpp.o').resolve()})" \
+        in res.log, res.log
+    a, b = torch.randn(33, 17), torch.randn(17, 9)
+    got = load_task(cfg).backend.load(res.lib_path).forward(a, b)
+    assert torch.allclose(got, a @ b, atol=1e-5)
+
+
+@pytest.mark.slow
+def test_a_binding_that_includes_an_editable_file_is_never_reused(tmp_path):
+    from tools.build import reusable_objects
+    from tools.toolchain import find_ninja
+    src = _copy(tmp_path)
+    (src / "tiles.h").write_text("#define TILE_NOTE 1\n")
+    (src / "binding.cpp").write_text('#include "tiles.h"\n' + (src / "binding.cpp").read_text())
+    toml = src / "task.toml"
+    toml.write_text(toml.read_text().replace('sources = ["binding.cpp", "matmul.cpp"]',
+                                             'sources = ["binding.cpp", "matmul.cpp", "tiles.h"]')
+                    .replace('editable = ["matmul.cpp"]', 'editable = ["matmul.cpp", "tiles.h"]'))
+    task = load_task(src)
+    assert build(task, tmp_path / "b").status == BuildStatus.ok
+    assert reusable_objects(task, tmp_path / "b", find_ninja()) == {}
+    # the same names, other bytes (the shipped task's binding.cpp has no #include "tiles.h"): not reused
+    assert reusable_objects(load_task(SHIPPED), tmp_path / "b", find_ninja()) == {}
+    assert reusable_objects(task, tmp_path / "nothing here", find_ninja()) == {}
+
+
+@pytest.mark.slow
+def test_agent_sweep_of_an_extension_compiles_the_binding_once(tmp_path):
+    root = tmp_path / "repo"
+    shutil.copytree(SHIPPED, root / "kernels" / "matmul_ext_cpu", ignore=shutil.ignore_patterns("__pycache__"))
+    git(root, "init", "-q", "-b", "main")
+    git(root, "add", "-A")
+    git(root, "commit", "-qm", "task")
+    res = agent(root, "sweep", "kernels/matmul_ext_cpu", "--limit", "3", "--seed", "2", "--jobs", "2", "--json",
+                timeout=900)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    out = json.loads(res.stdout)
+    assert len(out["points"]) == 3 and all(p["ok"] for p in out["points"]), out["points"]
+    assert any(p["verified"] for p in out["points"])
+    [sweep_dir] = (root / "runs").glob("sweep-*")
+    # each configuration's build linked the initial build's binding: one binding object in the sweep
+    assert [p.name for p in sweep_dir.rglob("binding.cpp.o")] == ["binding.cpp.o"]
+
+
 def _task_with(built, tmp_path, toml_from=None, py_from=None) -> Path:
     task, src, _, res = built
     dst = tmp_path / "t"
@@ -94,6 +164,36 @@ def test_a_misnamed_entry_is_one_line_naming_the_field_and_the_fix(built, tmp_pa
     assert par.status == ParityStatus.error
     assert f"{dst / 'task.toml'}: extension.entry: the module has no function 'fwd' (it has forward)" in par.message
     assert "Traceback" not in par.message
+
+
+@pytest.mark.slow
+def test_a_module_of_another_name_is_one_line_naming_the_field_and_the_fix(built, tmp_path):
+    """PYBIND11_MODULE(some_literal, m) where the task expects another name: the build answers to the
+    name it was given, the loader looks for another PyInit_."""
+    _, _, _, res = built
+    dst = _task_with(built, tmp_path, toml_from=lambda t: t.replace('[extension]\n', '[extension]\nname = "mymm"\n'))
+    par = run_parity(load_task(dst), Path(res.lib_path), scratch_root=tmp_path / "scratch")
+    assert par.status == ParityStatus.error
+    assert (f"{dst / 'task.toml'}: extension.name: the module is not 'mymm': write "
+            "PYBIND11_MODULE(TORCH_EXTENSION_NAME, m), or set [extension] name") in par.message
+    assert "Traceback" not in par.message
+
+
+@pytest.mark.slow
+def test_a_missing_header_is_a_compile_error_naming_the_file_and_line(built):
+    task, src, build_dir, _ = built
+    kernel = src / "matmul.cpp"
+    text = kernel.read_text()
+    try:
+        kernel.write_text(text.replace("#define LOOP_ORDER", '#include "tiling.h"\n#define LOOP_ORDER', 1))
+        line = kernel.read_text().splitlines().index('#include "tiling.h"') + 1
+        res = build(task, build_dir, src_dir=src)
+    finally:
+        kernel.write_text(text)
+    assert res.status == BuildStatus.compile_error
+    first = res.message.splitlines()[0]
+    assert first.startswith(f"matmul.cpp:{line}:") and "tiling.h" in first, res.message
+    assert "Traceback" not in res.message
 
 
 @pytest.mark.slow
@@ -226,6 +326,10 @@ def test_a_users_single_file_extension_in_their_own_repo_is_checked_and_optimize
 
     res = agent(root, "optimize", "ext", "--target", "100x", "--iters", "5", "--quiet", timeout=1800)
     assert res.returncode == 0, res.stdout + res.stderr
+    # the file the agent edits holds the binding too: the user is told why each build is slow, and the fix
+    note = "mymm.cpp is editable and includes torch's headers: every candidate recompiles them"
+    assert "note: " + note in " ".join((res.stdout + res.stderr).split())
+    assert note in " ".join(re.sub("[│┃]", " ", chk.stdout).split())
     [run] = [p for p in (root / "runs").iterdir() if (p / "run.json").exists()]
     recs, state = read_iterations(run), read_state(run)
     assert len(recs) == 5 and state.status == "done"

@@ -28,6 +28,7 @@ tests/test_architecture.py fails on such a branch outside this module.
     .unbuildable()     why this machine cannot build the form (a CUDA extension on a CPU torch), or None
     .load(path)        the built artifact, loaded (in the host process only)
     .complete(mod)     task.py, with what the form supplies (a torch extension's default `run`)
+    slow_rebuild_note(task)   why each candidate's build will be slow (torch's headers in an editable file)
 
 A new form (a Triton kernel, say) is a new class here and one line in backend_for; see
 docs/ARCHITECTURE.md. The module sits near the bottom of tools/: it imports tools.device,
@@ -39,6 +40,7 @@ from __future__ import annotations
 import ctypes
 import itertools
 import os
+import re
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -234,6 +236,22 @@ def _torch_paths(gpu: bool) -> tuple[list[str], list[str], int]:
 
 
 Backend = CtypesBackend | TorchExtensionBackend
+
+_TORCH_INCLUDE = re.compile(r'^[ \t]*#[ \t]*include[ \t]*[<"](torch/|ATen/|c10/|pybind11/)', re.M)
+
+
+def slow_rebuild_note(task) -> str | None:
+    """A torch extension whose editable file includes torch's headers recompiles them for every
+    candidate (25-45 s instead of 1-2 s): one line naming the files and the fix, else None."""
+    if task.spec.form != "torch_extension":
+        return None
+    heavy = [f for f in task.spec.editable if _TORCH_INCLUDE.search(task.path(f).read_text(errors="replace"))]
+    if not heavy:
+        return None
+    return (f"{', '.join(heavy)} {'is' if len(heavy) == 1 else 'are'} editable and include{'s' if len(heavy) == 1 else ''} "
+            "torch's headers: every candidate recompiles them (25-45 s a build, not 1-2 s). Move the binding "
+            "(PYBIND11_MODULE and the torch::Tensor code) into a file left out of `editable` and call the kernel "
+            "through a plain function (README: Bring your own kernel)")
 
 
 def backend_for(task) -> Backend:

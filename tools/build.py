@@ -60,9 +60,11 @@ def _forwardable(flag: str) -> bool:
 
 
 def write_ninja(task: Task, build_dir: Path, src_dir: Path, tools: dict[str, str],
-                arch: str | None) -> tuple[list[tuple[str, str]], list[str]]:
+                arch: str | None, prebuilt: dict[str, Path] | None = None) -> tuple[list[tuple[str, str]], list[str]]:
     """Write build.ninja; return [(source rel path, object path)] of the compile edges, and each
-    compile and link command as a person would type it (for the review: which flags built this)."""
+    compile and link command as a person would type it (for the review: which flags built this).
+    `prebuilt` maps a source to an object built earlier (reusable_objects): linked, not compiled."""
+    prebuilt = prebuilt or {}
     cuda = task.backend.gpu
     form = task.backend.build_flags()      # what the kernel's form adds (torch's headers and libraries)
     flags = list(task.spec.build.flags)
@@ -98,6 +100,8 @@ def write_ninja(task: Task, build_dir: Path, src_dir: Path, tools: dict[str, str
         ext = Path(rel).suffix
         if ext not in CXX_EXT | CU_EXT:
             continue  # headers: inputs through the depfiles, not edges
+        if rel in prebuilt:
+            continue
         obj = _obj_name(rel)
         src = str((src_dir / rel).resolve())
         rule = "nvcc" if ext in CU_EXT else "cxx"
@@ -109,14 +113,43 @@ def write_ninja(task: Task, build_dir: Path, src_dir: Path, tools: dict[str, str
     lib = f"lib{task.name}.so"
     link_cmd = " ".join(link).replace("$nvcc", Path(tools.get("nvcc") or "nvcc").name).replace(
         "$cxx", Path(tools["c++"]).name)
-    commands.append(f"{link_cmd} {q(link_flags)} -o {lib} " + " ".join(Path(o).name for _, o in edges)
+    objects = [o for _, o in edges] + [str(p) for p in prebuilt.values()]
+    commands.append(f"{link_cmd} {q(link_flags)} -o {lib} " + " ".join(Path(o).name for o in objects)
                     + (" " + q(form.link) if form.link else ""))
-    lines += [f"build {_nj(lib)}: link {' '.join(_nj(o) for _, o in edges)}", f"default {_nj(lib)}", ""]
+    lines += [f"build {_nj(lib)}: link {' '.join(_nj(o) for o in objects)}", f"default {_nj(lib)}", ""]
     text = "\n".join(lines)
     path = build_dir / "build.ninja"
     if not path.exists() or path.read_text() != text:
         path.write_text(text)
     return edges, commands
+
+
+def reusable_objects(task: Task, earlier: Path, ninja: str, src_dir: Path | None = None) -> dict[str, Path]:
+    """The objects of `task`'s non-editable sources in an earlier build of the same task (the sweep's
+    initial build) that can be linked as they are: compiled from the same bytes, the same for every
+    file of the task they included (ninja's dependency log says which), none of them editable. A
+    torch extension's binding then costs 15-25 s once per sweep, not once per configuration."""
+    out: dict[str, Path] = {}
+    src_dir = Path(src_dir or task.root).resolve()
+    for rel in task.spec.sources:
+        obj = Path(earlier) / _obj_name(rel)
+        if rel in task.spec.editable or Path(rel).suffix not in CXX_EXT | CU_EXT or not obj.is_file():
+            continue
+        try:
+            proc = subprocess.run([ninja, "-C", str(earlier), "-t", "deps", _obj_name(rel)], capture_output=True,
+                                  text=True, timeout=60)
+        except (OSError, subprocess.TimeoutExpired):
+            continue
+        lines = proc.stdout.splitlines()
+        deps = [Path(ln.strip()) for ln in lines[1:] if ln.strip()]
+        if proc.returncode or not lines or "(VALID)" not in lines[0] or not deps or not str(deps[0]).endswith("/" + rel):
+            continue
+        root = Path(str(deps[0])[: -len(rel) - 1])          # the earlier build's source folder
+        ours = [d.relative_to(root) for d in deps if d.is_relative_to(root)]
+        if all(str(r) not in task.spec.editable and (src_dir / r).is_file() and (root / r).is_file()
+               and (src_dir / r).read_bytes() == (root / r).read_bytes() for r in ours):
+            out[rel] = obj.resolve()
+    return out
 
 
 # --- compiler output --------------------------------------------------------------------------
@@ -198,8 +231,11 @@ def first_errors(output: str, src_dir: Path, commands: list[str], max_lines: int
 
 
 # --- the build --------------------------------------------------------------------------------
-def build(task: Task, build_dir: Path, src_dir: Path | None = None, timeout_s: float | None = None) -> BuildResult:
-    """Build task's sources (from src_dir, default task.root) in build_dir. Never raises for bad code."""
+def build(task: Task, build_dir: Path, src_dir: Path | None = None, timeout_s: float | None = None,
+          reuse: Path | None = None) -> BuildResult:
+    """Build task's sources (from src_dir, default task.root) in build_dir. Never raises for bad code.
+    `reuse`: an earlier build folder of the same task whose objects of non-editable sources are linked
+    instead of compiled where they include no editable file (reusable_objects)."""
     t0 = time.monotonic()
     build_dir = Path(build_dir).resolve()
     src_dir = Path(src_dir or task.root).resolve()
@@ -221,8 +257,9 @@ def build(task: Task, build_dir: Path, src_dir: Path | None = None, timeout_s: f
     if why:
         return result(BuildStatus.toolchain_missing, message=why)
     build_dir.mkdir(parents=True, exist_ok=True)
+    prebuilt = reusable_objects(task, reuse, tools["ninja"], src_dir) if reuse else {}  # type: ignore[arg-type]
     try:
-        edges, commands = write_ninja(task, build_dir, src_dir, tools, arch)  # type: ignore[arg-type]
+        edges, commands = write_ninja(task, build_dir, src_dir, tools, arch, prebuilt)  # type: ignore[arg-type]
     except (OSError, ImportError) as e:   # the form's flags: torch or the CUDA toolkit it needs is missing
         return result(BuildStatus.toolchain_missing, message=f"{task.backend.name}: {' '.join(str(e).split())}")
     if not edges:
@@ -232,7 +269,8 @@ def build(task: Task, build_dir: Path, src_dir: Path | None = None, timeout_s: f
     output = proc.stdout + proc.stderr
     steps = sum(1 for ln in output.splitlines() if ln.startswith(STATUS_MARK))
     ran = {ln.split()[-1] for ln in output.splitlines() if ln.startswith(STATUS_MARK)}
-    log = _collect_logs(build_dir, edges, ran) + "\n== ninja ==\n" + output
+    log = _collect_logs(build_dir, edges, ran) + "".join(f"\n== {rel} (reused: {obj}) ==" for rel, obj in prebuilt.items()) \
+        + "\n== ninja ==\n" + output
     (build_dir / "build.log").write_text(log)
     if proc.status == ProcStatus.timeout:
         return result(BuildStatus.timeout, steps_run=steps, log=log,
@@ -243,9 +281,8 @@ def build(task: Task, build_dir: Path, src_dir: Path | None = None, timeout_s: f
         msg = first_errors(output, src_dir, [t for t in tools.values() if t] + ["$nvcc", "$cxx"])
         return result(BuildStatus.compile_error, message=msg, steps_run=steps, log=log)
     kernels: list[KernelResources] = []
-    for _, obj in edges:
-        logf = build_dir / (obj + ".log")
-        if obj.endswith(".cu.o") and logf.exists():
+    for logf in [build_dir / (obj + ".log") for _, obj in edges] + [Path(f"{o}.log") for o in prebuilt.values()]:
+        if logf.name.endswith(".cu.o.log") and logf.exists():
             kernels += parse_ptxas(logf.read_text())
     names = demangle([k.mangled for k in kernels], tools.get("nvcc"))
     for k in kernels:

@@ -68,6 +68,10 @@ def run_check(task_path: Path, build_dir: Path | None = None) -> tuple[CheckSumm
     kern = "; ".join(f"{k.name.split('(')[0]}: {k.registers} regs, {k.spill_stores_bytes} B spilled, "
                      f"{k.smem_static_bytes} B smem" for k in b.kernels)
     steps.add("build", b.status.value, b.message or f"{b.steps_run} steps, {b.seconds:.1f}s" + (f"; {kern}" if kern else ""))
+    from tools.backend import slow_rebuild_note
+    note = slow_rebuild_note(task)
+    if note:
+        steps.add("rebuild", "note", note)
     summary = CheckSummary(task=task.name, build=b, ok=False)
     if b.status != BuildStatus.ok:
         return summary, steps
@@ -132,7 +136,7 @@ def cmd_check(args) -> int:
         t.add_column("step")
         t.add_column("status")
         t.add_column("detail", overflow="fold")
-        colors = {"ok": "green", "not_applicable": "dim", "not available": "yellow", "not run": "dim"}
+        colors = {"ok": "green", "not_applicable": "dim", "not available": "yellow", "not run": "dim", "note": "yellow"}
         for step, status, detail in steps.rows:
             c = colors.get(status, "red")
             t.add_row(step, f"[{c}]{status}[/{c}]", detail)

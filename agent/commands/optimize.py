@@ -18,6 +18,7 @@ from agent.settings import SettingsError
 from agent.session import (UsageError, check_limits, choose_task, default_proposer, parse_target, repo_root_of,
                            resume_run, start_run)
 from agent.view import make_view
+from tools.backend import slow_rebuild_note
 from tools.task import load_task
 
 console = Console(stderr=True)
@@ -84,6 +85,9 @@ def cmd_optimize(args) -> int:
         root = repo_root_of(task_dir)
         kind = args.proposer or default_proposer(root, overrides)
         console.print(f"{why}; proposer {kind}" + ("" if args.proposer else " (default)"), highlight=False)
+        note = slow_rebuild_note(load_task(task_dir))
+        if note:
+            console.print(f"[yellow]note[/yellow]: {note}", highlight=False)
         extra = {"llm_overrides": overrides, "model": args.model, "replay_source": args.replay,
                  "replay_kept_only": args.kept_only}
         view = make_view(console, quiet=args.quiet)
