@@ -1,9 +1,9 @@
 """Rebuild time of a task after a one-line edit (BENCHMARKS.md "Rebuild after a one-line edit").
 
-    python3 scripts/rebuild_time.py kernels/TASK FILE BUILD_DIR
+    python3 scripts/rebuild_time.py kernels/TASK FILE BUILD_DIR [EDITS]
 
 One cold build of the task into BUILD_DIR (removed first), then FILE (one of its sources) with one
-comment line added, three times, each rebuilt; then the built library loaded in a fresh process, as
+comment line added, EDITS times (default 3), each rebuilt; then the built library loaded in a fresh process, as
 each judge's host loads it. The edit is undone whatever happens.
 """
 
@@ -24,6 +24,7 @@ from tools.task import load_task  # noqa: E402
 
 def main(argv: list[str]) -> int:
     task_dir, rel, bd = argv[0], argv[1], Path(argv[2])
+    edits = int(argv[3]) if len(argv) > 3 else 3
     task = load_task(task_dir)
     shutil.rmtree(bd, ignore_errors=True)
     r = build(task, bd)
@@ -34,10 +35,10 @@ def main(argv: list[str]) -> int:
     p = task.path(rel)
     src = p.read_text()
     try:
-        for i in range(3):
+        for i in range(edits):
             p.write_text(f"// edit {i}\n" + src)
             r = build(task, bd)
-            print(f"  one-line edit of {rel}, {i + 1} of 3: {r.status.value} {r.seconds:.2f}s, {r.steps_run} steps")
+            print(f"  one-line edit of {rel}, {i + 1} of {edits}: {r.status.value} {r.seconds:.2f}s, {r.steps_run} steps")
     finally:
         p.write_text(src)
     code = ("import sys, time; t0 = time.monotonic(); import torch; t1 = time.monotonic(); "

@@ -42,6 +42,23 @@ def test_an_extension_table_needs_the_extension_form(tmp_path):
     assert (t.backend.name, t.spec.ext.name, t.spec.ext.entry) == ("torch_extension-cpu", "matmul_ext_cpu_ext", "forward")
 
 
+def test_an_extension_without_a_pybind11_module_is_one_line_naming_the_fix(tmp_path):
+    task = _copy(tmp_path)
+    binding = task / "binding.cpp"
+    text = binding.read_text()
+    start = text.index("PYBIND11_MODULE")
+    binding.write_text(text[:start] + 'TORCH_LIBRARY(mymm, m) { m.def("forward", &forward); }\n')
+    with pytest.raises(TaskError) as e:
+        load_task(task)
+    assert str(e.value) == (f"{task / 'task.toml'}: sources: binding.cpp registers its ops with TORCH_LIBRARY only, "
+                            "which is not taken (two builds in one process would register one op name twice): add "
+                            'PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) { m.def("forward", ...); } to a source, calling '
+                            "your op")
+    binding.write_text(text[:start])
+    with pytest.raises(TaskError, match="sources: no source defines the extension's Python module: add PYBIND11"):
+        load_task(task)
+
+
 def test_torchs_headers_in_an_editable_file_get_a_note_a_split_extension_none(tmp_path):
     from tools.backend import slow_rebuild_note
     assert slow_rebuild_note(load_task(SHIPPED)) is None

@@ -114,3 +114,10 @@ def test_on_the_gpu_the_extension_is_correct_its_launch_traced_and_an_edit_recom
     assert again.status == BuildStatus.ok and again.steps_run == 2, again.log[-2000:]
     assert run_parity(task, Path(again.lib_path)).status == ParityStatus.ok
     print(f"attention_ext build: first {first_s:.1f} s, after a one-line kernel edit {again_s:.2f} s")
+
+
+def test_the_default_task_on_a_gpu_is_still_the_ctypes_one():
+    """attention_ext sorts before attention_fwd; the default stays the task BENCHMARKS.md measures."""
+    from tools.task import first_fitting_task
+    assert first_fitting_task(ROOT / "kernels", cuda=True) == ROOT / "kernels" / "attention_fwd"
+    assert first_fitting_task(ROOT / "kernels", cuda=False) == ROOT / "kernels" / "matmul_cpu"

@@ -269,10 +269,25 @@ def load_task(path: str | Path) -> Task:
             raise TaskError(toml_path, f"sources.{i}", f"file {f!r} does not exist in {root}")
     if not (root / spec.module).is_file():
         raise TaskError(toml_path, "module", f"file {spec.module!r} does not exist in {root}")
+    if spec.form == "torch_extension":
+        _has_binding(toml_path, root, spec.sources)
     for k in spec.knobs:
         if not knob_pattern(k.name).search((root / k.file).read_text()):
             raise TaskError(toml_path, f"knobs.{k.name}", f"no '#define {k.name} <int>' line in {k.file}")
     return Task(spec, root)
+
+
+def _has_binding(toml_path: Path, root: Path, sources: list[str]) -> None:
+    """A torch extension is called through its pybind11 module: a source must define it."""
+    texts = {f: (root / f).read_text(errors="replace") for f in sources}
+    if any("PYBIND11_MODULE" in t for t in texts.values()):
+        return
+    ops = next((f for f, t in texts.items() if "TORCH_LIBRARY" in t), None)
+    fix = 'add PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) { m.def("forward", ...); } to a source'
+    if ops:
+        raise TaskError(toml_path, "sources", f"{ops} registers its ops with TORCH_LIBRARY only, which is not taken "
+                        "(two builds in one process would register one op name twice): " + fix + ", calling your op")
+    raise TaskError(toml_path, "sources", "no source defines the extension's Python module: " + fix)
 
 
 def load_module(path: Path, name: str) -> ModuleType:
@@ -291,15 +306,17 @@ def find_tasks(kernels_dir: Path) -> list[Path]:
 
 def first_fitting_task(kernels_dir: Path, cuda: bool) -> Path | None:
     """The first valid task that fits the machine: a cuda task where a GPU is present (else a cpu one
-    there too), only a cpu task without one. Tasks that fail to load are skipped."""
-    devices: dict[Path, str] = {}
+    there too), only a cpu task without one; of those, a ctypes task before a torch extension (the
+    shipped defaults stay the measured ones). Tasks that fail to load are skipped."""
+    specs: dict[Path, TaskSpec] = {}
     for path in find_tasks(kernels_dir):
         try:
-            devices[path] = load_task(path).spec.device
+            specs[path] = load_task(path).spec
         except TaskError:
             continue
     for want in (["cuda", "cpu"] if cuda else ["cpu"]):
-        for path, dev in devices.items():
-            if dev == want:
-                return path
+        for form in ("ctypes", "torch_extension"):
+            for path, spec in specs.items():
+                if spec.device == want and spec.form == form:
+                    return path
     return None

@@ -13,7 +13,7 @@
 #   rebuild      "Rebuild after a one-line edit"
 #   rebuild_ext  the same section, for the CUDA torch extension kernels/attention_ext: a cold build
 #                (binding.cpp with torch's headers, and the kernel), one-line kernel edits, and the
-#                import of the built module in a fresh process
+#                import of the built module in a fresh process; then the seeds' form (one .cu)
 #   repeat       "Repeatability of `bench`" (both rows, and the kernel timed against itself)
 #   profile      "Profile overhead" (the tier-1 rows and the tier-2 row)
 #   opt_attn     "`agent optimize` and `agent sweep`: the current figures": attention_fwd to 1.5x
@@ -23,6 +23,7 @@
 #                (opt_* also give that section's table of seconds per iteration, from `agent show`)
 #   sweep_sm     "Sweeps: what the knobs can reach": every softmax configuration
 #   sweep_attn   the same section: every attention_fwd configuration
+#   sweep_ext    a sample of 32 attention_ext configurations (the extension's binding compiled once)
 #   gpu_tests    the `pytest -m gpu` line at the end of the "current figures" section
 #
 # One device call may run 10 minutes at most, start-up included, so the parts go in these groups,
@@ -45,7 +46,7 @@
 # the agent's run folders (worktrees, builds, libraries and ncu reports left out).
 set -uo pipefail
 
-PARTS="baseline rebuild rebuild_ext repeat profile opt_attn opt_sm opt_attn_hi opt_ext sweep_sm sweep_attn gpu_tests"
+PARTS="baseline rebuild rebuild_ext repeat profile opt_attn opt_sm opt_attn_hi opt_ext sweep_sm sweep_attn sweep_ext gpu_tests"
 usage() { echo "usage: bash scripts/device/figures.sh PART [PART ...]; parts: $PARTS" >&2; exit 2; }
 [ $# -gt 0 ] || usage
 for part in "$@"; do
@@ -180,6 +181,13 @@ rebuild_ext() {
   # line added, three times (the target is 2 s), and the module loaded in a fresh process.
   echo "== rebuild of attention_ext (torch extension) after a one-line kernel edit" >> "$S"
   python3 scripts/rebuild_time.py kernels/attention_ext attention.cu "$BLD/rebuild_ext" >> "$S" 2>&1
+  # the seeds' form: binding and kernel in one .cu (torch's headers in the file the agent edits), one edit
+  echo "== the same kernel in the seeds' form: one .cu with the binding" >> "$S"
+  local one=$FIG/rebuild_ext/attention_one
+  rm -rf "$one"; cp -r kernels/attention_ext "$one"
+  cat "$one/attention.cu" "$one/binding.cpp" > "$one/one.cu"; rm "$one/attention.cu" "$one/binding.cpp"
+  sed -i 's/^sources = .*/sources = ["one.cu"]/; s/^editable = .*/editable = ["one.cu"]/; s/"attention.cu"/"one.cu"/' "$one/task.toml"
+  python3 scripts/rebuild_time.py "$one" one.cu "$BLD/rebuild_one" 1 >> "$S" 2>&1
 }
 
 repeat() {
@@ -278,6 +286,12 @@ sweep_attn() {
   # Every attention_fwd configuration (1135 besides the default), the 16 fastest fully checked:
   # builds 170 s at 16 jobs and the screen 251 s of its 478 s, so it needs a device call of its own.
   sweep attn kernels/attention_fwd "${ATTN_S:-560}" --screen 16
+}
+
+sweep_ext() {
+  # 32 attention_ext configurations drawn with seed 1, the 8 fastest fully checked: every
+  # configuration links the initial build's binding object (tools.build.reusable_objects).
+  sweep ext kernels/attention_ext 300 --limit 32 --seed 1 --screen 8
 }
 
 gpu_tests() {
