@@ -1,4 +1,5 @@
-"""Prompt templates live in prompts/*.md; this renders them strictly.
+"""Prompt templates live in agent/prompts/*.md (package data: a wheel carries them, as it carries
+agent/AGENT.md); this renders them strictly.
 
 A placeholder is `{{name}}`. A placeholder with no value is an error, and so is a value that the
 template never uses (a variable the code computes for nothing is a prompt that drifted). Values are
@@ -10,9 +11,9 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-PROMPTS_DIR = REPO_ROOT / "prompts"
-AGENT_RULES = REPO_ROOT / "AGENT.md"
+PACKAGE = Path(__file__).resolve().parent
+PROMPTS_DIR = PACKAGE / "prompts"
+AGENT_RULES = PACKAGE / "AGENT.md"
 _PLACEHOLDER = re.compile(r"\{\{\s*([A-Za-z_][A-Za-z0-9_]*)\s*\}\}")
 
 

@@ -127,7 +127,8 @@ def test_a_configuration_links_the_earlier_builds_binding_and_is_still_its_own(b
 
 @pytest.mark.slow
 def test_a_binding_that_includes_an_editable_file_is_never_reused(tmp_path):
-    from tools.build import reusable_objects
+    from tools.build import obj_name
+    from tools.reuse import reusable_objects
     from tools.toolchain import find_ninja
     src = _copy(tmp_path)
     (src / "tiles.h").write_text("#define TILE_NOTE 1\n")
@@ -138,10 +139,11 @@ def test_a_binding_that_includes_an_editable_file_is_never_reused(tmp_path):
                     .replace('editable = ["matmul.cpp"]', 'editable = ["matmul.cpp", "tiles.h"]'))
     task = load_task(src)
     assert build(task, tmp_path / "b").status == BuildStatus.ok
-    assert reusable_objects(task, tmp_path / "b", find_ninja()) == {}
+    objects = {f: obj_name(f) for f in ("binding.cpp", "matmul.cpp")}
+    assert reusable_objects(task, tmp_path / "b", find_ninja(), objects) == {}
     # the same names, other bytes (the shipped task's binding.cpp has no #include "tiles.h"): not reused
-    assert reusable_objects(load_task(SHIPPED), tmp_path / "b", find_ninja()) == {}
-    assert reusable_objects(task, tmp_path / "nothing here", find_ninja()) == {}
+    assert reusable_objects(load_task(SHIPPED), tmp_path / "b", find_ninja(), objects) == {}
+    assert reusable_objects(task, tmp_path / "nothing here", find_ninja(), objects) == {}
 
 
 @pytest.mark.slow
@@ -340,6 +342,7 @@ def test_a_users_single_file_extension_in_their_own_repo_is_checked_and_optimize
     chk = agent(root, "check", "ext", timeout=900)
     assert chk.returncode == 0, chk.stdout + chk.stderr
     assert "all checks passed" in chk.stdout
+    assert (root / "runs" / "_build" / "mymm" / "libmymm.so").is_file()     # the build is in the user's runs/
 
     res = agent(root, "optimize", "ext", "--target", "100x", "--iters", "5", "--quiet", timeout=1800)
     assert res.returncode == 0, res.stdout + res.stderr

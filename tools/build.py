@@ -22,7 +22,8 @@ from pathlib import Path
 from tools.device import gpu_arch
 from tools.toolchain import cuda_home, find_cxx, find_ninja, find_nvcc, toolchain_hint
 from tools.results import BuildResult, BuildStatus, KernelResources
-from tools.sandbox import REPO_ROOT, ProcStatus, run_isolated
+from tools.reuse import reusable_objects
+from tools.sandbox import ProcStatus, run_isolated
 from tools.task import Task, load_task
 
 CXX_EXT = {".cpp", ".cc", ".cxx", ".c"}
@@ -51,7 +52,7 @@ def _val(s: str) -> str:
     return s.replace("$", "$$")
 
 
-def _obj_name(rel: str) -> str:
+def obj_name(rel: str) -> str:
     return "obj/" + rel.replace("/", "__") + ".o"
 
 
@@ -102,7 +103,7 @@ def write_ninja(task: Task, build_dir: Path, src_dir: Path, tools: dict[str, str
             continue  # headers: inputs through the depfiles, not edges
         if rel in prebuilt:
             continue
-        obj = _obj_name(rel)
+        obj = obj_name(rel)
         src = str((src_dir / rel).resolve())
         rule = "nvcc" if ext in CU_EXT else "cxx"
         lines += [f"build {_nj(obj)}: {rule} {_nj(src)}", f"  src = {_val(shlex.quote(src))}",
@@ -122,34 +123,6 @@ def write_ninja(task: Task, build_dir: Path, src_dir: Path, tools: dict[str, str
     if not path.exists() or path.read_text() != text:
         path.write_text(text)
     return edges, commands
-
-
-def reusable_objects(task: Task, earlier: Path, ninja: str, src_dir: Path | None = None) -> dict[str, Path]:
-    """The objects of `task`'s non-editable sources in an earlier build of the same task (the sweep's
-    initial build) that can be linked as they are: compiled from the same bytes, the same for every
-    file of the task they included (ninja's dependency log says which), none of them editable. A
-    torch extension's binding then costs 15-25 s once per sweep, not once per configuration."""
-    out: dict[str, Path] = {}
-    src_dir = Path(src_dir or task.root).resolve()
-    for rel in task.spec.sources:
-        obj = Path(earlier) / _obj_name(rel)
-        if rel in task.spec.editable or Path(rel).suffix not in CXX_EXT | CU_EXT or not obj.is_file():
-            continue
-        try:
-            proc = subprocess.run([ninja, "-C", str(earlier), "-t", "deps", _obj_name(rel)], capture_output=True,
-                                  text=True, timeout=60)
-        except (OSError, subprocess.TimeoutExpired):
-            continue
-        lines = proc.stdout.splitlines()
-        deps = [Path(ln.strip()) for ln in lines[1:] if ln.strip()]
-        if proc.returncode or not lines or "(VALID)" not in lines[0] or not deps or not str(deps[0]).endswith("/" + rel):
-            continue
-        root = Path(str(deps[0])[: -len(rel) - 1])          # the earlier build's source folder
-        ours = [d.relative_to(root) for d in deps if d.is_relative_to(root)]
-        if all(str(r) not in task.spec.editable and (src_dir / r).is_file() and (root / r).is_file()
-               and (src_dir / r).read_bytes() == (root / r).read_bytes() for r in ours):
-            out[rel] = obj.resolve()
-    return out
 
 
 # --- compiler output --------------------------------------------------------------------------
@@ -235,7 +208,7 @@ def build(task: Task, build_dir: Path, src_dir: Path | None = None, timeout_s: f
           reuse: Path | None = None) -> BuildResult:
     """Build task's sources (from src_dir, default task.root) in build_dir. Never raises for bad code.
     `reuse`: an earlier build folder of the same task whose objects of non-editable sources are linked
-    instead of compiled where they include no editable file (reusable_objects)."""
+    instead of compiled where they include no editable file (tools.reuse)."""
     t0 = time.monotonic()
     build_dir = Path(build_dir).resolve()
     src_dir = Path(src_dir or task.root).resolve()
@@ -257,7 +230,8 @@ def build(task: Task, build_dir: Path, src_dir: Path | None = None, timeout_s: f
     if why:
         return result(BuildStatus.toolchain_missing, message=why)
     build_dir.mkdir(parents=True, exist_ok=True)
-    prebuilt = reusable_objects(task, reuse, tools["ninja"], src_dir) if reuse else {}  # type: ignore[arg-type]
+    objects = {rel: obj_name(rel) for rel in task.spec.sources if Path(rel).suffix in CXX_EXT | CU_EXT}
+    prebuilt = reusable_objects(task, reuse, tools["ninja"], objects, src_dir) if reuse else {}  # type: ignore[arg-type]
     try:
         edges, commands = write_ninja(task, build_dir, src_dir, tools, arch, prebuilt)  # type: ignore[arg-type]
     except (OSError, ImportError) as e:   # the form's flags: torch or the CUDA toolkit it needs is missing
@@ -302,7 +276,10 @@ def _collect_logs(build_dir: Path, edges: list[tuple[str, str]], ran: set[str]) 
 
 # --- CLI --------------------------------------------------------------------------------------
 def default_build_dir(task: Task) -> Path:
-    return REPO_ROOT / "runs" / "_build" / task.name
+    """runs/_build/NAME under the git repository that holds the task (the user's: never this
+    project's checkout or install), or under the task's folder where no repository holds it."""
+    root = next((d for d in (task.root, *task.root.parents) if (d / ".git").exists()), task.root)
+    return root / "runs" / "_build" / task.name
 
 
 def render(res: BuildResult) -> None:

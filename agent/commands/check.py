@@ -128,6 +128,13 @@ def cmd_check(args) -> int:
         err.print(f"[red]error[/red]: {e}", highlight=False)
         return 2
     err.print(why, highlight=False)
+    if args.build_dir is None:   # the build goes to runs/_build in the task's repository: out of its git status
+        from agent import gitops
+        try:
+            repo = gitops.open_repo(task_path)
+            gitops.ensure_runs_ignored(repo, Path(repo.working_tree_dir) / "runs")
+        except gitops.GitError:
+            pass                 # no repository: the build goes beside the task
     summary, steps = run_check(task_path, args.build_dir)
     if args.json:
         print(summary.model_dump_json())

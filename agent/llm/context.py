@@ -76,7 +76,7 @@ def _ms(v: float | None) -> str:
 
 
 def iteration_prompt(ctx: Context, profile_json: str, budget_tokens: int) -> str:
-    """Render prompts/iteration.md within `budget_tokens` (history dropped oldest first)."""
+    """Render agent/prompts/iteration.md within `budget_tokens` (history dropped oldest first)."""
     spec = ctx.task.spec
     empty = [f for f, t in ctx.sources.items() if not t.strip()]
     bootstrap = ""

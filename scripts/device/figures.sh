@@ -290,7 +290,7 @@ sweep_attn() {
 
 sweep_ext() {
   # 32 attention_ext configurations drawn with seed 1, the 8 fastest fully checked: every
-  # configuration links the initial build's binding object (tools.build.reusable_objects).
+  # configuration links the initial build's binding object (tools.reuse.reusable_objects).
   sweep ext kernels/attention_ext 300 --limit 32 --seed 1 --screen 8
 }
 
