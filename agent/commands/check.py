@@ -45,6 +45,15 @@ class _Steps:
         self.rows.append((step, status, detail))
 
 
+def _ignore_runs(runs: Path) -> None:
+    """The runs folder default_build_dir chose, out of `git status` where a repository holds it."""
+    from agent import gitops
+    try:
+        gitops.ensure_runs_ignored(gitops.open_repo(runs.parent), runs)
+    except gitops.GitError:
+        pass                 # no repository: nothing to keep clean
+
+
 def run_check(task_path: Path, build_dir: Path | None = None) -> tuple[CheckSummary, _Steps]:
     """Build, then the pipeline every candidate goes through (Evaluator.evaluate_candidate: the static
     launch check, parity and the main-shape bench with the reference, in one child), then the dynamic
@@ -60,7 +69,10 @@ def run_check(task_path: Path, build_dir: Path | None = None) -> tuple[CheckSumm
     task = load_task(task_path)
     steps = _Steps()
     times = StageTimes()
-    ev = Evaluator(task, build_dir or default_build_dir(task), None, checkout=checkout_of(task.root))
+    if build_dir is None:   # runs/_build in the task's repository, kept out of its git status
+        build_dir = default_build_dir(task)
+        _ignore_runs(build_dir.parents[1])
+    ev = Evaluator(task, build_dir, None, checkout=checkout_of(task.root))
     try:
         b = ev.build(times)
     except CompileFailed as e:
@@ -128,13 +140,6 @@ def cmd_check(args) -> int:
         err.print(f"[red]error[/red]: {e}", highlight=False)
         return 2
     err.print(why, highlight=False)
-    if args.build_dir is None:   # the build goes to runs/_build in the task's repository: out of its git status
-        from agent import gitops
-        try:
-            repo = gitops.open_repo(task_path)
-            gitops.ensure_runs_ignored(repo, Path(repo.working_tree_dir) / "runs")
-        except gitops.GitError:
-            pass                 # no repository: the build goes beside the task
     summary, steps = run_check(task_path, args.build_dir)
     if args.json:
         print(summary.model_dump_json())
