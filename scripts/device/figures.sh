@@ -14,6 +14,7 @@
 #   rebuild_ext  the same section, for the CUDA torch extension kernels/attention_ext: a cold build
 #                (binding.cpp with torch's headers, and the kernel), one-line kernel edits, and the
 #                import of the built module in a fresh process; then the seeds' form (one .cu)
+#   phases       the same section: where a rebuild's seconds go (each command, nvcc's own phases)
 #   repeat       "Repeatability of `bench`" (both rows, and the kernel timed against itself)
 #   profile      "Profile overhead" (the tier-1 rows and the tier-2 row)
 #   opt_attn     "`agent optimize` and `agent sweep`: the current figures": attention_fwd to 1.5x
@@ -35,6 +36,7 @@
 #   bash scripts/device/figures.sh opt_attn_hi                   # 367 s (timeout 520 s)
 #   bash scripts/device/figures.sh gpu_tests                     # 504 s with -m "gpu or nvcc" (timeout 540 s)
 #   bash scripts/device/figures.sh rebuild_ext opt_ext           # 36 s + 106 s
+#   bash scripts/device/figures.sh phases                        # 164 s
 #
 # Environment overrides: ITERS (iterations of every optimize part; default 20, and 30 for
 # opt_attn_hi), HI_BUDGET (opt_attn_hi's --budget-seconds, default 420), ATTN_S (sweep_attn's
@@ -46,7 +48,7 @@
 # the agent's run folders (worktrees, builds, libraries and ncu reports left out).
 set -uo pipefail
 
-PARTS="baseline rebuild rebuild_ext repeat profile opt_attn opt_sm opt_attn_hi opt_ext sweep_sm sweep_attn sweep_ext gpu_tests"
+PARTS="baseline rebuild rebuild_ext phases repeat profile opt_attn opt_sm opt_attn_hi opt_ext sweep_sm sweep_attn sweep_ext gpu_tests"
 usage() { echo "usage: bash scripts/device/figures.sh PART [PART ...]; parts: $PARTS" >&2; exit 2; }
 [ $# -gt 0 ] || usage
 for part in "$@"; do
@@ -183,11 +185,27 @@ rebuild_ext() {
   python3 scripts/rebuild_time.py kernels/attention_ext attention.cu "$BLD/rebuild_ext" >> "$S" 2>&1
   # the seeds' form: binding and kernel in one .cu (torch's headers in the file the agent edits), one edit
   echo "== the same kernel in the seeds' form: one .cu with the binding" >> "$S"
-  local one=$FIG/rebuild_ext/attention_one
+  local one; one=$(seeds_form rebuild_ext)
+  python3 scripts/rebuild_time.py "$one" one.cu "$BLD/rebuild_one" 1 >> "$S" 2>&1
+}
+
+seeds_form() {  # attention_ext in the seeds' form (binding and kernel in one .cu) under $FIG/$1; prints its folder
+  local one=$FIG/$1/attention_one
   rm -rf "$one"; cp -r kernels/attention_ext "$one"
   cat "$one/attention.cu" "$one/binding.cpp" > "$one/one.cu"; rm "$one/attention.cu" "$one/binding.cpp"
   sed -i 's/^sources = .*/sources = ["one.cu"]/; s/^editable = .*/editable = ["one.cu"]/; s/"attention.cu"/"one.cu"/' "$one/task.toml"
-  python3 scripts/rebuild_time.py "$one" one.cu "$BLD/rebuild_one" 1 >> "$S" 2>&1
+  echo "$one"
+}
+
+phases() {
+  # Where a rebuild's seconds go: each command of the rebuild after a one-line edit timed alone, with
+  # nvcc's phases (scripts/rebuild_phases.py): attention_ext, attention_fwd (ctypes), the seeds' form.
+  local one; one=$(seeds_form phases)
+  for t in "kernels/attention_ext attention.cu" "kernels/attention_fwd attention.cu" "$one one.cu"; do
+    echo "== rebuild phases: $t" >> "$S"
+    # shellcheck disable=SC2086
+    timeout 400 python3 scripts/rebuild_phases.py $t "$BLD/phases_$(basename "${t%% *}")" >> "$S" 2>&1
+  done
 }
 
 repeat() {
