@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 from tools.device import gpu_arch
+from tools.pch import ensure as ensure_pch, pch_flags, pch_sources
 from tools.toolchain import cuda_home, find_cxx, find_ninja, find_nvcc, toolchain_hint
 from tools.results import BuildResult, BuildStatus, KernelResources
 from tools.reuse import reusable_objects
@@ -60,20 +61,31 @@ def _forwardable(flag: str) -> bool:
     return flag.startswith(("-D", "-U", "-I"))
 
 
+def cxx_flags_of(task: Task, src_dir: Path, nvcc: str | None) -> list[str]:
+    """The C++ compiler's flags for the task's .cpp files (and a precompiled header's, tools.pch)."""
+    flags = list(task.spec.build.flags)
+    cuda = task.backend.gpu
+    out = CXX_FLAGS + ["-I" + str(src_dir)] + task.backend.build_flags().cxx \
+        + (flags if not cuda else [f for f in flags if _forwardable(f)])
+    home = cuda_home(nvcc)
+    return out + (["-I" + str(home / "include")] if cuda and home else [])
+
+
 def write_ninja(task: Task, build_dir: Path, src_dir: Path, tools: dict[str, str],
-                arch: str | None, prebuilt: dict[str, Path] | None = None) -> tuple[list[tuple[str, str]], list[str]]:
+                arch: str | None, prebuilt: dict[str, Path] | None = None,
+                pch: tuple[Path, list[str]] | None = None) -> tuple[list[tuple[str, str]], list[str]]:
     """Write build.ninja; return [(source rel path, object path)] of the compile edges, and each
     compile and link command as a person would type it (for the review: which flags built this).
-    `prebuilt` maps a source to an object built earlier (reusable_objects): linked, not compiled."""
+    `prebuilt` maps a source to an object built earlier (reusable_objects): linked, not compiled.
+    `pch`: (the folder holding torch/extension.h.gch, the sources compiled with it) (tools.pch)."""
     prebuilt = prebuilt or {}
     cuda = task.backend.gpu
     form = task.backend.build_flags()      # what the kernel's form adds (torch's headers and libraries)
     flags = list(task.spec.build.flags)
     q = lambda args: " ".join(shlex.quote(a) for a in args)  # noqa: E731
     inc = ["-I" + str(src_dir)]
-    cxx_flags = CXX_FLAGS + inc + form.cxx + (flags if not cuda else [f for f in flags if _forwardable(f)])
-    home = cuda_home(tools.get("nvcc"))
-    cxx_flags += ["-I" + str(home / "include")] if cuda and home else []
+    cxx_flags = cxx_flags_of(task, src_dir, tools.get("nvcc"))
+    pch_args = ["-I" + str(pch[0]), "-Winvalid-pch"] if pch else []
     lines = [
         "ninja_required_version = 1.5",
         f"cxx = {_val(shlex.quote(tools['c++']))}",
@@ -81,7 +93,7 @@ def write_ninja(task: Task, build_dir: Path, src_dir: Path, tools: dict[str, str
     ]
     # compiler output goes to <obj>.log first, then is printed: a cached object keeps its report
     tail = "> $obj.log 2>&1; s=$$?; cat $obj.log; exit $$s"
-    lines += ["rule cxx", f"  command = $cxx $cxxflags -MD -MF $obj.d -c $src -o $obj {tail}",
+    lines += ["rule cxx", f"  command = $cxx $cxxflags $pch -MD -MF $obj.d -c $src -o $obj {tail}",
               "  depfile = $out.d", "  deps = gcc", "  description = CXX $out"]
     if tools.get("nvcc"):
         nv_flags = NVCC_FLAGS + [f"-arch={arch or DEFAULT_ARCH}"] + inc + form.cxx + form.nvcc + (flags if cuda else [])
@@ -108,8 +120,11 @@ def write_ninja(task: Task, build_dir: Path, src_dir: Path, tools: dict[str, str
         rule = "nvcc" if ext in CU_EXT else "cxx"
         lines += [f"build {_nj(obj)}: {rule} {_nj(src)}", f"  src = {_val(shlex.quote(src))}",
                   f"  obj = {_val(shlex.quote(obj))}"]
+        with_pch = bool(pch) and rule == "cxx" and rel in pch[1]  # type: ignore[index]
+        lines += [f"  pch = {_val(q(pch_args))}"] if with_pch else []
         edges.append((rel, obj))
         compiler, cflags = (tools["nvcc"], nv_flags) if rule == "nvcc" else (tools["c++"], cxx_flags)
+        cflags = cflags + (pch_args if with_pch else [])
         commands.append(f"{Path(compiler).name} {q(cflags)} -c {rel}")
     lib = f"lib{task.name}.so"
     link_cmd = " ".join(link).replace("$nvcc", Path(tools.get("nvcc") or "nvcc").name).replace(
@@ -232,8 +247,14 @@ def build(task: Task, build_dir: Path, src_dir: Path | None = None, timeout_s: f
     build_dir.mkdir(parents=True, exist_ok=True)
     objects = {rel: obj_name(rel) for rel in task.spec.sources if Path(rel).suffix in CXX_EXT | CU_EXT}
     prebuilt = reusable_objects(task, reuse, tools["ninja"], objects, src_dir) if reuse else {}  # type: ignore[arg-type]
+    pch_note = ""
     try:
-        edges, commands = write_ninja(task, build_dir, src_dir, tools, arch, prebuilt)  # type: ignore[arg-type]
+        pch = None
+        if with_pch := [r for r in pch_sources(task, src_dir) if r not in prebuilt]:
+            got = ensure_pch(tools["c++"], pch_flags(cxx_flags_of(task, src_dir, tools["nvcc"]), src_dir),  # type: ignore[arg-type]
+                             timeout_s)
+            pch, pch_note = ((got.include_dir, with_pch) if got.include_dir else None), f"\n== pch ==\n{got.note}"
+        edges, commands = write_ninja(task, build_dir, src_dir, tools, arch, prebuilt, pch)  # type: ignore[arg-type]
     except (OSError, ImportError) as e:   # the form's flags: torch or the CUDA toolkit it needs is missing
         return result(BuildStatus.toolchain_missing, message=f"{task.backend.name}: {' '.join(str(e).split())}")
     if not edges:
@@ -244,7 +265,7 @@ def build(task: Task, build_dir: Path, src_dir: Path | None = None, timeout_s: f
     steps = sum(1 for ln in output.splitlines() if ln.startswith(STATUS_MARK))
     ran = {ln.split()[-1] for ln in output.splitlines() if ln.startswith(STATUS_MARK)}
     log = _collect_logs(build_dir, edges, ran) + "".join(f"\n== {rel} (reused: {obj}) ==" for rel, obj in prebuilt.items()) \
-        + "\n== ninja ==\n" + output
+        + pch_note + "\n== ninja ==\n" + output
     (build_dir / "build.log").write_text(log)
     if proc.status == ProcStatus.timeout:
         return result(BuildStatus.timeout, steps_run=steps, log=log,

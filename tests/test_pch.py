@@ -1,0 +1,111 @@
+"""The precompiled torch/extension.h of a one-file C++ extension (tools/pch.py): which files take it,
+the cache and its lock, a header that does not compile, and (slow) a real extension built with it."""
+
+import subprocess
+import threading
+from pathlib import Path
+
+import pytest
+
+from tools.pch import ensure, first_code_is_torch_extension, pch_sources
+from tools.task import load_task
+from tools.toolchain import find_cxx, find_ninja
+
+
+def test_only_a_file_whose_first_code_is_the_torch_include_takes_it():
+    assert first_code_is_torch_extension("// my kernel\n/* a\n block */\n#pragma once\n\n#include <torch/extension.h>\nint x;")
+    assert first_code_is_torch_extension("  #  include <torch/extension.h>  \n")
+    assert not first_code_is_torch_extension("#include <vector>\n#include <torch/extension.h>\n")   # code before it
+    assert not first_code_is_torch_extension("#define BLOCK 16\n#include <torch/extension.h>\n")  # a macro it may read
+    assert not first_code_is_torch_extension('#include "torch/extension.h"\n#include <torch/extension.h>\n')
+    assert not first_code_is_torch_extension("// only a comment\n")
+
+
+def _ext_task(tmp_path: Path, text: str, editable: bool = True, name: str = "one.cpp"):
+    d = tmp_path / "t"
+    d.mkdir(exist_ok=True)
+    (d / name).write_text(text)
+    (d / "k.cpp").write_text("int k() { return 1; }\n")
+    (d / "task.py").write_text("import torch\ndef make_inputs(shape, seed, device, dist):\n    return (torch.ones(2),)\n"
+                               "def reference(shape, x):\n    return x\ndef empty_output(shape, x):\n    return torch.empty(2)\n")
+    (d / "task.toml").write_text(f'name = "t"\ndevice = "cpu"\nform = "torch_extension"\nsources = ["{name}", "k.cpp"]\n'
+                                 f'editable = ["{name if editable else "k.cpp"}"]\nshapes = [{{ N = 2 }}]\n'
+                                 "[tolerance.float32]\natol = 1e-4\nrtol = 1e-4\n")
+    return load_task(d)
+
+
+def test_the_files_that_take_it_are_editable_cpp_files_of_an_extension(tmp_path):
+    body = "#include <torch/extension.h>\nPYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {}\n"
+    assert pch_sources(_ext_task(tmp_path, body), tmp_path / "t") == ["one.cpp"]
+    assert pch_sources(_ext_task(tmp_path, body, editable=False), tmp_path / "t") == []   # compiled once anyway
+    assert pch_sources(_ext_task(tmp_path, body, name="one.cu"), tmp_path / "t") == []    # nvcc: no gcc PCH
+
+
+def _fake_torch(tmp_path: Path, body: str) -> list[str]:
+    inc = tmp_path / "inc"
+    (inc / "torch").mkdir(parents=True)
+    (inc / "torch" / "extension.h").write_text(body)
+    return ["-O1", "-isystem", str(inc)]
+
+
+@pytest.mark.skipif(find_cxx() is None, reason="no C++ compiler")
+def test_it_is_made_once_under_a_lock_and_then_taken_from_the_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("AGENT_CACHE", str(tmp_path / "cache"))
+    flags = _fake_torch(tmp_path, "#pragma once\ninline int twice(int x) { return 2 * x; }\n")
+    got: list = []
+    threads = [threading.Thread(target=lambda: got.append(ensure(find_cxx(), flags, 60))) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if "not gcc" in got[0].note:
+        pytest.skip(got[0].note)
+    assert all(g.include_dir == got[0].include_dir for g in got) and got[0].include_dir is not None
+    assert sum("into" in g.note for g in got) == 1, [g.note for g in got]       # one compiled it, two waited
+    gch = got[0].include_dir / "torch" / "extension.h.gch"
+    assert gch.is_file() and not [p for p in gch.parent.iterdir() if p.name.startswith(".")]   # no temporary left
+    again = ensure(find_cxx(), flags, 60)
+    assert again.include_dir == got[0].include_dir and "from" in again.note
+    assert ensure(find_cxx(), flags + ["-DOTHER=1"], 60).include_dir != got[0].include_dir   # other flags, other header
+
+
+@pytest.mark.skipif(find_cxx() is None, reason="no C++ compiler")
+def test_a_header_that_does_not_compile_leaves_none_and_says_why(tmp_path, monkeypatch):
+    monkeypatch.setenv("AGENT_CACHE", str(tmp_path / "cache"))
+    got = ensure(find_cxx(), _fake_torch(tmp_path, "#error this torch is broken\n"), 60)
+    if "not gcc" in got.note:
+        pytest.skip(got.note)
+    assert got.include_dir is None and "this torch is broken" in got.note
+    assert not list((tmp_path / "cache").rglob("*.gch*"))
+    monkeypatch.setenv("AGENT_PCH", "0")
+    assert ensure(find_cxx(), _fake_torch(tmp_path / "x", "int y;\n"), 60).note == "off (AGENT_PCH=0)"
+
+
+@pytest.mark.slow
+def test_a_one_file_extension_is_compiled_with_it_and_still_right(tmp_path):
+    """The user's one-file extension of tests/test_extension.py: built, edited, rebuilt; gcc's own
+    dependency list shows it read none of torch's headers (they came from the .gch: without it the
+    list holds hundreds), and the module computes A @ B."""
+    import torch
+
+    from tests.test_extension import USER_EXT, USER_TASK_PY, USER_TOML
+    from tools.build import build, obj_name
+    d = tmp_path / "mymm"
+    d.mkdir()
+    (d / "mymm.cpp").write_text(USER_EXT)
+    (d / "task.py").write_text(USER_TASK_PY)
+    (d / "task.toml").write_text(USER_TOML)
+    task = load_task(d)
+    first = build(task, tmp_path / "b")
+    assert first.status.value == "ok", first.message
+    (d / "mymm.cpp").write_text(USER_EXT.replace("#define BLOCK 16", "#define BLOCK 32"))
+    second = build(task, tmp_path / "b")
+    assert second.status.value == "ok" and second.steps_run == 2, second.message
+    assert "== pch ==\nprecompiled torch/extension.h" in second.log, second.log[-2000:]
+    deps = subprocess.run([find_ninja(), "-C", str(tmp_path / "b"), "-t", "deps", obj_name("mymm.cpp")],
+                          capture_output=True, text=True, timeout=60).stdout
+    assert "(VALID)" in deps and "mymm.cpp" in deps and "torch/" not in deps and len(deps.splitlines()) < 8, deps
+    assert "-Winvalid-pch" in " ".join(second.commands) and "invalid" not in second.log.split("== pch ==")[0]
+    mod = task.backend.load(second.lib_path)
+    a, b = torch.randn(70, 50), torch.randn(50, 30)
+    assert torch.allclose(mod.forward(a, b), a @ b, atol=1e-4)
