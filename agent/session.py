@@ -17,6 +17,7 @@ from agent.proposers.retry import RetryFirst, is_retry, undecided
 from agent.evaluate import snapshot_lib
 from agent.runlog import Decision, RunConfig, StageTimes, hold_run, write_json_atomic
 from agent.view import View
+from tools.reuse import latest_build
 from tools.task import Task, first_fitting_task, load_task
 
 
@@ -125,6 +126,13 @@ def default_proposer(repo_root: Path, overrides: dict) -> str:
     return "llm" if load_llm_settings(overrides, repo_root) is not None else "heuristic"
 
 
+def link_earlier_builds(loop: Loop, run_dir: Path) -> None:
+    """The latest earlier build of the task (agent check's, an earlier run's) offers its objects of
+    non-editable sources to this run's builds, linked where still valid (tools/reuse.py): a torch
+    extension's binding, 20-35 s, compiled once per machine rather than once per run."""
+    loop.evaluator.reuse_objects = latest_build(loop.task, run_dir.parent, exclude=run_dir / "build")
+
+
 def start_run(task_dir: Path, *, target: float, iters: int, proposer_kind: str, view: View,
               baseline: str | None = None, min_gain: float | None = None, run_id: str | None = None,
               runs_dir: Path | None = None, budget_seconds: float | None = None, budget_tokens: int | None = None,
@@ -166,6 +174,7 @@ def start_run(task_dir: Path, *, target: float, iters: int, proposer_kind: str, 
                     extra={k: v for k, v in extra.items() if k != "llm_overrides"})
     write_json_atomic(run_dir / "run.json", cfg)
     loop = Loop(run_dir, cfg, rgit, proposer, view)
+    link_earlier_builds(loop, run_dir)
     try:
         loop.best.measure_initial(rgit.head())
     except SetupFailed:
@@ -213,6 +222,7 @@ def resume_run(run_dir: Path, view: View, extra: dict | None = None) -> Loop:
     merged["spent"] = state.usage
     proposer = make_proposer(cfg.proposer, task, merged, Path(cfg.repo))
     loop = Loop(run_dir, cfg, rgit, proposer, view)
+    link_earlier_builds(loop, run_dir)
     prepare_resume(loop)
     proposer.skip_to(sum(1 for r in loop.records if r.proposal is not None and not is_retry(r.proposal)))
     again = undecided(loop.records)

@@ -360,3 +360,25 @@ def test_a_users_single_file_extension_in_their_own_repo_is_checked_and_optimize
         assert "LOOP_ORDER" in git(root, "show", r.commit_sha, "--", "ext/mymm.cpp") or \
                "BLOCK" in git(root, "show", r.commit_sha, "--", "ext/mymm.cpp")
     assert snapshot(root) == before
+
+
+@pytest.mark.slow
+def test_a_new_run_links_the_binding_agent_check_compiled(tmp_path):
+    """The binding (torch's headers, 20-35 s) is compiled by `agent check`, and the run that follows
+    links that object instead of compiling it again; the run's kernel is still its own build."""
+    root = tmp_path / "proj"
+    dst = root / "kernels" / "matmul_ext_cpu"
+    shutil.copytree(SHIPPED, dst, ignore=shutil.ignore_patterns("__pycache__"))
+    git(root, "init", "-q", "-b", "main")
+    git(root, "add", "-A")
+    git(root, "commit", "-qm", "kernel")
+    chk = agent(root, "check", "kernels/matmul_ext_cpu", timeout=900)
+    assert chk.returncode == 0, chk.stdout + chk.stderr
+    checked = root / "runs" / "_build" / "matmul_ext_cpu"
+    res = agent(root, "optimize", "kernels/matmul_ext_cpu", "--target", "100x", "--iters", "1", "--quiet", timeout=900)
+    assert res.returncode == 0, res.stdout + res.stderr
+    [run] = [p for p in (root / "runs").iterdir() if (p / "run.json").exists()]
+    log = (run / "build" / "build.log").read_text()
+    assert f"== binding.cpp (reused: {(checked / 'obj' / 'binding.cpp.o').resolve()})" in log, log[-3000:]
+    assert "== matmul.cpp (" in log and "(reused:" not in log.split("== matmul.cpp (")[1].split("\n")[0]
+    assert [r.decision for r in read_iterations(run)] and read_state(run).status == "done"

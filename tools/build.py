@@ -246,15 +246,17 @@ def build(task: Task, build_dir: Path, src_dir: Path | None = None, timeout_s: f
         return result(BuildStatus.toolchain_missing, message=why)
     build_dir.mkdir(parents=True, exist_ok=True)
     objects = {rel: obj_name(rel) for rel in task.spec.sources if Path(rel).suffix in CXX_EXT | CU_EXT}
-    prebuilt = reusable_objects(task, reuse, tools["ninja"], objects, src_dir) if reuse else {}  # type: ignore[arg-type]
-    pch_note = ""
+    pch_note, prebuilt = "", {}
     try:
         pch = None
-        if with_pch := [r for r in pch_sources(task, src_dir) if r not in prebuilt]:
+        if with_pch := pch_sources(task, src_dir):      # editable, so never among the reused objects
             got = ensure_pch(tools["c++"], pch_flags(cxx_flags_of(task, src_dir, tools["nvcc"]), src_dir),  # type: ignore[arg-type]
                              timeout_s)
             pch, pch_note = ((got.include_dir, with_pch) if got.include_dir else None), f"\n== pch ==\n{got.note}"
-        edges, commands = write_ninja(task, build_dir, src_dir, tools, arch, prebuilt, pch)  # type: ignore[arg-type]
+        edges, commands = write_ninja(task, build_dir, src_dir, tools, arch, None, pch)  # type: ignore[arg-type]
+        if reuse and (prebuilt := reusable_objects(task, reuse, tools["ninja"], objects, src_dir,  # type: ignore[arg-type]
+                                                   build_dir / "build.ninja")):
+            edges, commands = write_ninja(task, build_dir, src_dir, tools, arch, prebuilt, pch)  # type: ignore[arg-type]
     except (OSError, ImportError) as e:   # the form's flags: torch or the CUDA toolkit it needs is missing
         return result(BuildStatus.toolchain_missing, message=f"{task.backend.name}: {' '.join(str(e).split())}")
     if not edges:

@@ -2,7 +2,11 @@
 
 tools.build takes them through `reuse`: the sweep builds every configuration with its initial build's
 objects of the non-editable sources (a torch extension's binding: 15-25 s of torch's headers, once
-per sweep instead of once per configuration).
+per sweep instead of once per configuration), and a new run of `agent optimize` starts from the
+latest earlier build of the same task (`agent check`'s or an earlier run's), so that the binding is
+compiled once per machine rather than once per run. An earlier build may be days old: an object is
+linked only where ninja itself would not rebuild it (the same compile commands, every file it read
+no newer than it) and where each file of the task it read has the same bytes here.
 """
 
 from __future__ import annotations
@@ -13,13 +17,22 @@ from pathlib import Path
 from tools.task import Task
 
 
+def _rules(ninja_file: Path) -> str:
+    """A build.ninja's compilers, flags and rules: everything before its first build edge."""
+    try:
+        text = ninja_file.read_text()
+    except OSError:
+        return ""
+    return text.split("\nbuild ", 1)[0]
+
+
 def reusable_objects(task: Task, earlier: Path, ninja: str, objects: dict[str, str],
-                     src_dir: Path | None = None) -> dict[str, Path]:
-    """The objects of `task`'s non-editable sources in an earlier build of the same task (the sweep's
-    initial build) that can be linked as they are: compiled from the same bytes, the same for every
-    file of the task they included (ninja's dependency log says which), none of them editable. A
-    torch extension's binding then costs 15-25 s once per sweep, not once per configuration.
-    `objects`: each compiled source's object path inside a build folder (tools.build's naming)."""
+                     src_dir: Path | None = None, ours: Path | None = None) -> dict[str, Path]:
+    """The objects of `task`'s non-editable sources in an earlier build of the same task that can be
+    linked as they are: compiled from the same bytes, the same for every file of the task they
+    included (ninja's dependency log says which), none of them editable, no file they read newer than
+    the object, and (given `ours`, the new build's build.ninja) by the same compilers with the same
+    flags. `objects`: each compiled source's object path inside a build folder (tools.build's naming)."""
     out: dict[str, Path] = {}
     src_dir = Path(src_dir or task.root).resolve()
     for rel, name in objects.items():
@@ -36,8 +49,24 @@ def reusable_objects(task: Task, earlier: Path, ninja: str, objects: dict[str, s
         if proc.returncode or not lines or "(VALID)" not in lines[0] or not deps or not str(deps[0]).endswith("/" + rel):
             continue
         root = Path(str(deps[0])[: -len(rel) - 1])          # the earlier build's source folder
-        ours = [d.relative_to(root) for d in deps if d.is_relative_to(root)]
+        if ours is not None and _rules(Path(earlier) / "build.ninja").replace(f"-I{root}", f"-I{src_dir}") != _rules(ours):
+            continue          # other compilers or flags (torch's, the task's build.flags, the arch)
+        made = obj.stat().st_mtime_ns
+        try:
+            if any(d.stat().st_mtime_ns > made for d in deps if not d.is_relative_to(root)):
+                continue      # a header outside the task (torch's, the compiler's) changed since
+        except OSError:
+            continue          # one is gone: torch or the compiler was reinstalled
+        mine = [d.relative_to(root) for d in deps if d.is_relative_to(root)]
         if all(str(r) not in task.spec.editable and (src_dir / r).is_file() and (root / r).is_file()
-               and (src_dir / r).read_bytes() == (root / r).read_bytes() for r in ours):
+               and (src_dir / r).read_bytes() == (root / r).read_bytes() for r in mine):
             out[rel] = obj.resolve()
     return out
+
+
+def latest_build(task: Task, runs: Path, exclude: Path | None = None) -> Path | None:
+    """The most recent build of `task` under a runs folder (`agent check`'s runs/_build/NAME, or a
+    run's runs/RUN/build), for a new run to link its non-editable objects from; None where none is."""
+    cands = [runs / "_build" / task.name, *runs.glob("*/build")]
+    built = [(lib.stat().st_mtime_ns, d) for d in cands if d != exclude and (lib := d / f"lib{task.name}.so").is_file()]
+    return max(built)[1] if built else None

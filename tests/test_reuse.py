@@ -1,0 +1,97 @@
+"""Linking an earlier build's objects (tools/reuse.py) when that build may be days old: only what
+ninja itself would not rebuild (the same compilers and flags, no file read newer than the object) and
+only with the task's own files the same bytes. A CPU ctypes task whose non-editable file includes a
+header from outside the task, built in about a second; the run-level path is in test_extension.py."""
+
+import os
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+
+from tools.build import build, obj_name, write_ninja
+from tools.results import BuildStatus
+from tools.reuse import latest_build, reusable_objects
+from tools.task import load_task
+from tools.toolchain import find_cxx, find_ninja
+
+pytestmark = pytest.mark.skipif(find_cxx() is None or find_ninja() is None, reason="no C++ compiler or ninja")
+
+TASK_PY = """\
+import torch
+def make_inputs(shape, seed, device, dist):
+    return (torch.ones(shape["N"]),)
+def reference(shape, x):
+    return x
+def empty_output(shape, x):
+    return torch.empty(shape["N"])
+def run(lib, shape, out, x):
+    out.copy_(x)
+"""
+
+
+def _task(root: Path, inc: Path, flags: str = "") -> Path:
+    d = root / "t"
+    d.mkdir(parents=True)
+    (d / "fixed.cpp").write_text('#include "outside.h"\nextern "C" int fixed() { return OUTSIDE; }\n')
+    (d / "k.cpp").write_text('extern "C" int k() { return 1; }\n')
+    (d / "task.py").write_text(TASK_PY)
+    (d / "task.toml").write_text(
+        f'name = "t"\ndevice = "cpu"\nsources = ["fixed.cpp", "k.cpp"]\neditable = ["k.cpp"]\n'
+        f'shapes = [{{ N = 4 }}]\n[tolerance.float32]\natol = 1e-4\nrtol = 1e-4\n'
+        f'[build]\nflags = ["-I{inc}"{flags}]\n')
+    return d
+
+
+def _ours(task, src: Path, where: Path) -> Path:
+    """The build.ninja a new build of `task` from `src` would write (its rules and flags)."""
+    where.mkdir(parents=True, exist_ok=True)
+    write_ninja(task, where, src, {"ninja": find_ninja(), "c++": find_cxx(), "nvcc": None}, None)
+    return where / "build.ninja"
+
+
+def test_an_old_build_is_linked_only_where_ninja_would_not_rebuild_it(tmp_path):
+    inc = tmp_path / "inc"
+    inc.mkdir()
+    (inc / "outside.h").write_text("#define OUTSIDE 7\n")
+    src = _task(tmp_path / "a", inc)
+    earlier = tmp_path / "earlier"
+    assert build(load_task(src), earlier).status == BuildStatus.ok
+    objects = {f: obj_name(f) for f in ("fixed.cpp", "k.cpp")}
+
+    # another checkout of the same task (a later run's worktree): the non-editable object is linked
+    later = tmp_path / "b" / "t"
+    shutil.copytree(src, later)
+    task = load_task(later)
+    got = reusable_objects(task, earlier, find_ninja(), objects, later, _ours(task, later, tmp_path / "n1"))
+    assert got == {"fixed.cpp": (earlier / obj_name("fixed.cpp")).resolve()}
+    res = build(task, tmp_path / "new", reuse=earlier)
+    assert res.status == BuildStatus.ok and res.steps_run == 2 and "(reused:" in res.log
+
+    # other flags (the task's build.flags changed since): compiled, not linked
+    other = _task(tmp_path / "c", inc, flags=', "-DMORE=1"')
+    t2 = load_task(other)
+    assert reusable_objects(t2, earlier, find_ninja(), objects, other, _ours(t2, other, tmp_path / "n2")) == {}
+
+    # a header outside the task changed after the object was made (torch or the compiler upgraded)
+    future = time.time() + 60
+    os.utime(inc / "outside.h", (future, future))
+    assert reusable_objects(task, earlier, find_ninja(), objects, later, _ours(task, later, tmp_path / "n3")) == {}
+    # ... or is gone
+    (inc / "outside.h").unlink()
+    assert reusable_objects(task, earlier, find_ninja(), objects, later, _ours(task, later, tmp_path / "n4")) == {}
+
+
+def test_the_latest_build_of_the_task_under_the_runs_folder_is_the_one_offered(tmp_path):
+    runs = tmp_path / "runs"
+    task = load_task(_task(tmp_path, tmp_path))
+    assert latest_build(task, runs) is None
+    for i, d in enumerate([runs / "_build" / "t", runs / "r1" / "build", runs / "r2" / "build", runs / "r3" / "build"]):
+        d.mkdir(parents=True)
+        if d.parent.name != "r3":              # r3: a build that never finished (no library)
+            (d / "libt.so").write_bytes(b"x")
+            os.utime(d / "libt.so", (1000 + i, 1000 + i))
+    (runs / "_build" / "other").mkdir()
+    assert latest_build(task, runs) == runs / "r2" / "build"
+    assert latest_build(task, runs, exclude=runs / "r2" / "build") == runs / "r1" / "build"
