@@ -21,6 +21,7 @@
 #   opt_sm       the same section: softmax to 1.5x under a 170 s budget
 #   opt_attn_hi  the same section: attention_fwd to 8x, 30 iterations
 #   opt_ext      the same section: attention_ext (the torch extension, no launch_plan) to 1.5x
+#   check_opt_ext  opt_ext after `agent check` in a fresh repository (the run links check's binding)
 #                (opt_* also give that section's table of seconds per iteration, from `agent show`)
 #   sweep_sm     "Sweeps: what the knobs can reach": every softmax configuration
 #   sweep_attn   the same section: every attention_fwd configuration
@@ -36,7 +37,8 @@
 #   bash scripts/device/figures.sh opt_attn_hi                   # 367 s (timeout 520 s)
 #   bash scripts/device/figures.sh gpu_tests                     # 504 s with -m "gpu or nvcc" (timeout 540 s)
 #   bash scripts/device/figures.sh rebuild_ext opt_ext           # 36 s + 106 s
-#   bash scripts/device/figures.sh phases                        # 164 s
+#   bash scripts/device/figures.sh phases                        # 164-260 s
+#   bash scripts/device/figures.sh opt_ext check_opt_ext         # 118 s + 172 s
 #
 # Environment overrides: ITERS (iterations of every optimize part; default 20, and 30 for
 # opt_attn_hi), HI_BUDGET (opt_attn_hi's --budget-seconds, default 420), ATTN_S (sweep_attn's
@@ -48,7 +50,7 @@
 # the agent's run folders (worktrees, builds, libraries and ncu reports left out).
 set -uo pipefail
 
-PARTS="baseline rebuild rebuild_ext phases repeat profile opt_attn opt_sm opt_attn_hi opt_ext sweep_sm sweep_attn sweep_ext gpu_tests"
+PARTS="baseline rebuild rebuild_ext phases repeat profile opt_attn opt_sm opt_attn_hi opt_ext check_opt_ext sweep_sm sweep_attn sweep_ext gpu_tests"
 usage() { echo "usage: bash scripts/device/figures.sh PART [PART ...]; parts: $PARTS" >&2; exit 2; }
 [ $# -gt 0 ] || usage
 for part in "$@"; do
@@ -291,6 +293,21 @@ opt_attn_hi() {
 opt_ext() {
   # attention_ext (attention_fwd's kernel as a torch extension, launch geometry from the trace) to 1.5x.
   optimize ext kernels/attention_ext "${ITERS:-20}" 240 300 --target 1.5x
+}
+
+check_opt_ext() {
+  # opt_ext after `agent check` in a repository of its own: the run links the binding check compiled
+  # (tools/reuse.py) instead of compiling it again. Run after opt_ext to compare their walls.
+  local u=$U; U=/tmp/user_check; rm -rf "$U"; mkdir -p "$U"; cp -r "$u/kernels" "$u/pyproject.toml" "$U"/
+  (cd "$U" && git init -q -b main && git add -A && git -c user.name=u -c user.email=u@x commit -qm init) || { U=$u; return; }
+  echo "== agent check kernels/attention_ext (a fresh repository)" >> "$S"
+  (cd "$U" && /usr/bin/time -f "wall %e s" -a -o "$S" timeout 300 python3 -m agent check kernels/attention_ext \
+      > "$W/check.log" 2>&1); echo "rc=$?" >> "$S"
+  optimize extc kernels/attention_ext "${ITERS:-20}" 240 300 --target 1.5x
+  grep -h "reused" "$U"/runs/extc/build/build.log | head -2 >> "$S"
+  # pack() takes runs from $U/runs of the shared repository: this run's records are copied instead
+  RUNS=(); find "$U/runs/extc" -maxdepth 1 -type f -name '*.json*' -exec cp {} "$W"/ \; 2>/dev/null
+  U=$u
 }
 
 sweep_sm() {
