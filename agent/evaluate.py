@@ -93,7 +93,7 @@ class Evaluator:
         self.task, self.build_dir, self.limits = task, build_dir, limits
         # an earlier build of the task whose objects of non-editable sources may be linked as they are
         # (the sweep: a torch extension's binding compiled once, not per configuration)
-        self.reuse_objects: Path | None = None
+        self.reuse_objects: Path | list[Path] | None = None
         # each child that loads a candidate runs in a directory of its own under here (tools/scratch.py)
         self.scratch_root = scratch_root or Path(build_dir).parent / "scratch"
         # the user's checkout: file modes compared around each candidate child (tools/checkout.py)

@@ -17,7 +17,7 @@ from agent.proposers.retry import RetryFirst, is_retry, undecided
 from agent.evaluate import snapshot_lib
 from agent.runlog import Decision, RunConfig, StageTimes, hold_run, write_json_atomic
 from agent.view import View
-from tools.reuse import latest_build
+from tools.reuse import latest_builds
 from tools.task import Task, first_fitting_task, load_task
 
 
@@ -127,10 +127,10 @@ def default_proposer(repo_root: Path, overrides: dict) -> str:
 
 
 def link_earlier_builds(loop: Loop, run_dir: Path) -> None:
-    """The latest earlier build of the task (agent check's, an earlier run's) offers its objects of
+    """The latest earlier builds of the task (agent check's, earlier runs') offer their objects of
     non-editable sources to this run's builds, linked where still valid (tools/reuse.py): a torch
     extension's binding, 20-35 s, compiled once per machine rather than once per run."""
-    loop.evaluator.reuse_objects = latest_build(loop.task, run_dir.parent, exclude=run_dir / "build")
+    loop.evaluator.reuse_objects = latest_builds(loop.task, run_dir.parent, exclude=run_dir / "build")
 
 
 def start_run(task_dir: Path, *, target: float, iters: int, proposer_kind: str, view: View,

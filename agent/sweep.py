@@ -38,6 +38,7 @@ from agent.runlog import StageTimes
 from tools import batch as batch_eval
 from tools.device import task_limits
 from tools.results import BatchItemResult, BatchStatus, LaunchResult
+from tools.reuse import latest_builds
 from tools.task import Task, knob_pattern, load_task, shape_label
 
 
@@ -144,6 +145,8 @@ def sweep(task: Task, out_dir: Path, limit: int | None = None, seed: int = 0, pr
 
     try:
         init_ev = Evaluator(task, out_dir / "build-initial", limits)
+        # the latest earlier builds of the task under the same runs folder (agent check's, runs')
+        init_ev.reuse_objects = latest_builds(task, out_dir.parent)
         t = StageTimes()
         b = init_ev.build(t)
         base_lib = snapshot_lib(b.lib_path, out_dir / "initial" / f"lib{task.name}.so")
@@ -152,7 +155,7 @@ def sweep(task: Task, out_dir: Path, limit: int | None = None, seed: int = 0, pr
         _save(path, res)
 
         t0 = time.monotonic()
-        built = _build_all(task, space, out_dir, limits, jobs, record, say)
+        built = _build_all(task, space, out_dir, limits, jobs, record, say, init_ev.reuse_objects)
         res.build_wall_s = time.monotonic() - t0
         _save(path, res)
 
@@ -184,14 +187,15 @@ def sweep(task: Task, out_dir: Path, limit: int | None = None, seed: int = 0, pr
 
 
 def _build_all(task: Task, space: list[dict[str, int]], out_dir: Path, limits, jobs: int,
-               record: Callable[[SweepPoint], None], say: Callable[[str], None]) -> list[_Built]:
+               record: Callable[[SweepPoint], None], say: Callable[[str], None],
+               earlier: list[Path] | None = None) -> list[_Built]:
     """Every configuration's copy built and statically checked, `jobs` at a time. Failures are recorded
     as points at once; the rest come back in configuration order."""
     built: list[_Built] = []
     every = max(1, len(space) // 20)
     ex = cf.ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="sweep-build")
     try:
-        futs = [ex.submit(_prepare, task, n, cfg, out_dir, limits) for n, cfg in enumerate(space, 1)]
+        futs = [ex.submit(_prepare, task, n, cfg, out_dir, limits, earlier) for n, cfg in enumerate(space, 1)]
         for done, fut in enumerate(cf.as_completed(futs), 1):
             r = fut.result()
             if isinstance(r, SweepPoint):
@@ -205,7 +209,8 @@ def _build_all(task: Task, space: list[dict[str, int]], out_dir: Path, limits, j
     return sorted(built, key=lambda b: b.index)
 
 
-def _prepare(task: Task, n: int, cfg: dict[str, int], out_dir: Path, limits) -> _Built | SweepPoint:
+def _prepare(task: Task, n: int, cfg: dict[str, int], out_dir: Path, limits,
+             earlier: list[Path] | None = None) -> _Built | SweepPoint:
     """Copy the task, write the knobs, build; keep only the library (and ptxas' resources for the
     static launch check in the batch child)."""
     t0 = time.monotonic()
@@ -216,7 +221,9 @@ def _prepare(task: Task, n: int, cfg: dict[str, int], out_dir: Path, limits) -> 
     write_knobs(work / "task", task, cfg)
     ct = load_task(work / "task")
     ev = Evaluator(ct, work / "build", limits)
-    ev.reuse_objects = out_dir / "build-initial"    # the initial build's binding, say: compiled once per sweep
+    # the initial build's binding, say: compiled once per sweep, or not at all where the initial build
+    # linked an earlier one (`earlier`, tried after it)
+    ev.reuse_objects = [out_dir / "build-initial", *(earlier or [])]
     t = StageTimes()
     try:
         b = ev.build(t)

@@ -363,7 +363,7 @@ def test_a_users_single_file_extension_in_their_own_repo_is_checked_and_optimize
 
 
 @pytest.mark.slow
-def test_a_new_run_links_the_binding_agent_check_compiled(tmp_path):
+def test_a_new_run_and_a_sweep_link_the_binding_agent_check_compiled(tmp_path):
     """The binding (torch's headers, 20-35 s) is compiled by `agent check`, and the run that follows
     links that object instead of compiling it again; the run's kernel is still its own build."""
     root = tmp_path / "proj"
@@ -382,3 +382,10 @@ def test_a_new_run_links_the_binding_agent_check_compiled(tmp_path):
     assert f"== binding.cpp (reused: {(checked / 'obj' / 'binding.cpp.o').resolve()})" in log, log[-3000:]
     assert "== matmul.cpp (" in log and "(reused:" not in log.split("== matmul.cpp (")[1].split("\n")[0]
     assert [r.decision for r in read_iterations(run)] and read_state(run).status == "done"
+    # a sweep after them compiles no binding at all: its initial build and every configuration link one
+    sw = agent(root, "sweep", "kernels/matmul_ext_cpu", "--limit", "2", "--seed", "3", "--jobs", "2", "--json", timeout=900)
+    assert sw.returncode == 0, sw.stdout[-3000:] + sw.stderr[-3000:]
+    assert all(p["ok"] for p in json.loads(sw.stdout)["points"])
+    [sweep_dir] = (root / "runs").glob("sweep-*")
+    assert list(sweep_dir.rglob("binding.cpp.o")) == [], list(sweep_dir.rglob("binding.cpp.o"))
+    assert "(reused:" in (sweep_dir / "build-initial" / "build.log").read_text()

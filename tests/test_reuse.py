@@ -12,7 +12,7 @@ import pytest
 
 from tools.build import build, obj_name, write_ninja
 from tools.results import BuildStatus
-from tools.reuse import latest_build, reusable_objects
+from tools.reuse import latest_builds, reusable_objects
 from tools.task import load_task
 from tools.toolchain import find_cxx, find_ninja
 
@@ -83,15 +83,15 @@ def test_an_old_build_is_linked_only_where_ninja_would_not_rebuild_it(tmp_path):
     assert reusable_objects(task, earlier, find_ninja(), objects, later, _ours(task, later, tmp_path / "n4")) == {}
 
 
-def test_the_latest_build_of_the_task_under_the_runs_folder_is_the_one_offered(tmp_path):
+def test_the_latest_builds_of_the_task_under_the_runs_folder_are_offered_newest_first(tmp_path):
     runs = tmp_path / "runs"
     task = load_task(_task(tmp_path, tmp_path))
-    assert latest_build(task, runs) is None
+    assert latest_builds(task, runs) == []
     for i, d in enumerate([runs / "_build" / "t", runs / "r1" / "build", runs / "r2" / "build", runs / "r3" / "build"]):
         d.mkdir(parents=True)
         if d.parent.name != "r3":              # r3: a build that never finished (no library)
             (d / "libt.so").write_bytes(b"x")
             os.utime(d / "libt.so", (1000 + i, 1000 + i))
     (runs / "_build" / "other").mkdir()
-    assert latest_build(task, runs) == runs / "r2" / "build"
-    assert latest_build(task, runs, exclude=runs / "r2" / "build") == runs / "r1" / "build"
+    assert latest_builds(task, runs) == [runs / "r2" / "build", runs / "r1" / "build", runs / "_build" / "t"]
+    assert latest_builds(task, runs, exclude=runs / "r2" / "build", most=1) == [runs / "r1" / "build"]

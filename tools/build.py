@@ -23,7 +23,7 @@ from tools.device import gpu_arch
 from tools.pch import ensure as ensure_pch, pch_flags, pch_sources
 from tools.toolchain import cuda_home, find_cxx, find_ninja, find_nvcc, toolchain_hint
 from tools.results import BuildResult, BuildStatus, KernelResources
-from tools.reuse import reusable_objects
+from tools.reuse import reusable_from
 from tools.sandbox import ProcStatus, run_isolated
 from tools.task import Task, load_task
 
@@ -220,10 +220,10 @@ def first_errors(output: str, src_dir: Path, commands: list[str], max_lines: int
 
 # --- the build --------------------------------------------------------------------------------
 def build(task: Task, build_dir: Path, src_dir: Path | None = None, timeout_s: float | None = None,
-          reuse: Path | None = None) -> BuildResult:
+          reuse: Path | list[Path] | None = None) -> BuildResult:
     """Build task's sources (from src_dir, default task.root) in build_dir. Never raises for bad code.
-    `reuse`: an earlier build folder of the same task whose objects of non-editable sources are linked
-    instead of compiled where they include no editable file (tools.reuse)."""
+    `reuse`: earlier build folders of the same task whose objects of non-editable sources are linked
+    instead of compiled where still valid (tools.reuse)."""
     t0 = time.monotonic()
     build_dir = Path(build_dir).resolve()
     src_dir = Path(src_dir or task.root).resolve()
@@ -254,7 +254,7 @@ def build(task: Task, build_dir: Path, src_dir: Path | None = None, timeout_s: f
                              timeout_s)
             pch, pch_note = ((got.include_dir, with_pch) if got.include_dir else None), f"\n== pch ==\n{got.note}"
         edges, commands = write_ninja(task, build_dir, src_dir, tools, arch, None, pch)  # type: ignore[arg-type]
-        if reuse and (prebuilt := reusable_objects(task, reuse, tools["ninja"], objects, src_dir,  # type: ignore[arg-type]
+        if reuse and (prebuilt := reusable_from(task, reuse, tools["ninja"], objects, src_dir,  # type: ignore[arg-type]
                                                    build_dir / "build.ninja")):
             edges, commands = write_ninja(task, build_dir, src_dir, tools, arch, prebuilt, pch)  # type: ignore[arg-type]
     except (OSError, ImportError) as e:   # the form's flags: torch or the CUDA toolkit it needs is missing

@@ -2,9 +2,9 @@
 
 tools.build takes them through `reuse`: the sweep builds every configuration with its initial build's
 objects of the non-editable sources (a torch extension's binding: 15-25 s of torch's headers, once
-per sweep instead of once per configuration), and a new run of `agent optimize` starts from the
-latest earlier build of the same task (`agent check`'s or an earlier run's), so that the binding is
-compiled once per machine rather than once per run. An earlier build may be days old: an object is
+per sweep instead of once per configuration), and a new run of `agent optimize` or `agent sweep`
+starts from the latest earlier builds of the same task (`agent check`'s, earlier runs'), so that the
+binding is compiled once per machine rather than once per run. An earlier build may be days old: an object is
 linked only where ninja itself would not rebuild it (the same compile commands, every file it read
 no newer than it) and where each file of the task it read has the same bytes here.
 """
@@ -64,9 +64,21 @@ def reusable_objects(task: Task, earlier: Path, ninja: str, objects: dict[str, s
     return out
 
 
-def latest_build(task: Task, runs: Path, exclude: Path | None = None) -> Path | None:
-    """The most recent build of `task` under a runs folder (`agent check`'s runs/_build/NAME, or a
-    run's runs/RUN/build), for a new run to link its non-editable objects from; None where none is."""
+def reusable_from(task: Task, earlier: Path | list[Path], ninja: str, objects: dict[str, str],
+                  src_dir: Path | None = None, ours: Path | None = None) -> dict[str, Path]:
+    """reusable_objects over several earlier builds, the first that has a valid object winning (a sweep's
+    configuration: its initial build, then the build the initial build itself linked from)."""
+    out: dict[str, Path] = {}
+    for d in [earlier] if isinstance(earlier, Path) else earlier:
+        left = {rel: name for rel, name in objects.items() if rel not in out}
+        out.update(reusable_objects(task, d, ninja, left, src_dir, ours) if left else {})
+    return out
+
+
+def latest_builds(task: Task, runs: Path, exclude: Path | None = None, most: int = 4) -> list[Path]:
+    """The most recent builds of `task` under a runs folder (`agent check`'s runs/_build/NAME, runs'
+    runs/RUN/build), newest first, for a new run or sweep to link objects of non-editable sources from
+    (a build that linked its binding itself holds none: the next one back may)."""
     cands = [runs / "_build" / task.name, *runs.glob("*/build")]
     built = [(lib.stat().st_mtime_ns, d) for d in cands if d != exclude and (lib := d / f"lib{task.name}.so").is_file()]
-    return max(built)[1] if built else None
+    return [d for _, d in sorted(built, reverse=True)[:most]]
