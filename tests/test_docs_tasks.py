@@ -149,6 +149,9 @@ rtol = 0.0
 '''
 KNOB = '[[knobs]]\nname = "{name}"\nvalues = {values}\ndefault = 1\nfile = "{file}"\n'
 FILES = {"vadd.cpp": "#define UNROLL 1\n", "task.py": ""}
+EXT = BASE.replace('device = "cpu"', 'device = "cpu"\nform = "torch_extension"')
+OPS_FILES = {"vadd.cpp": '#define UNROLL 1\nTORCH_LIBRARY(vops, m) { m.def("forward(Tensor a) -> Tensor"); }\n',
+             "task.py": ""}
 # (what is wrong, the task.toml, the files beside it); the doc's messages came from these
 BAD = [
     ("no task.toml", None, FILES),
@@ -179,6 +182,9 @@ BAD = [
      + KNOB.format(name="UNROLL", values="[1, 2]", file="vadd.cpp"), FILES),
     ("formula", BASE + '[metrics]\nflops = "2*n +"\n', FILES),
     ("formula call", BASE + '[metrics]\nflops = "abs(n)"\n', FILES),
+    ("no binding", EXT, FILES),
+    ("ops without entry", EXT, OPS_FILES),
+    ("ops namespace", EXT + '[extension]\nentry = "other::forward"\n', OPS_FILES),
 ]
 
 

@@ -48,14 +48,14 @@ def test_an_extension_without_a_pybind11_module_is_one_line_naming_the_fix(tmp_p
     text = binding.read_text()
     start = text.index("PYBIND11_MODULE")
     binding.write_text(text[:start] + 'TORCH_LIBRARY(mymm, m) { m.def("forward", &forward); }\n')
-    with pytest.raises(TaskError) as e:
+    with pytest.raises(TaskError) as e:          # taken, with the op named (tests/test_torch_library.py)
         load_task(task)
-    assert str(e.value) == (f"{task / 'task.toml'}: sources: binding.cpp registers its ops with TORCH_LIBRARY only, "
-                            "which is not taken (two builds in one process would register one op name twice): add "
-                            'PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) { m.def("forward", ...); } to a source, calling '
-                            "your op")
+    assert str(e.value) == (f"{task / 'task.toml'}: extension.entry: binding.cpp registers its ops with "
+                            'TORCH_LIBRARY(mymm, m) and defines no Python module: set [extension] entry = '
+                            '"mymm::forward", the op to call (torch.ops.mymm.forward)')
     binding.write_text(text[:start])
-    with pytest.raises(TaskError, match="sources: no source defines the extension's Python module: add PYBIND11"):
+    with pytest.raises(TaskError, match="sources: no source defines the extension's Python module or registers an op: "
+                                        "add PYBIND11"):
         load_task(task)
 
 

@@ -25,6 +25,7 @@ tests/test_architecture.py fails on such a branch outside this module.
     .clock()           the per-rep clock of the bench (tools.clocks)
     .limits(arch)      DeviceLimits for the launch check, None where there is no launch geometry
     .build_flags()     what tools.build adds to its compile and link lines for this form
+    .source_flags(text)  what it adds to one source's compile (a TORCH_LIBRARY source's renaming header)
     .unbuildable()     why this machine cannot build the form (a CUDA extension on a CPU torch), or None
     .load(path)        the built artifact, loaded (in the host process only)
     .complete(mod)     task.py, with what the form supplies (a torch extension's default `run`)
@@ -120,6 +121,9 @@ class CtypesBackend(_Device):
     def unbuildable(self) -> str | None:
         return None
 
+    def source_flags(self, text: str) -> list[str]:
+        return []
+
     def load(self, path: str):
         p = Path(path)
         if not p.is_file():
@@ -140,7 +144,9 @@ class TorchExtensionBackend(_Device):
 
     def __init__(self, gpu: bool, module_name: str, entry: str, where: str):
         super().__init__(gpu)
-        self.module_name, self.entry, self.where = module_name, entry, where
+        self.module_name, self.where = module_name, where
+        # "ns::op": an op of TORCH_LIBRARY(ns, m); else a function of the pybind11 module
+        self.op_namespace, _, self.entry = entry.rpartition("::")
 
     def unbuildable(self) -> str | None:
         """Why this torch cannot build the extension (a CUDA extension on a CPU build of torch), or None."""
@@ -165,6 +171,18 @@ class TorchExtensionBackend(_Device):
             link += ["-lc10_cuda", "-ltorch_cuda", "-lcudart"]
         return BuildFlags(cxx=cxx, nvcc=nvcc, link=link, linker="cxx", no_undefined=False)
 
+    def source_flags(self, text: str) -> list[str]:
+        """A source that registers ops with TORCH_LIBRARY is compiled with the header that renames its
+        namespace per load (tools/torch_library.py), after torch/extension.h where the file starts with
+        that (so that a precompiled one, tools.pch, is still the first thing the compile reads).
+        Raises ValueError where this torch's macros cannot be renamed."""
+        from tools.pch import first_code_is_torch_extension
+        from tools.torch_library import ensure_shim, uses_torch_library
+        if not uses_torch_library(text):
+            return []
+        first = ["-include", "torch/extension.h"] if first_code_is_torch_extension(text) else []
+        return first + ["-include", str(ensure_shim(_torch_paths(self.gpu)[0]))]
+
     def load(self, path: str):
         """The module, under a name of its own in this process (two builds of one extension, the best
         and a candidate, load side by side: CPython keys a module by its file), checked for its entry."""
@@ -173,6 +191,8 @@ class TorchExtensionBackend(_Device):
         p = Path(path)
         if not p.is_file():
             raise FileNotFoundError(f"extension {path} does not exist")
+        if self.op_namespace:
+            return self._load_ops(p)
         name = f"agent_ext_{os.getpid()}_{next(_LOADED)}.{self.module_name}"
         loader = importlib.machinery.ExtensionFileLoader(name, str(p.resolve()))
         spec = importlib.util.spec_from_file_location(name, str(p.resolve()), loader=loader)
@@ -191,6 +211,39 @@ class TorchExtensionBackend(_Device):
                                  f"(it has {', '.join(have) or 'none'}): name it in task.toml's [extension] "
                                  "entry, or m.def() it in PYBIND11_MODULE")
         return mod
+
+    def _load_ops(self, p: Path):
+        """A TORCH_LIBRARY extension: dlopen'ed with $AGENT_TORCH_OPS_SUFFIX set, so that its namespace
+        is ns_<suffix>, its own in this process; its ops as attributes (lib.forward, as a module's)."""
+        from types import SimpleNamespace
+
+        import torch
+
+        from tools.torch_library import ENV
+        suffix = f"agent{os.getpid()}_{next(_LOADED)}"
+        os.environ[ENV] = suffix
+        try:
+            ctypes.CDLL(str(p.resolve()), mode=os.RTLD_LOCAL | os.RTLD_NOW)
+        except OSError as e:
+            raise ImportError(f"{self.where}: the built extension does not load: {' '.join(str(e).split())[:300]}") from None
+        finally:
+            os.environ.pop(ENV, None)
+        ns = f"{self.op_namespace}_{suffix}"
+        names = torch._C._dispatch_get_all_op_names()
+        ops = sorted({n.split("::", 1)[1].split(".")[0] for n in names if n.startswith(ns + "::")})
+        if self.entry not in ops:
+            mine = sorted({n.split(".")[0].replace(f"_{suffix}::", "::") for n in names
+                           if n.split("::")[0].endswith(f"_{suffix}")})
+            plain = f"{self.op_namespace}::{self.entry}" in {n.split(".")[0] for n in names}
+            raise AttributeError(
+                f"{self.where}: extension.entry: the extension registers no op {self.op_namespace}::{self.entry} ("
+                + (f"it registers {', '.join(mine)}): name one in task.toml's [extension] entry" if mine else
+                   "it registers it outside a source listed in `sources` (a header?), where the per-build namespace "
+                   "does not reach: move TORCH_LIBRARY into a listed .cpp/.cu" if plain else
+                   "it registers none: write TORCH_LIBRARY(ns, m) { m.def(...); } in a listed source") + ")")
+        lib = SimpleNamespace(**{op: getattr(getattr(torch.ops, ns), op) for op in ops})
+        lib.__name__ = f"torch.ops.{ns}"
+        return lib
 
     def complete(self, mod):
         """task.py may leave out `run`: the entry function is called with the inputs, and its answer must

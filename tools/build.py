@@ -25,7 +25,7 @@ from tools.toolchain import cuda_home, find_cxx, find_ninja, find_nvcc, toolchai
 from tools.results import BuildResult, BuildStatus, KernelResources
 from tools.reuse import reusable_from
 from tools.sandbox import ProcStatus, run_isolated
-from tools.task import Task, load_task
+from tools.task import Task, TaskError, load_task
 
 CXX_EXT = {".cpp", ".cc", ".cxx", ".c"}
 CU_EXT = {".cu"}
@@ -93,12 +93,12 @@ def write_ninja(task: Task, build_dir: Path, src_dir: Path, tools: dict[str, str
     ]
     # compiler output goes to <obj>.log first, then is printed: a cached object keeps its report
     tail = "> $obj.log 2>&1; s=$$?; cat $obj.log; exit $$s"
-    lines += ["rule cxx", f"  command = $cxx $cxxflags $pch -MD -MF $obj.d -c $src -o $obj {tail}",
+    lines += ["rule cxx", f"  command = $cxx $cxxflags $pch $ops -MD -MF $obj.d -c $src -o $obj {tail}",
               "  depfile = $out.d", "  deps = gcc", "  description = CXX $out"]
     if tools.get("nvcc"):
         nv_flags = NVCC_FLAGS + [f"-arch={arch or DEFAULT_ARCH}"] + inc + form.cxx + form.nvcc + (flags if cuda else [])
         lines += [f"nvcc = {_val(shlex.quote(tools['nvcc']))}", f"nvccflags = {_val(q(nv_flags))}",
-                  "rule nvcc", f"  command = $nvcc $nvccflags -MD -MF $obj.d -c $src -o $obj {tail}",
+                  "rule nvcc", f"  command = $nvcc $nvccflags $ops -MD -MF $obj.d -c $src -o $obj {tail}",
                   "  depfile = $out.d", "  deps = gcc", "  description = NVCC $out"]
     if cuda and form.linker == "native":
         link = ["$nvcc", "-shared", "-cudart", "static", f"-arch={arch or DEFAULT_ARCH}", "-Xlinker", "--no-undefined"]
@@ -122,9 +122,11 @@ def write_ninja(task: Task, build_dir: Path, src_dir: Path, tools: dict[str, str
                   f"  obj = {_val(shlex.quote(obj))}"]
         with_pch = bool(pch) and rule == "cxx" and rel in pch[1]  # type: ignore[index]
         lines += [f"  pch = {_val(q(pch_args))}"] if with_pch else []
+        own = task.backend.source_flags((src_dir / rel).read_text(errors="replace"))  # a TORCH_LIBRARY source's
+        lines += [f"  ops = {_val(q(own))}"] * bool(own)
         edges.append((rel, obj))
         compiler, cflags = (tools["nvcc"], nv_flags) if rule == "nvcc" else (tools["c++"], cxx_flags)
-        cflags = cflags + (pch_args if with_pch else [])
+        cflags = cflags + (pch_args if with_pch else []) + own
         commands.append(f"{Path(compiler).name} {q(cflags)} -c {rel}")
     lib = f"lib{task.name}.so"
     link_cmd = " ".join(link).replace("$nvcc", Path(tools.get("nvcc") or "nvcc").name).replace(
@@ -257,7 +259,7 @@ def build(task: Task, build_dir: Path, src_dir: Path | None = None, timeout_s: f
         if reuse and (prebuilt := reusable_from(task, reuse, tools["ninja"], objects, src_dir,  # type: ignore[arg-type]
                                                    build_dir / "build.ninja")):
             edges, commands = write_ninja(task, build_dir, src_dir, tools, arch, prebuilt, pch)  # type: ignore[arg-type]
-    except (OSError, ImportError) as e:   # the form's flags: torch or the CUDA toolkit it needs is missing
+    except (OSError, ImportError, ValueError) as e:   # torch, its CUDA toolkit or a renamable TORCH_LIBRARY missing
         return result(BuildStatus.toolchain_missing, message=f"{task.backend.name}: {' '.join(str(e).split())}")
     if not edges:
         return result(BuildStatus.compile_error, message=f"no compilable sources (.cu/.cpp) among {task.spec.sources}")
@@ -331,7 +333,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--src-dir", type=Path, default=None, help="read sources from here (default: the task folder)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
-    from tools.task import TaskError
     try:
         task = load_task(args.task)
     except TaskError as e:

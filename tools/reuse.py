@@ -26,6 +26,19 @@ def _rules(ninja_file: Path) -> str:
     return text.split("\nbuild ", 1)[0]
 
 
+def _edge(ninja_file: Path, obj: str) -> list[str]:
+    """The build edge of one object in a build.ninja, with its own variables (a source's -include)."""
+    try:
+        lines = ninja_file.read_text().splitlines()
+    except OSError:
+        return []
+    start = next((i for i, ln in enumerate(lines) if ln.startswith(f"build {obj}:")), None)
+    if start is None:
+        return []
+    end = next((i for i in range(start + 1, len(lines)) if not lines[i].startswith("  ")), len(lines))
+    return lines[start:end]
+
+
 def reusable_objects(task: Task, earlier: Path, ninja: str, objects: dict[str, str],
                      src_dir: Path | None = None, ours: Path | None = None) -> dict[str, Path]:
     """The objects of `task`'s non-editable sources in an earlier build of the same task that can be
@@ -51,6 +64,9 @@ def reusable_objects(task: Task, earlier: Path, ninja: str, objects: dict[str, s
         root = Path(str(deps[0])[: -len(rel) - 1])          # the earlier build's source folder
         if ours is not None and _rules(Path(earlier) / "build.ninja").replace(f"-I{root}", f"-I{src_dir}") != _rules(ours):
             continue          # other compilers or flags (torch's, the task's build.flags, the arch)
+        if ours is not None and [ln.replace(str(root), str(src_dir)) for ln in _edge(Path(earlier) / "build.ninja", name)] \
+                != _edge(ours, name):
+            continue          # the source's own flags differ (tools.torch_library's header, another torch's)
         made = obj.stat().st_mtime_ns
         try:
             if any(d.stat().st_mtime_ns > made for d in deps if not d.is_relative_to(root)):

@@ -100,7 +100,8 @@ class BenchSpec(_Strict):
 class ExtensionSpec(_Strict):
     """A kernel in the form of a PyTorch C++/CUDA extension (form = "torch_extension"): the module the
     sources build (PYBIND11_MODULE(TORCH_EXTENSION_NAME, m)) and the function the task calls."""
-    entry: str = Field(default="forward", pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
+    # the module's function (pybind11), or "ns::op": an op registered with TORCH_LIBRARY(ns, m) (torch.ops.ns.op)
+    entry: str = Field(default="forward", pattern=r"^([A-Za-z_][A-Za-z0-9_]*::)?[A-Za-z_][A-Za-z0-9_]*$")
     # TORCH_EXTENSION_NAME; default: the task's name with _ext, made a C identifier
     name: str | None = Field(default=None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
 
@@ -270,24 +271,40 @@ def load_task(path: str | Path) -> Task:
     if not (root / spec.module).is_file():
         raise TaskError(toml_path, "module", f"file {spec.module!r} does not exist in {root}")
     if spec.form == "torch_extension":
-        _has_binding(toml_path, root, spec.sources)
+        _has_binding(toml_path, root, spec.sources, spec.ext)
     for k in spec.knobs:
         if not knob_pattern(k.name).search((root / k.file).read_text()):
             raise TaskError(toml_path, f"knobs.{k.name}", f"no '#define {k.name} <int>' line in {k.file}")
     return Task(spec, root)
 
 
-def _has_binding(toml_path: Path, root: Path, sources: list[str]) -> None:
-    """A torch extension is called through its pybind11 module: a source must define it."""
+def _has_binding(toml_path: Path, root: Path, sources: list[str], ext: ExtensionSpec) -> None:
+    """A torch extension is called through its pybind11 module's entry function, or through an op it
+    registers with TORCH_LIBRARY (entry = "ns::op"): a source must define what the entry names."""
+    from tools.torch_library import namespaces
     texts = {f: (root / f).read_text(errors="replace") for f in sources}
+    found: dict[str, str] = {}          # namespace -> the file that registers it
+    for f, t in texts.items():
+        for ns in namespaces(t):
+            found.setdefault(ext.name if ns == "TORCH_EXTENSION_NAME" else ns, f)   # type: ignore[arg-type]
+    ns, _, op = ext.entry.rpartition("::")
+    if ns:
+        if ns in found:
+            return
+        have = ", ".join(f"{n} ({f})" for n, f in found.items())
+        raise TaskError(toml_path, "extension.entry", f"no source registers ops in namespace {ns!r} with TORCH_LIBRARY("
+                        f"{ns}, m)" + (f"; the sources register {have}: name that one, e.g. entry = "
+                                       f'"{next(iter(found))}::{op}"' if found else ""))
     if any("PYBIND11_MODULE" in t for t in texts.values()):
         return
-    ops = next((f for f, t in texts.items() if "TORCH_LIBRARY" in t), None)
-    fix = 'add PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) { m.def("forward", ...); } to a source'
-    if ops:
-        raise TaskError(toml_path, "sources", f"{ops} registers its ops with TORCH_LIBRARY only, which is not taken "
-                        "(two builds in one process would register one op name twice): " + fix + ", calling your op")
-    raise TaskError(toml_path, "sources", "no source defines the extension's Python module: " + fix)
+    if found:
+        first, f = next(iter(found.items()))
+        raise TaskError(toml_path, "extension.entry", f"{f} registers its ops with TORCH_LIBRARY({first}, m) and defines "
+                        f'no Python module: set [extension] entry = "{first}::{op}", the op to call '
+                        f"(torch.ops.{first}.{op})")
+    raise TaskError(toml_path, "sources", "no source defines the extension's Python module or registers an op: add "
+                    'PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) { m.def("forward", ...); } to a source, or register '
+                    'the op with TORCH_LIBRARY(myops, m) and set [extension] entry = "myops::forward"')
 
 
 def load_module(path: Path, name: str) -> ModuleType:
