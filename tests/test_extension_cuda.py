@@ -116,6 +116,51 @@ def test_on_the_gpu_the_extension_is_correct_its_launch_traced_and_an_edit_recom
     print(f"attention_ext build: first {first_s:.1f} s, after a one-line kernel edit {again_s:.2f} s")
 
 
+def _ops_copy(tmp: Path) -> Path:
+    """attention_ext with its binding registered as a custom op (TORCH_LIBRARY, tests/fixtures/attention_ops)."""
+    dst = _copy(tmp)
+    shutil.copy(ROOT / "tests" / "fixtures" / "attention_ops" / "binding.cpp", dst / "binding.cpp")
+    toml = dst / "task.toml"
+    toml.write_text(toml.read_text().replace('entry = "forward"', 'entry = "myattn::forward"')
+                    .replace('name = "attention_ext"', 'name = "attention_ops"', 1))
+    return dst
+
+
+def test_the_custom_op_fixture_loads_as_a_torch_library_task(tmp_path):
+    task = load_task(_ops_copy(tmp_path))
+    assert (task.name, task.backend.op_namespace, task.backend.entry) == ("attention_ops", "myattn", "forward")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _gpu(), reason="needs a CUDA GPU")
+def test_on_the_gpu_a_torch_library_op_is_judged_traced_and_loads_beside_another_build(tmp_path):
+    import torch
+
+    from tools.device import device_limits
+    from tools.launch import dynamic_check, static_check
+    from tools.parity import run_parity
+    from tools.results import BuildStatus, LaunchStatus, ParityStatus
+
+    src = _ops_copy(tmp_path)
+    task = load_task(src)
+    first = build(task, tmp_path / "b1")
+    assert first.status == BuildStatus.ok, first.message
+    assert run_parity(task, Path(first.lib_path)).status == ParityStatus.ok
+    limits = device_limits(first.arch)
+    dyn = dynamic_check(task, first.lib_path, limits, static_check(task, first, limits))
+    assert dyn.status == LaunchStatus.ok and dyn.launches[0].source == "trace" and dyn.main_ctas == 32 * 8 * 8, dyn.message
+    cu = src / "attention.cu"
+    cu.write_text(cu.read_text().replace("#define SMEM_PAD 0 ", "#define SMEM_PAD 2 ", 1))
+    again = build(task, tmp_path / "b2", reuse=tmp_path / "b1")
+    assert again.status == BuildStatus.ok and again.steps_run == 2 and "(reused:" in again.log, again.log[-2000:]
+    be = task.backend
+    best, cand = be.load(first.lib_path), be.load(again.lib_path)       # one namespace, two registrations
+    q, k, v = (torch.randn(1, 2, 129, 64, device="cuda", dtype=torch.float16) for _ in range(3))
+    want = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+    for lib in (best, cand):
+        assert torch.allclose(lib.forward(q, k, v, True), want, atol=2e-3, rtol=2e-3)
+
+
 def test_the_default_task_on_a_gpu_is_still_the_ctypes_one():
     """attention_ext sorts before attention_fwd; the default stays the task BENCHMARKS.md measures."""
     from tools.task import first_fitting_task

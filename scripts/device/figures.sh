@@ -22,6 +22,8 @@
 #   opt_attn_hi  the same section: attention_fwd to 8x, 30 iterations
 #   opt_ext      the same section: attention_ext (the torch extension, no launch_plan) to 1.5x
 #   check_opt_ext  opt_ext after `agent check` in a fresh repository (the run links check's binding)
+#   opt_ops      the same section: attention_ext with its binding registered as a TORCH_LIBRARY custom
+#                op (tests/fixtures/attention_ops), `agent check` and then to 1.5x
 #                (opt_* also give that section's table of seconds per iteration, from `agent show`)
 #   sweep_sm     "Sweeps: what the knobs can reach": every softmax configuration
 #   sweep_attn   the same section: every attention_fwd configuration
@@ -39,6 +41,7 @@
 #   bash scripts/device/figures.sh rebuild_ext opt_ext           # 36 s + 106 s
 #   bash scripts/device/figures.sh phases                        # 164-260 s
 #   bash scripts/device/figures.sh opt_ext check_opt_ext         # 118 s + 172 s
+#   bash scripts/device/figures.sh opt_ops
 #
 # Environment overrides: ITERS (iterations of every optimize part; default 20, and 30 for
 # opt_attn_hi), HI_BUDGET (opt_attn_hi's --budget-seconds, default 420), ATTN_S (sweep_attn's
@@ -50,7 +53,7 @@
 # the agent's run folders (worktrees, builds, libraries and ncu reports left out).
 set -uo pipefail
 
-PARTS="baseline rebuild rebuild_ext phases repeat profile opt_attn opt_sm opt_attn_hi opt_ext check_opt_ext sweep_sm sweep_attn sweep_ext gpu_tests"
+PARTS="baseline rebuild rebuild_ext phases repeat profile opt_attn opt_sm opt_attn_hi opt_ext check_opt_ext opt_ops sweep_sm sweep_attn sweep_ext gpu_tests"
 usage() { echo "usage: bash scripts/device/figures.sh PART [PART ...]; parts: $PARTS" >&2; exit 2; }
 [ $# -gt 0 ] || usage
 for part in "$@"; do
@@ -308,6 +311,23 @@ check_opt_ext() {
   # pack() takes runs from $U/runs of the shared repository: this run's records are copied instead
   RUNS=(); find "$U/runs/extc" -maxdepth 1 -type f -name '*.json*' -exec cp {} "$W"/ \; 2>/dev/null
   U=$u
+}
+
+opt_ops() {
+  # attention_ext's kernel behind a TORCH_LIBRARY op (torch.ops.myattn.forward) instead of a pybind11
+  # module: the host holds the best and each candidate at once, each load under a namespace of its own
+  # (tools/torch_library.py). `agent check` first (it compiles the binding the run then links).
+  local t=$U/kernels/attention_ops
+  rm -rf "$t"; cp -r "$R/kernels/attention_ext" "$t"; rm -rf "$t/__pycache__"
+  cp "$R/tests/fixtures/attention_ops/binding.cpp" "$t/binding.cpp"
+  sed -i 's/^entry = "forward".*/entry = "myattn::forward"/; s/^name = "attention_ext"/name = "attention_ops"/' "$t/task.toml"
+  (cd "$U" && git add -A && git -c user.name=u -c user.email=u@x commit -qm ops) || return
+  echo "== agent check kernels/attention_ops" >> "$S"
+  (cd "$U" && /usr/bin/time -f "wall %e s" -a -o "$S" timeout 300 python3 -m agent check kernels/attention_ops \
+      > "$W/check.log" 2>&1); echo "rc=$?" >> "$S"
+  grep -E "^(all checks|│ (build|parity|launch|bench))" "$W/check.log" | head -8 >> "$S"
+  optimize ops kernels/attention_ops "${ITERS:-20}" 240 300 --target 1.5x
+  grep -h "reused" "$U"/runs/ops/build/build.log | head -2 >> "$S"
 }
 
 sweep_sm() {
