@@ -109,3 +109,21 @@ def test_a_one_file_extension_is_compiled_with_it_and_still_right(tmp_path):
     mod = task.backend.load(second.lib_path)
     a, b = torch.randn(70, 50), torch.randn(50, 30)
     assert torch.allclose(mod.forward(a, b), a @ b, atol=1e-4)
+
+
+@pytest.mark.slow
+def test_a_file_that_includes_the_header_again_still_compiles_with_it(tmp_path):
+    """A second `#include <torch/extension.h>` (a header of the user's that includes it too): gcc opens the
+    header by the path it found the .gch at, so a file must be there (it failed with "No such file")."""
+    from tests.test_extension import USER_EXT, USER_TASK_PY, USER_TOML
+    from tools.build import build, obj_name
+    d = tmp_path / "mymm"
+    d.mkdir()
+    (d / "mymm.cpp").write_text(USER_EXT.replace("#define LOOP_ORDER 0", "#include <torch/extension.h>\n#define LOOP_ORDER 0", 1))
+    (d / "task.py").write_text(USER_TASK_PY)
+    (d / "task.toml").write_text(USER_TOML)
+    res = build(load_task(d), tmp_path / "b")
+    assert res.status.value == "ok", res.message
+    deps = subprocess.run([find_ninja(), "-C", str(tmp_path / "b"), "-t", "deps", obj_name("mymm.cpp")],
+                          capture_output=True, text=True, timeout=60).stdout
+    assert "(VALID)" in deps and len(deps.splitlines()) < 8, deps          # the .gch's headers, not torch's

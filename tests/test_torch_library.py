@@ -202,6 +202,38 @@ def test_a_binding_compiled_without_the_renaming_header_is_not_linked(built, tmp
 
 
 @pytest.mark.slow
+def test_a_one_file_op_keeps_the_precompiled_header_and_loads_beside_its_edit(tmp_path):
+    """The one-file form (torch/extension.h first, then the kernel and TORCH_LIBRARY): the renaming header
+    is forced in after torch/extension.h, so the precompiled header (tools.pch) still serves the file."""
+    import torch
+
+    from tests.test_extension import USER_EXT, USER_TASK_PY, USER_TOML
+    from tools.build import obj_name
+    from tools.toolchain import find_ninja
+    d = tmp_path / "mymm"
+    d.mkdir()
+    ext = USER_EXT.replace('PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) { m.def("forward", &forward, "A @ B"); }',
+                           'TORCH_LIBRARY(mymm, m) { m.def("forward(Tensor a, Tensor b) -> Tensor"); }\n'
+                           'TORCH_LIBRARY_IMPL(mymm, CPU, m) { m.impl("forward", &forward); }')
+    (d / "mymm.cpp").write_text(ext)
+    (d / "task.py").write_text(USER_TASK_PY)
+    (d / "task.toml").write_text(USER_TOML + '\n[extension]\nentry = "mymm::forward"\n')
+    task = load_task(d)
+    first = build(task, tmp_path / "b1")
+    assert first.status == BuildStatus.ok, first.message
+    (d / "mymm.cpp").write_text(ext.replace("float acc = pc[i * N + j];", "float acc = 2 * pc[i * N + j];"))
+    second = build(task, tmp_path / "b2")
+    assert second.status == BuildStatus.ok and "== pch ==\nprecompiled torch/extension.h" in second.log, second.log[-2000:]
+    deps = subprocess.run([find_ninja(), "-C", str(tmp_path / "b2"), "-t", "deps", obj_name("mymm.cpp")],
+                          capture_output=True, text=True, timeout=60).stdout
+    assert "(VALID)" in deps and "agent_torch_library.h" in deps and len(deps.splitlines()) < 16, deps
+    be = task.backend
+    a, b = be.load(first.lib_path), be.load(second.lib_path)
+    x, y = torch.randn(40, 33), torch.randn(33, 20)
+    assert torch.allclose(a.forward(x, y), x @ y, atol=1e-4) and not torch.allclose(b.forward(x, y), x @ y, atol=1e-2)
+
+
+@pytest.mark.slow
 def test_a_users_torch_library_extension_in_their_own_repo_is_checked_and_optimized(tmp_path):
     root = tmp_path / "proj"
     _ops_task(root / "ops" / "mymm")

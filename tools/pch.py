@@ -16,7 +16,8 @@ does (which writes it into torch's install; this one goes to a cache of its own)
   parallel builds make it once. The compile of such a file gets `-I that/folder -Winvalid-pch`: gcc looks
   for torch/extension.h.gch in each include folder before torch/extension.h, uses it where its flags
   match, and otherwise warns and reads the headers as before (the build is never wrong for it, only
-  slower). The object's dependency list names the .gch it used.
+  slower). Beside the .gch a two-line torch/extension.h hands a second include of the header (or a
+  compile that cannot use the .gch) over to the real one (`_stub`).
 - Not for .cu files: nvcc hands its host compiler a file it has already preprocessed, and cicc and
   cudafe++ read no gcc precompiled header (scripts/rebuild_phases.py shows the 42 s of the seeds' form
   go to those three front ends). Not for clang (its precompiled headers take other flags).
@@ -104,6 +105,24 @@ def pch_flags(cxx_flags: list[str], src_dir: Path) -> list[str]:
     return [f for f in cxx_flags if f != f"-I{src_dir}" and not f.startswith("-DTORCH_EXTENSION_NAME=")]
 
 
+def _stub(gch: Path) -> bool:
+    """The header beside the .gch: gcc names the header it loaded from a .gch by the path the .gch was
+    found at, so a second `#include <torch/extension.h>` (a header of the user's that includes it again,
+    or the forced include of tools.torch_library before the file's own) opens that path, and needs a file
+    there; this one hands over to the real header (#include_next), which #pragma once then skips. It is
+    also what a compile that cannot use the .gch (-Winvalid-pch) reads."""
+    path = gch.with_suffix("")
+    text = "#pragma once\n#include_next <torch/extension.h>\n"
+    try:
+        if not (path.is_file() and path.read_text() == text):
+            tmp = path.with_name(f".{path.name}.{os.getpid()}")
+            tmp.write_text(text)
+            os.replace(tmp, path)
+    except OSError:
+        return False
+    return True
+
+
 def ensure(cxx: str, flags: list[str], timeout_s: float) -> Pch:
     """The precompiled header for these flags: from the cache, or built now (once, under a lock)."""
     from tools.sandbox import ProcStatus, run_isolated
@@ -120,7 +139,7 @@ def ensure(cxx: str, flags: list[str], timeout_s: float) -> Pch:
     key = hashlib.sha256(json.dumps(key_src).encode()).hexdigest()[:16]
     folder = cache_root() / "pch" / key
     gch = folder / "torch" / "extension.h.gch"
-    if gch.is_file():
+    if gch.is_file() and _stub(gch):
         return Pch(folder, f"precompiled {HEADER} from {folder}")
     try:
         gch.parent.mkdir(parents=True, exist_ok=True)
@@ -140,7 +159,7 @@ def ensure(cxx: str, flags: list[str], timeout_s: float) -> Pch:
                 if time.monotonic() > deadline:
                     return Pch(None, f"no precompiled header: {folder} was locked by another build for {timeout_s:.0f}s")
                 time.sleep(0.5)
-        if gch.is_file():
+        if gch.is_file() and _stub(gch):
             return Pch(folder, f"precompiled {HEADER} from {folder} (made by another build meanwhile)")
         tmp = gch.with_name(f".{gch.name}.{os.getpid()}")
         t0 = time.monotonic()
@@ -152,5 +171,7 @@ def ensure(cxx: str, flags: list[str], timeout_s: float) -> Pch:
             return Pch(None, f"no precompiled header: compiling {HEADER} failed: {err.strip()[:300]}")
         size = tmp.stat().st_size
         os.replace(tmp, gch)
+        if not _stub(gch):
+            return Pch(None, f"no precompiled header: cannot write {gch.with_suffix('')}")
         return Pch(folder, f"precompiled {HEADER} into {folder} in {time.monotonic() - t0:.1f}s "
                            f"({size / 1e9:.2f} GB, once for these flags)")
