@@ -10,6 +10,7 @@ recompiles the kernel alone.
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 import time
@@ -159,6 +160,33 @@ def test_on_the_gpu_a_torch_library_op_is_judged_traced_and_loads_beside_another
     want = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
     for lib in (best, cand):
         assert torch.allclose(lib.forward(q, k, v, True), want, atol=2e-3, rtol=2e-3)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _gpu(), reason="needs a CUDA GPU")
+def test_on_the_gpu_a_one_file_cu_op_is_renamed_through_nvcc(tmp_path):
+    """The seeds' form with a custom op: kernel and TORCH_LIBRARY in one .cu, so nvcc (cudafe++, cicc and
+    the host compiler) reads the renaming header; two builds load side by side."""
+    import torch
+
+    from tools.results import BuildStatus
+    src = _ops_copy(tmp_path)
+    (src / "one.cu").write_text((src / "attention.cu").read_text() + (src / "binding.cpp").read_text())
+    (src / "attention.cu").unlink()
+    (src / "binding.cpp").unlink()
+    toml = src / "task.toml"
+    toml.write_text(re.sub(r"(?m)^(sources|editable) = .*$", r'\1 = ["one.cu"]', toml.read_text())
+                    .replace('"attention.cu"', '"one.cu"'))
+    task = load_task(src)
+    libs = []
+    for i in (1, 2):
+        res = build(task, tmp_path / f"b{i}")
+        assert res.status == BuildStatus.ok, res.message
+        assert "agent_torch_library.h" in " ".join(res.commands)
+        libs.append(task.backend.load(res.lib_path))
+    q, k, v = (torch.randn(1, 2, 65, 64, device="cuda", dtype=torch.float16) for _ in range(3))
+    want = torch.nn.functional.scaled_dot_product_attention(q, k, v)
+    assert all(torch.allclose(lib.forward(q, k, v, False), want, atol=2e-3, rtol=2e-3) for lib in libs)
 
 
 def test_the_default_task_on_a_gpu_is_still_the_ctypes_one():

@@ -139,8 +139,8 @@ def built(tmp_path_factory):
 
 @pytest.mark.slow
 def test_the_best_and_a_candidate_register_one_namespace_and_load_side_by_side(built, tmp_path):
-    """Without the renaming, the second load aborts the process (torch: "Only a single TORCH_LIBRARY can
-    be used to register the namespace mymm"): shown first, in a child, with the same two libraries."""
+    """Without the renaming the second registration fails (torch: "Only a single TORCH_LIBRARY can be
+    used to register the namespace mymm"): shown first, in a child, with the same two libraries."""
     import torch
     src, first_dir, first = built
     cand = tmp_path / "c"
@@ -151,10 +151,14 @@ def test_the_best_and_a_candidate_register_one_namespace_and_load_side_by_side(b
     # the binding object of the first build is linked: the same per-source header, one compile for both
     assert again.steps_run == 2 and "== binding.cpp (reused:" in again.log, again.log
     plain = subprocess.run([sys.executable, "-c", "import ctypes, os, sys, torch\n"
-                            "for p in sys.argv[1:]: ctypes.CDLL(p, mode=os.RTLD_LOCAL | os.RTLD_NOW)",
+                            "for p in sys.argv[1:]:\n"
+                            "    f = ctypes.CDLL(p, mode=os.RTLD_LOCAL | os.RTLD_NOW).agent_torch_library_error\n"
+                            "    f.restype = ctypes.c_char_p\n"
+                            "    print(repr(f().decode()[:200]))",
                             first.lib_path, again.lib_path], capture_output=True, text=True, timeout=300)
-    assert plain.returncode != 0 and "Only a single TORCH_LIBRARY can be used to register the namespace mymm" \
-        in plain.stderr
+    # (the header's guard kept torch's error; without it the second dlopen ends the process)
+    assert plain.returncode == 0 and plain.stdout.splitlines()[0] == "''", plain.stdout + plain.stderr
+    assert "Only a single TORCH_LIBRARY can be used to register the namespace mymm" in plain.stdout.splitlines()[1]
     be = load_task(src).backend
     best, candidate = be.load(first.lib_path), be.load(again.lib_path)
     x = torch.ones(4, 4)
@@ -178,6 +182,25 @@ def test_an_op_the_extension_does_not_register_is_one_line_naming_the_field(buil
     assert (f"{dst / 'task.toml'}: extension.entry: the extension registers no op mymm::fwd (it registers "
             "mymm::forward): name one in task.toml's [extension] entry") in par.message
     assert "Traceback" not in par.message
+
+
+@pytest.mark.slow
+def test_a_registration_that_throws_is_one_line_not_a_dead_host(tmp_path):
+    """torch throws from the static initializer when a registration fails (here a schema that names its
+    namespace, which torch refuses under the renamed library): uncaught, std::terminate ends the host.
+    The renaming header keeps the error for the loader, which says it in one line with the fix."""
+    src = _ops_task(tmp_path / "t")
+    (src / "binding.cpp").write_text(OPS_BINDING.replace('m.def("forward(', 'm.def("mymm::forward('))
+    task = load_task(src)
+    res = build(task, tmp_path / "b")
+    assert res.status == BuildStatus.ok, res.message
+    par = run_parity(task, Path(res.lib_path), scratch_root=tmp_path / "scratch")
+    assert par.status == ParityStatus.error
+    assert (f"{src / 'task.toml'}: the extension's TORCH_LIBRARY registration failed: Explicitly provided namespace "
+            "(mymm) in schema string does not match namespace of enclosing TORCH_LIBRARY block (mymm_<suffix>) (the "
+            "agent registers each build under mymm_<suffix>: leave the namespace out of the schema)") in par.message, \
+        par.message
+    assert "Traceback" not in par.message and "terminate" not in par.message
 
 
 @pytest.mark.slow

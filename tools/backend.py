@@ -223,12 +223,19 @@ class TorchExtensionBackend(_Device):
         suffix = f"agent{os.getpid()}_{next(_LOADED)}"
         os.environ[ENV] = suffix
         try:
-            ctypes.CDLL(str(p.resolve()), mode=os.RTLD_LOCAL | os.RTLD_NOW)
+            so = ctypes.CDLL(str(p.resolve()), mode=os.RTLD_LOCAL | os.RTLD_NOW)
         except OSError as e:
             raise ImportError(f"{self.where}: the built extension does not load: {' '.join(str(e).split())[:300]}") from None
         finally:
             os.environ.pop(ENV, None)
         ns = f"{self.op_namespace}_{suffix}"
+        if (err := getattr(so, "agent_torch_library_error", None)) is not None:
+            err.restype = ctypes.c_char_p
+            if msg := (err() or b"").decode(errors="replace").splitlines()[:1]:
+                first = msg[0].split(". ")[0].rstrip(".")[:240].replace(ns, self.op_namespace + "_<suffix>")
+                hint = (f" (the agent registers each build under {self.op_namespace}_<suffix>: leave the namespace out "
+                        "of the schema)") if "amespace" in first else ""
+                raise ImportError(f"{self.where}: the extension's TORCH_LIBRARY registration failed: {first}{hint}")
         names = torch._C._dispatch_get_all_op_names()
         ops = sorted({n.split("::", 1)[1].split(".")[0] for n in names if n.startswith(ns + "::")})
         if self.entry not in ops:

@@ -15,7 +15,9 @@ argument is turned into a string (`#ns`, `C10_STRINGIZE(ns)`) so that the string
 (tools.backend sets it around the dlopen only) and returns the name unchanged otherwise (the same
 library loaded by the user's own code registers `myops`). The catch-all namespace `_` (fallbacks) is
 left alone. The header is content-addressed under $AGENT_CACHE/torch_library/KEY/: every build with
-the same torch shares its path, so a compile line does not change between builds.
+the same torch shares its path, so a compile line does not change between builds. The redefined macros
+also catch what a registration throws (torch throws from the static initializer, which would end the
+process) and keep it for the loader: `agent_torch_library_error()`, read after the dlopen.
 
 Not renamed: a `torch::Library` built by hand, `STABLE_TORCH_LIBRARY` (torch/csrc/stable), and a
 schema that names its namespace (`m.def("myops::forward(Tensor x) -> Tensor")`: torch refuses it under
@@ -65,6 +67,7 @@ def shim_text(library_h: str) -> str:
         if not _STRINGIZED.search(text):
             continue
         text = _STRINGIZED.sub(lambda s: f"::agent_torch_library::ns_of({s.group(0)})", text)
+        text = text.replace("torch::detail::TorchLibraryInit", "::agent_torch_library::Guarded<torch::detail::TorchLibraryInit>")
         redefined.append(name)
         body += [f"#undef {name}", f"#define {name}({params}){text}"]
     if "TORCH_LIBRARY" not in redefined or not any("IMPL" in n for n in redefined):
@@ -77,8 +80,22 @@ def shim_text(library_h: str) -> str:
         "#include <torch/library.h>",
         "#include <cstdlib>",
         "#include <cstring>",
+        "#include <exception>",
+        "#include <memory>",
         "#include <string>",
+        "#include <utility>",
         "namespace agent_torch_library {",
+        "// A registration that throws (a schema naming another namespace, a bad schema) would throw out of a",
+        "// static initializer: std::terminate, the process gone. Guarded keeps the first error for the loader.",
+        '__attribute__((visibility("hidden"))) inline std::string& first_error() { static std::string e; return e; }',
+        "template <class T> struct Guarded {",
+        "  std::unique_ptr<T> held;",
+        "  template <class... A> Guarded(A&&... a) {",
+        "    try { held.reset(new T(std::forward<A>(a)...)); }",
+        "    catch (const std::exception& e) { if (first_error().empty()) first_error() = e.what(); }",
+        '    catch (...) { if (first_error().empty()) first_error() = "a registration threw"; }',
+        "  }",
+        "};",
         "static inline const char* ns_of(const char* ns) {",
         f'  const char* suffix = std::getenv("{ENV}");',
         '  if (suffix == nullptr || *suffix == 0 || std::strcmp(ns, "_") == 0) return ns;',
@@ -86,6 +103,9 @@ def shim_text(library_h: str) -> str:
         '  return (new std::string(std::string(ns) + "_" + suffix))->c_str();',
         "}",
         "}  // namespace agent_torch_library",
+        'extern "C" __attribute__((used, visibility("default"))) inline const char* agent_torch_library_error() {',
+        "  return agent_torch_library::first_error().c_str();",
+        "}",
         *body, ""])
 
 
