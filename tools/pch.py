@@ -47,9 +47,15 @@ _FIRST = re.compile(r"#\s*include\s*<torch/extension\.h>\s*$")
 _PRAGMA_ONCE = re.compile(r"#\s*pragma\s+once\s*$")
 
 
+def strip_comments(text: str) -> str:
+    """C/C++ source without its comments, each replaced by a space and the line breaks it held (so that
+    line numbers and token boundaries stay)."""
+    return _COMMENTS.sub(lambda m: " " + "\n" * m.group(0).count("\n"), text)
+
+
 def first_code_is_torch_extension(text: str) -> bool:
     """True when the file's first line of code is `#include <torch/extension.h>`."""
-    for line in _COMMENTS.sub(lambda m: "\n" * m.group(0).count("\n"), text).splitlines():
+    for line in strip_comments(text).splitlines():
         line = line.strip()
         if not line or _PRAGMA_ONCE.match(line):
             continue

@@ -31,6 +31,8 @@ import os
 import re
 from pathlib import Path
 
+from tools.pch import cache_root, strip_comments
+
 ENV = "AGENT_TORCH_OPS_SUFFIX"
 HEADER_NAME = "agent_torch_library.h"
 
@@ -42,20 +44,16 @@ _STRINGIZED = re.compile(r"(?<!#)#\s*ns\b|\bC10_STRINGIZE\(\s*ns\s*\)")
 
 
 def uses_torch_library(text: str) -> bool:
-    return bool(_USES.search(_strip_comments(text)))
+    return bool(_USES.search(strip_comments(text)))
 
 
 def namespaces(text: str) -> list[str]:
     """The namespaces a source defines ops in (TORCH_LIBRARY / TORCH_LIBRARY_FRAGMENT), in order."""
     out: list[str] = []
-    for ns in _DEFINES_NS.findall(_strip_comments(text)):
+    for ns in _DEFINES_NS.findall(strip_comments(text)):
         if ns not in out and ns != "_":
             out.append(ns)
     return out
-
-
-def _strip_comments(text: str) -> str:
-    return re.sub(r"//[^\n]*|/\*.*?\*/", " ", text, flags=re.S)
 
 
 def shim_text(library_h: str) -> str:
@@ -117,7 +115,6 @@ def library_header(include_dirs: list[str]) -> Path | None:
 def ensure_shim(include_dirs: list[str]) -> Path:
     """The forced-include header for the torch whose headers are in `include_dirs`, written once per
     torch (content-addressed, atomically). Raises ValueError or OSError with the reason it cannot."""
-    from tools.pch import cache_root
     lib = library_header(include_dirs)
     if lib is None:
         raise ValueError("no torch/library.h among torch's include folders")
