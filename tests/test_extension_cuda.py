@@ -183,10 +183,75 @@ def test_on_the_gpu_a_one_file_cu_op_is_renamed_through_nvcc(tmp_path):
         res = build(task, tmp_path / f"b{i}")
         assert res.status == BuildStatus.ok, res.message
         assert "agent_torch_library.h" in " ".join(res.commands)
+        assert "one.cu: split (tools.cu_split)" in res.log and "built whole" not in res.log
         libs.append(task.backend.load(res.lib_path))
     q, k, v = (torch.randn(1, 2, 65, 64, device="cuda", dtype=torch.float16) for _ in range(3))
     want = torch.nn.functional.scaled_dot_product_attention(q, k, v)
     assert all(torch.allclose(lib.forward(q, k, v, False), want, atol=2e-3, rtol=2e-3) for lib in libs)
+
+
+def _load_copy(task, lib_path: str, tmp: Path, name: str):
+    """A build loaded from its own path (a rebuild in one build folder reuses the file name, and a
+    process dlopens a path once)."""
+    dst = tmp / f"{name}.so"
+    shutil.copy(lib_path, dst)
+    return task.backend.load(str(dst))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _gpu(), reason="needs a CUDA GPU")
+def test_on_the_gpu_the_seeds_one_file_form_builds_in_halves_and_a_kernel_edit_leaves_the_torch_half(tmp_path):
+    """tests/fixtures/one_file_cu: torch's headers, a template and a plain kernel, a launcher and
+    PYBIND11_MODULE in one .cu, built as two halves (tools.cu_split): correct in both dtypes and every
+    shape, its launches traced, a kernel edit compiles the kernels' half alone, a grid macro edit the
+    torch half too, and a half that does not compile falls back to the file built whole."""
+    import torch
+
+    from tools.device import device_limits
+    from tools.launch import dynamic_check, static_check
+    from tools.parity import run_parity
+    from tools.results import BuildStatus, LaunchStatus, ParityStatus
+    src = tmp_path / "task"
+    shutil.copytree(ROOT / "tests" / "fixtures" / "one_file_cu", src)
+    task, cu = load_task(src), src / "scale.cu"
+    text = cu.read_text()
+    first = build(task, tmp_path / "b")
+    assert first.status == BuildStatus.ok, first.message
+    assert "scale.cu: split (tools.cu_split)" in first.log and "built whole" not in first.log, first.log[-3000:]
+    assert run_parity(task, Path(first.lib_path)).status == ParityStatus.ok
+    lib = _load_copy(task, first.lib_path, tmp_path, "first")
+    x = torch.randn(70001, device="cuda")
+    assert torch.equal(lib.forward(x), 2 * x + 1)
+    h = x.half()
+    assert torch.allclose(lib.forward(h).float(), (2 * h.float() + 1).half().float(), atol=1e-2, rtol=1e-3)
+    limits = device_limits(first.arch)
+    static = static_check(task, first, limits)
+    dyn = dynamic_check(task, first.lib_path, limits, static)
+    assert dyn.status == LaunchStatus.ok and dyn.launches[0].source == "trace", dyn.message
+    assert dyn.main_ctas == 1048576 // 256
+    timings = {}
+    for what, edit in (("kernel knob", lambda t: t.replace("#define USE_LDG 0", "#define USE_LDG 1")),
+                       ("kernel body, lines added", lambda t: t.replace("  int i = (blockIdx.x", "  // a\n  // b\n  int i = (blockIdx.x")),
+                       ("grid macro", lambda t: t.replace("#define VEC 1 ", "#define VEC 4 "))):
+        cu.write_text(edit(cu.read_text()))
+        t0 = time.monotonic()
+        res = build(task, tmp_path / "b")
+        timings[what] = time.monotonic() - t0
+        assert res.status == BuildStatus.ok, res.message
+        host_compiled = "== scale.cu.host.cpp (compiled) ==" in res.log
+        assert host_compiled == (what == "grid macro"), res.log[-3000:]
+        assert "== scale.cu.kernels.cu (compiled) ==" in res.log
+        assert run_parity(task, Path(res.lib_path)).status == ParityStatus.ok, what
+        assert torch.equal(_load_copy(task, res.lib_path, tmp_path, what.replace(" ", "_")[:10]).forward(x), 2 * x + 1)
+    print("one-file extension rebuilds:", {k: round(v, 2) for k, v in timings.items()})
+    # a helper of the torch code that needs a header only torch brought: the kernels' half does not
+    # compile alone, and the file is built whole (slowly, and right)
+    cu.write_text(text.replace("static inline int ceil_div(int a, int b) { return (a + b - 1) / b; }",
+                               "static inline int ceil_div(int a, int b) { std::vector<int> v{a, b}; "
+                               "return (v[0] + v[1] - 1) / v[1]; }"))
+    res = build(task, tmp_path / "b")
+    assert res.status == BuildStatus.ok and "did not build; built whole" in res.log, res.message
+    assert torch.equal(_load_copy(task, res.lib_path, tmp_path, "whole").forward(x), 2 * x + 1)
 
 
 def test_the_default_task_on_a_gpu_is_still_the_ctypes_one():

@@ -308,6 +308,9 @@ def slow_rebuild_note(task) -> str | None:
     if task.spec.form != "torch_extension":
         return None
     heavy = [f for f in task.spec.editable if _TORCH_INCLUDE.search(task.path(f).read_text(errors="replace"))]
+    from tools.cu_split import prepare_note
+    split, why = prepare_note(task, heavy)       # a .cu the build splits is not slow (tools.cu_split)
+    heavy = [f for f in heavy if f not in split]
     if not heavy:
         return None
     from tools.pch import pch_sources
@@ -317,7 +320,7 @@ def slow_rebuild_note(task) -> str | None:
             "AGENT_CACHE), 22 s without, not 1 s" if eased == set(heavy) else
             f"25-45 s a build, not 1-2 s; {', '.join(sorted(eased))} about half that with a precompiled torch/extension.h")
     return (f"{', '.join(heavy)} {'is' if len(heavy) == 1 else 'are'} editable and include{'s' if len(heavy) == 1 else ''} "
-            f"torch's headers: every candidate recompiles them ({cost}). Move the binding "
+            f"torch's headers: every candidate recompiles them ({cost}){why}. Move the binding "
             "(PYBIND11_MODULE and the torch::Tensor code) into a file left out of `editable` and call the kernel "
             "through a plain function (README: Bring your own kernel)")
 

@@ -13,15 +13,14 @@ from __future__ import annotations
 import argparse
 import re
 import shlex
-import shutil
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 from tools.device import gpu_arch
+from tools.cu_split import prepare as prepare_split
 from tools.pch import ensure as ensure_pch, pch_flags, pch_sources
-from tools.toolchain import cuda_home, find_cxx, find_ninja, find_nvcc, toolchain_hint
+from tools.toolchain import cuda_home, demangle, find_cxx, find_ninja, find_nvcc, toolchain_hint
 from tools.results import BuildResult, BuildStatus, KernelResources
 from tools.reuse import reusable_from
 from tools.sandbox import ProcStatus, run_isolated
@@ -73,11 +72,13 @@ def cxx_flags_of(task: Task, src_dir: Path, nvcc: str | None) -> list[str]:
 
 def write_ninja(task: Task, build_dir: Path, src_dir: Path, tools: dict[str, str],
                 arch: str | None, prebuilt: dict[str, Path] | None = None,
-                pch: tuple[Path, list[str]] | None = None) -> tuple[list[tuple[str, str]], list[str]]:
+                pch: tuple[Path, list[str]] | None = None, split: dict | None = None
+                ) -> tuple[list[tuple[str, str]], list[str]]:
     """Write build.ninja; return [(source rel path, object path)] of the compile edges, and each
     compile and link command as a person would type it (for the review: which flags built this).
     `prebuilt` maps a source to an object built earlier (reusable_objects): linked, not compiled.
-    `pch`: (the folder holding torch/extension.h.gch, the sources compiled with it) (tools.pch)."""
+    `pch`: (the folder holding torch/extension.h.gch, the sources compiled with it) (tools.pch).
+    `split`: a one-file CUDA extension's halves by source (tools.cu_split.prepare), compiled apart."""
     prebuilt = prebuilt or {}
     cuda = task.backend.gpu
     form = task.backend.build_flags()      # what the kernel's form adds (torch's headers and libraries)
@@ -109,25 +110,29 @@ def write_ninja(task: Task, build_dir: Path, src_dir: Path, tools: dict[str, str
     lines += ["rule link", f"  command = {' '.join(link)} {_val(q(link_flags))} -o $out $in {_val(q(form.link))}",
               "  description = LINK $out"]
     edges, commands = [], []
-    for rel in task.spec.sources:
-        ext = Path(rel).suffix
-        if ext not in CXX_EXT | CU_EXT:
-            continue  # headers: inputs through the depfiles, not edges
-        if rel in prebuilt:
-            continue
-        obj = obj_name(rel)
-        src = str((src_dir / rel).resolve())
-        rule = "nvcc" if ext in CU_EXT else "cxx"
-        lines += [f"build {_nj(obj)}: {rule} {_nj(src)}", f"  src = {_val(shlex.quote(src))}",
-                  f"  obj = {_val(shlex.quote(obj))}"]
+
+    def edge(rel: str, path: Path, rule: str, extra: list[str]) -> None:
+        obj, src = obj_name(rel), str(path.resolve())
+        lines.extend([f"build {_nj(obj)}: {rule} {_nj(src)}", f"  src = {_val(shlex.quote(src))}",
+                      f"  obj = {_val(shlex.quote(obj))}"])
         with_pch = bool(pch) and rule == "cxx" and rel in pch[1]  # type: ignore[index]
-        lines += [f"  pch = {_val(q(pch_args))}"] if with_pch else []
-        own = task.backend.source_flags((src_dir / rel).read_text(errors="replace"))  # a TORCH_LIBRARY source's
-        lines += [f"  ops = {_val(q(own))}"] * bool(own)
+        lines.extend([f"  pch = {_val(q(pch_args))}"] if with_pch else [])
+        own = extra + task.backend.source_flags(path.read_text(errors="replace"))  # a TORCH_LIBRARY source's
+        lines.extend([f"  ops = {_val(q(own))}"] * bool(own))
         edges.append((rel, obj))
         compiler, cflags = (tools["nvcc"], nv_flags) if rule == "nvcc" else (tools["c++"], cxx_flags)
-        cflags = cflags + (pch_args if with_pch else []) + own
-        commands.append(f"{Path(compiler).name} {q(cflags)} -c {rel}")
+        commands.append(f"{Path(compiler).name} {q(cflags + (pch_args if with_pch else []) + own)} -c {rel}")
+
+    for rel in task.spec.sources:
+        ext = Path(rel).suffix
+        if ext not in CXX_EXT | CU_EXT or rel in prebuilt:
+            continue  # headers: inputs through the depfiles, not edges
+        if rel in (split or {}):       # tools.cu_split: the kernels by nvcc, the torch code by c++
+            here = ["-I" + str((src_dir / rel).parent.resolve())]
+            edge(f"{rel}.kernels.cu", split[rel].kernels, "nvcc", here)  # type: ignore[index]
+            edge(f"{rel}.host.cpp", split[rel].host, "cxx", here)  # type: ignore[index]
+            continue
+        edge(rel, src_dir / rel, "nvcc" if ext in CU_EXT else "cxx", [])
     lib = f"lib{task.name}.so"
     link_cmd = " ".join(link).replace("$nvcc", Path(tools.get("nvcc") or "nvcc").name).replace(
         "$cxx", Path(tools["c++"]).name)
@@ -171,28 +176,6 @@ def parse_ptxas(text: str) -> list[KernelResources]:
     return list(kernels.values())
 
 
-def demangle(names: list[str], nvcc: str | None = None) -> dict[str, str]:
-    """Mangled -> readable, with cu++filt (ships with CUDA) or c++filt; the mangled name if neither works."""
-    if not names:
-        return {}
-    tools = []
-    home = cuda_home(nvcc) if nvcc else None
-    if home:
-        tools.append(str(home / "bin" / "cu++filt"))
-    tools += [t for t in (shutil.which("cu++filt"), shutil.which("c++filt")) if t]
-    for tool in tools:
-        if not Path(tool).is_file():
-            continue
-        try:
-            out = subprocess.run([tool], input="\n".join(names) + "\n", capture_output=True, text=True, timeout=20)
-        except (OSError, subprocess.TimeoutExpired):
-            continue
-        got = out.stdout.splitlines()
-        if out.returncode == 0 and len(got) == len(names):
-            return dict(zip(names, got))
-    return {n: n for n in names}
-
-
 _ERR_PATTERNS = [
     re.compile(r"^(?P<file>[^\s:(][^:(]*):(?P<line>\d+):(?:\d+:)? (?:fatal )?error\b"),     # gcc/clang
     re.compile(r"^(?P<file>[^\s(][^(]*)\((?P<line>\d+)\): (?:catastrophic )?error\b"),     # nvcc front end
@@ -222,10 +205,11 @@ def first_errors(output: str, src_dir: Path, commands: list[str], max_lines: int
 
 # --- the build --------------------------------------------------------------------------------
 def build(task: Task, build_dir: Path, src_dir: Path | None = None, timeout_s: float | None = None,
-          reuse: Path | list[Path] | None = None) -> BuildResult:
+          reuse: Path | list[Path] | None = None, whole: bool = False) -> BuildResult:
     """Build task's sources (from src_dir, default task.root) in build_dir. Never raises for bad code.
     `reuse`: earlier build folders of the same task whose objects of non-editable sources are linked
-    instead of compiled where still valid (tools.reuse)."""
+    instead of compiled where still valid (tools.reuse). A one-file CUDA extension is built in two halves
+    (tools.cu_split) unless `whole`; where the halves do not build, the file is built whole."""
     t0 = time.monotonic()
     build_dir = Path(build_dir).resolve()
     src_dir = Path(src_dir or task.root).resolve()
@@ -250,15 +234,17 @@ def build(task: Task, build_dir: Path, src_dir: Path | None = None, timeout_s: f
     objects = {rel: obj_name(rel) for rel in task.spec.sources if Path(rel).suffix in CXX_EXT | CU_EXT}
     pch_note, prebuilt = "", {}
     try:
+        split, split_note = ({}, "") if whole else prepare_split(task, src_dir, build_dir)
         pch = None
-        if with_pch := pch_sources(task, src_dir):      # editable, so never among the reused objects
+        with_pch = pch_sources(task, src_dir) + [f"{rel}.host.cpp" for rel, h in split.items() if h.pch]
+        if with_pch:                                    # editable, so never among the reused objects
             got = ensure_pch(tools["c++"], pch_flags(cxx_flags_of(task, src_dir, tools["nvcc"]), src_dir),  # type: ignore[arg-type]
                              timeout_s)
             pch, pch_note = ((got.include_dir, with_pch) if got.include_dir else None), f"\n== pch ==\n{got.note}"
-        edges, commands = write_ninja(task, build_dir, src_dir, tools, arch, None, pch)  # type: ignore[arg-type]
+        edges, commands = write_ninja(task, build_dir, src_dir, tools, arch, None, pch, split)  # type: ignore[arg-type]
         if reuse and (prebuilt := reusable_from(task, reuse, tools["ninja"], objects, src_dir,  # type: ignore[arg-type]
                                                    build_dir / "build.ninja")):
-            edges, commands = write_ninja(task, build_dir, src_dir, tools, arch, prebuilt, pch)  # type: ignore[arg-type]
+            edges, commands = write_ninja(task, build_dir, src_dir, tools, arch, prebuilt, pch, split)  # type: ignore[arg-type]
     except (OSError, ImportError, ValueError) as e:   # torch, its CUDA toolkit or a renamable TORCH_LIBRARY missing
         return result(BuildStatus.toolchain_missing, message=f"{task.backend.name}: {' '.join(str(e).split())}")
     if not edges:
@@ -269,8 +255,13 @@ def build(task: Task, build_dir: Path, src_dir: Path | None = None, timeout_s: f
     steps = sum(1 for ln in output.splitlines() if ln.startswith(STATUS_MARK))
     ran = {ln.split()[-1] for ln in output.splitlines() if ln.startswith(STATUS_MARK)}
     log = _collect_logs(build_dir, edges, ran) + "".join(f"\n== {rel} (reused: {obj}) ==" for rel, obj in prebuilt.items()) \
-        + pch_note + "\n== ninja ==\n" + output
+        + pch_note + (f"\n== split ==\n{split_note}" if split_note else "") + "\n== ninja ==\n" + output
     (build_dir / "build.log").write_text(log)
+    if split and proc.status == ProcStatus.failed:     # a split the compilers refuse: the file as it is
+        res = build(task, build_dir, src_dir, max(1.0, timeout_s - (time.monotonic() - t0)), reuse, whole=True)
+        res.log = f"== the halves (tools.cu_split) did not build; built whole ==\n{log}\n{res.log}"
+        res.seconds = time.monotonic() - t0
+        return res
     if proc.status == ProcStatus.timeout:
         return result(BuildStatus.timeout, steps_run=steps, log=log,
                       message=f"build timed out after {timeout_s:.0f}s (raise [build] timeout_s in task.toml?)")

@@ -8,6 +8,7 @@ import glob
 import os
 import re
 import shutil
+import subprocess
 from pathlib import Path
 
 
@@ -102,3 +103,25 @@ def ncu_python_dirs(ncu: str | None = None) -> list[Path]:
                 break
     cands += sorted(Path("/opt/nvidia/nsight-compute").glob("*/extras/python"), reverse=True)
     return [c for c in cands if (c / "ncu_report.py").is_file()]
+
+
+def demangle(names: list[str], nvcc: str | None = None) -> dict[str, str]:
+    """Mangled -> readable, with cu++filt (ships with CUDA) or c++filt; the mangled name if neither works."""
+    if not names:
+        return {}
+    tools = []
+    home = cuda_home(nvcc) if nvcc else None
+    if home:
+        tools.append(str(home / "bin" / "cu++filt"))
+    tools += [t for t in (shutil.which("cu++filt"), shutil.which("c++filt")) if t]
+    for tool in tools:
+        if not Path(tool).is_file():
+            continue
+        try:
+            out = subprocess.run([tool], input="\n".join(names) + "\n", capture_output=True, text=True, timeout=20)
+        except (OSError, subprocess.TimeoutExpired):
+            continue
+        got = out.stdout.splitlines()
+        if out.returncode == 0 and len(got) == len(names):
+            return dict(zip(names, got))
+    return {n: n for n in names}

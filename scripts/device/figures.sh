@@ -22,6 +22,8 @@
 #   opt_attn_hi  the same section: attention_fwd to 8x, 30 iterations
 #   opt_ext      the same section: attention_ext (the torch extension, no launch_plan) to 1.5x
 #   check_opt_ext  opt_ext after `agent check` in a fresh repository (the run links check's binding)
+#   opt_one      the same section: attention_ext in the seeds' form (kernel and binding in one .cu, the
+#                file the agent edits), built as two halves (tools/cu_split.py), to 1.5x
 #   opt_ops      the same section: attention_ext with its binding registered as a TORCH_LIBRARY custom
 #                op (tests/fixtures/attention_ops), `agent check` and then to 1.5x
 #                (opt_* also give that section's table of seconds per iteration, from `agent show`)
@@ -42,6 +44,7 @@
 #   bash scripts/device/figures.sh phases                        # 164-260 s
 #   bash scripts/device/figures.sh opt_ext check_opt_ext         # 118 s + 172 s
 #   bash scripts/device/figures.sh opt_ops
+#   bash scripts/device/figures.sh rebuild_ext opt_one
 #
 # Environment overrides: ITERS (iterations of every optimize part; default 20, and 30 for
 # opt_attn_hi), HI_BUDGET (opt_attn_hi's --budget-seconds, default 420), ATTN_S (sweep_attn's
@@ -53,7 +56,7 @@
 # the agent's run folders (worktrees, builds, libraries and ncu reports left out).
 set -uo pipefail
 
-PARTS="baseline rebuild rebuild_ext phases repeat profile opt_attn opt_sm opt_attn_hi opt_ext check_opt_ext opt_ops sweep_sm sweep_attn sweep_ext gpu_tests"
+PARTS="baseline rebuild rebuild_ext phases repeat profile opt_attn opt_sm opt_attn_hi opt_ext check_opt_ext opt_ops opt_one sweep_sm sweep_attn sweep_ext gpu_tests"
 usage() { echo "usage: bash scripts/device/figures.sh PART [PART ...]; parts: $PARTS" >&2; exit 2; }
 [ $# -gt 0 ] || usage
 for part in "$@"; do
@@ -188,10 +191,14 @@ rebuild_ext() {
   # line added, three times (the target is 2 s), and the module loaded in a fresh process.
   echo "== rebuild of attention_ext (torch extension) after a one-line kernel edit" >> "$S"
   python3 scripts/rebuild_time.py kernels/attention_ext attention.cu "$BLD/rebuild_ext" >> "$S" 2>&1
-  # the seeds' form: binding and kernel in one .cu (torch's headers in the file the agent edits), one edit
-  echo "== the same kernel in the seeds' form: one .cu with the binding" >> "$S"
+  # the seeds' form: binding and kernel in one .cu (torch's headers in the file the agent edits), built
+  # in halves (tools/cu_split.py), three edits; then built whole as nvcc takes it (AGENT_CU_SPLIT=0), one
+  echo "== the same kernel in the seeds' form: one .cu with the binding, built in halves" >> "$S"
   local one; one=$(seeds_form rebuild_ext)
-  python3 scripts/rebuild_time.py "$one" one.cu "$BLD/rebuild_one" 1 >> "$S" 2>&1
+  python3 scripts/rebuild_time.py "$one" one.cu "$BLD/rebuild_one" 3 >> "$S" 2>&1
+  grep -h "cu_split\|built whole" "$BLD/rebuild_one/build.log" | head -2 >> "$S"
+  echo "== the seeds' form built whole (AGENT_CU_SPLIT=0)" >> "$S"
+  AGENT_CU_SPLIT=0 python3 scripts/rebuild_time.py "$one" one.cu "$BLD/rebuild_one_whole" 1 >> "$S" 2>&1
 }
 
 seeds_form() {  # attention_ext in the seeds' form (binding and kernel in one .cu) under $FIG/$1; prints its folder
@@ -311,6 +318,17 @@ check_opt_ext() {
   # pack() takes runs from $U/runs of the shared repository: this run's records are copied instead
   RUNS=(); find "$U/runs/extc" -maxdepth 1 -type f -name '*.json*' -exec cp {} "$W"/ \; 2>/dev/null
   U=$u
+}
+
+opt_one() {
+  # attention_ext as its user first had it: the kernel and the pybind11 binding in one .cu, the file the
+  # agent edits; the build splits it into the kernels (nvcc, no torch header) and the torch code.
+  local t=$U/kernels/attention_one
+  rm -rf "$t"; cp -r "$(seeds_form opt_one)" "$t"; rm -rf "$t/__pycache__"
+  sed -i 's/^name = "attention_ext"/name = "attention_one"/' "$t/task.toml"
+  (cd "$U" && git add -A && git -c user.name=u -c user.email=u@x commit -qm one) || return
+  optimize one kernels/attention_one "${ITERS:-20}" 240 300 --target 1.5x
+  grep -h "cu_split\|built whole" "$U"/runs/one/build/build.log | head -2 >> "$S"
 }
 
 opt_ops() {
