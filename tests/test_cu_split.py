@@ -116,14 +116,39 @@ def test_the_attention_kernel_in_one_file_keeps_every_knob_out_of_its_torch_half
      "void f(torch::Tensor t) { twice(1.0f); }\n",
      "x.cu:2: the torch code names twice, __device__ on the GPU only"),
     ("__global__ void k(float* x) { x[0] = 1; }\n", "no torch code"),
+    ("#include <torch/extension.h>\ntemplate <typename T> __global__ void k(T* x) { x[0] = 1; }\n"
+     "void f(torch::Tensor t) {\n  AT_DISPATCH_FLOATING_TYPES(t.scalar_type(), \"f\", ([&] {\n"
+     "    k<scalar_t><<<1, 1>>>(t.data_ptr<scalar_t>()); }));\n}\n",
+     "x.cu:5: the launch of k<scalar_t> takes scalar_t from the torch code"),
+    ("#include <torch/extension.h>\nnamespace ops {\n__global__ void k(float* x) { x[0] = 1; }\n}\n"
+     "void f(torch::Tensor t) { ops::k<<<1, 1>>>(t.data_ptr<float>()); }\n",
+     "x.cu:2: the torch code names namespace ops, which the split does not take apart"),
+    # the judged build must be the user's: torch code that asks which compiler reads it would take the
+    # other branch under the C++ compiler (a faster path that nvcc's build, the user's, never runs)
+    ("#include <torch/extension.h>\n__global__ void k(float* x) { x[0] = 1; }\n"
+     "torch::Tensor f(torch::Tensor t) {\n#ifndef __CUDACC__\n  return t.clone();\n#endif\n"
+     "  k<<<1, 1>>>(t.data_ptr<float>()); return t; }\n",
+     "line 3: the torch code reads __CUDACC__"),
+    ("#include <torch/extension.h>\n#if defined(__CUDA_ARCH_LIST__)\n#define FAST 1\n#endif\n"
+     "__global__ void k(float* x) { x[0] = 1; }\nvoid f(torch::Tensor t) { k<<<FAST, 1>>>(t.data_ptr<float>()); }\n",
+     "line 2: the torch code reads __CUDA_ARCH_LIST__"),
 ])
 def test_a_split_that_could_change_the_program_is_refused_with_the_reason(text, why):
     got = split(text, "x.cu")
     assert isinstance(got, NoSplit) and got.reason.startswith(why), got
 
 
-def _task_copy(tmp: Path, text: str | None = None) -> Path:
-    dst = tmp / "task"
+def _cpu_torch_variant() -> str:
+    """The fixture without ATen/cuda's and c10/cuda's headers, which a CPU torch does not ship: the
+    stream from the runtime, the checks through TORCH_CHECK."""
+    return (_scale().replace("#include <ATen/cuda/CUDAContext.h>\n", "").replace("#include <c10/cuda/CUDAException.h>\n", "")
+            .replace("at::cuda::getCurrentCUDAStream()", "(cudaStream_t)0")
+            .replace("C10_CUDA_KERNEL_LAUNCH_CHECK();", 'TORCH_CHECK(cudaGetLastError() == cudaSuccess, "launch");')
+            .replace("C10_CUDA_CHECK(cudaFuncSetAttribute(", "TORCH_CHECK(cudaSuccess == cudaFuncSetAttribute("))
+
+
+def _task_copy(tmp: Path, text: str | None = None, folder: str = "task") -> Path:
+    dst = tmp / folder
     shutil.copytree(FIXTURE, dst)
     if text is not None:
         (dst / "scale.cu").write_text(text)
@@ -168,10 +193,7 @@ def test_the_kernels_half_compiles_alone_through_the_build_graph_with_the_users_
 def test_both_halves_compile_and_link_into_one_library_with_a_launch_per_site(tmp_path):
     """The torch half too, with the C++ compiler (a CPU torch lacks ATen/cuda's headers: the stream
     comes from the runtime instead here), then one shared object holding both halves' symbols."""
-    text = (_scale().replace("#include <ATen/cuda/CUDAContext.h>\n", "").replace("#include <c10/cuda/CUDAException.h>\n", "")
-            .replace("at::cuda::getCurrentCUDAStream()", "(cudaStream_t)0")
-            .replace("C10_CUDA_KERNEL_LAUNCH_CHECK();", 'TORCH_CHECK(cudaGetLastError() == cudaSuccess, "launch");'))
-    task = load_task(_task_copy(tmp_path, text))
+    task = load_task(_task_copy(tmp_path, _cpu_torch_variant()))
     out = tmp_path / "build"
     out.mkdir()
     halves, _ = prepare(task, task.root, out)
@@ -198,3 +220,82 @@ def test_lines_added_to_a_kernel_do_not_rewrite_the_torch_half(tmp_path):
     assert prepare(task, task.root, out)[0]["scale.cu"].host.read_text() == first
     (task.root / "scale.cu").write_text(_set(_scale(), "BLOCK", 128))
     assert "#define BLOCK 128" in prepare(task, task.root, out)[0]["scale.cu"].host.read_text()
+
+
+
+def _check(repo: Path) -> str:
+    """`agent check t` in `repo`, its output on one line (a wide terminal, so rich wraps nothing)."""
+    import os
+    import sys
+    path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+    proc = subprocess.run([sys.executable, "-m", "agent", "check", "t"], capture_output=True, text=True, cwd=repo,
+                          env={**os.environ, "COLUMNS": "400", "PYTHONPATH": path}, timeout=600)
+    assert "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    return " ".join((proc.stdout + proc.stderr).split())
+
+
+def test_agent_check_says_why_a_one_file_cu_is_built_whole_and_is_quiet_when_it_is_split(tmp_path):
+    """Through the real entry point, in a user's repository: the fixture as shipped (split) gets no
+    rebuild note; with a kernel that takes a torch type, the note names the line that stops the split.
+    (A CPU torch stops the build itself; the note does not need it.)"""
+    repo = tmp_path / "repo"
+    shutil.copytree(FIXTURE, repo / "t")
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    assert "recompiles them" not in _check(repo)
+    cu = repo / "t" / "scale.cu"
+    cu.write_text(cu.read_text().replace("__global__ void half_kernel(const __half* x, __half* y, int n) {",
+                                         "__global__ void half_kernel(const __half* x, __half* y, int n, "
+                                         "torch::PackedTensorAccessor32<float, 1> acc) {"))
+    out = _check(repo)
+    line = _line_of(cu.read_text(), "__global__ void half_kernel")
+    assert "every candidate recompiles them" in out and "the build could not split scale.cu into its kernels and " \
+        f"its torch code: scale.cu:{line}: half_kernel is __global__ code that names torch's types" in out, out
+
+
+def test_a_header_of_the_users_that_asks_for_nvcc_stops_the_split(tmp_path):
+    """The torch half includes the user's headers: one (or one it includes) that tests nvcc's macros
+    would read differently there, so the file is built whole."""
+    (tmp_path / "inc").mkdir()
+    (tmp_path / "inc" / "deep.h").write_text("#pragma once\n#ifdef __CUDACC__\ninline int fast() { return 0; }\n#endif\n")
+    (tmp_path / "inc" / "util.h").write_text('#pragma once\n#include "deep.h"\n')   # beside it
+    text = ('#include <torch/extension.h>\n#include "inc/util.h"\n__global__ void k(float* x) { x[0] = 1; }\n'
+            "void f(torch::Tensor t) { k<<<1, 1>>>(t.data_ptr<float>()); }\n")
+    got = split(text, str(tmp_path / "x.cu"))
+    assert isinstance(got, NoSplit) and got.reason.startswith("inc/deep.h: the torch code reads __CUDACC__"), got
+    (tmp_path / "inc" / "deep.h").write_text("#pragma once\ninline int fast() { return 0; }\n")
+    assert isinstance(split(text, str(tmp_path / "x.cu")), Split)
+
+
+@pytest.mark.slow
+@pytest.mark.nvcc
+@needs_nvcc
+def test_another_build_links_the_torch_half_an_earlier_build_compiled_from_the_same_code(tmp_path):
+    """A sweep's configuration or a run after `agent check` builds in a folder of its own from a source
+    folder of its own: it links the earlier torch half where the code is the same (a kernel edit, lines
+    moved), and compiles its own where a macro the torch code reads changed."""
+    from tools.cu_split import same_code
+    from tools.reuse import reusable_halves
+    tools = {"ninja": find_ninja(), "c++": find_cxx(), "nvcc": find_nvcc()}
+
+    def graph(task_dir: Path, out: Path):
+        task = load_task(task_dir)
+        out.mkdir(exist_ok=True)
+        halves, _ = prepare(task, task.root, out)
+        write_ninja(task, out, task.root, tools, resolve_arch(task), None, None, halves)
+        return {"scale.cu.host.cpp": ("obj/scale.cu.host.cpp.o", halves["scale.cu"].host)}
+
+    first = tmp_path / "b1"
+    graph(_task_copy(tmp_path, _cpu_torch_variant(), "t1"), first)
+    proc = subprocess.run([tools["ninja"], "-C", str(first), "obj/scale.cu.host.cpp.o"], capture_output=True, text=True,
+                          timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    want = {"scale.cu.host.cpp": (first / "obj" / "scale.cu.host.cpp.o").resolve()}
+    for i, (edit, reused) in enumerate([(lambda t: t, True),
+                                        (lambda t: _set(t, "USE_LDG", 1), True),
+                                        (lambda t: t.replace("struct Scale {", "// moved\n\nstruct Scale {"), True),
+                                        (lambda t: _set(t, "BLOCK", 512), False)]):
+        src = _task_copy(tmp_path, edit(_cpu_torch_variant()), f"s{i}")
+        out = tmp_path / f"o{i}"
+        halves = graph(src, out)
+        got = reusable_halves([tmp_path / "none", first], tools["ninja"], halves, src, out / "build.ninja", same_code)
+        assert got == (want if reused else {}), i

@@ -18,11 +18,11 @@ import time
 from pathlib import Path
 
 from tools.device import gpu_arch
-from tools.cu_split import prepare as prepare_split
+from tools.cu_split import prepare as prepare_split, same_code
 from tools.pch import ensure as ensure_pch, pch_flags, pch_sources
 from tools.toolchain import cuda_home, demangle, find_cxx, find_ninja, find_nvcc, toolchain_hint
 from tools.results import BuildResult, BuildStatus, KernelResources
-from tools.reuse import reusable_from
+from tools.reuse import reusable_from, reusable_halves
 from tools.sandbox import ProcStatus, run_isolated
 from tools.task import Task, TaskError, load_task
 
@@ -130,7 +130,8 @@ def write_ninja(task: Task, build_dir: Path, src_dir: Path, tools: dict[str, str
         if rel in (split or {}):       # tools.cu_split: the kernels by nvcc, the torch code by c++
             here = ["-I" + str((src_dir / rel).parent.resolve())]
             edge(f"{rel}.kernels.cu", split[rel].kernels, "nvcc", here)  # type: ignore[index]
-            edge(f"{rel}.host.cpp", split[rel].host, "cxx", here)  # type: ignore[index]
+            if f"{rel}.host.cpp" not in prebuilt:      # an earlier build's object of the same code (tools.reuse)
+                edge(f"{rel}.host.cpp", split[rel].host, "cxx", here)  # type: ignore[index]
             continue
         edge(rel, src_dir / rel, "nvcc" if ext in CU_EXT else "cxx", [])
     lib = f"lib{task.name}.so"
@@ -242,8 +243,10 @@ def build(task: Task, build_dir: Path, src_dir: Path | None = None, timeout_s: f
                              timeout_s)
             pch, pch_note = ((got.include_dir, with_pch) if got.include_dir else None), f"\n== pch ==\n{got.note}"
         edges, commands = write_ninja(task, build_dir, src_dir, tools, arch, None, pch, split)  # type: ignore[arg-type]
+        halves = {f"{r}.host.cpp": (obj_name(f"{r}.host.cpp"), h.host) for r, h in split.items()}
         if reuse and (prebuilt := reusable_from(task, reuse, tools["ninja"], objects, src_dir,  # type: ignore[arg-type]
-                                                   build_dir / "build.ninja")):
+                                                   build_dir / "build.ninja")
+                      | reusable_halves(reuse, tools["ninja"], halves, src_dir, build_dir / "build.ninja", same_code)):  # type: ignore[arg-type]
             edges, commands = write_ninja(task, build_dir, src_dir, tools, arch, prebuilt, pch, split)  # type: ignore[arg-type]
     except (OSError, ImportError, ValueError) as e:   # torch, its CUDA toolkit or a renamable TORCH_LIBRARY missing
         return result(BuildStatus.toolchain_missing, message=f"{task.backend.name}: {' '.join(str(e).split())}")

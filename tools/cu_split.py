@@ -41,6 +41,12 @@ _DEVICE_HEADER = re.compile(r'#\s*include\s*[<"](?:mma\.h|cooperative_groups|cud
 _COND_OPEN, _COND_MID, _COND_CLOSE = ("if", "ifdef", "ifndef"), ("elif", "else", "elifdef", "elifndef"), ("endif",)
 _STRIP_DECL = re.compile(r"\b(?:__global__|__launch_bounds__\s*\([^()]*\)|__maxnreg__\s*\([^()]*\)|"
                          r"__cluster_dims__\s*\([^()]*\)|__grid_constant__|static|inline|__forceinline__|__noinline__)\s*")
+# what a template argument of a launch may name besides the file's own macros and declarations
+_BUILTIN = {"int", "unsigned", "signed", "long", "short", "char", "bool", "float", "double", "void", "true", "false",
+            "size_t", "int8_t", "int16_t", "int32_t", "int64_t", "uint8_t", "uint16_t", "uint32_t", "uint64_t", "half",
+            "__half", "half2", "__half2", "__nv_bfloat16", "__nv_bfloat162", "nv_bfloat16", "float2", "float4", "int4",
+            "sizeof", "const", "std"}
+_COMPILER_MACROS = re.compile(r"\b__(?:CUDA|NVCC|NVCOMPILER)\w*|\b__(?:LINE|COUNTER)__\b")
 PREFIX = "agent_cu_split"
 
 
@@ -95,6 +101,13 @@ def split(text: str, path: str) -> Split | NoSplit:
     launches = {id(it): launches_in(it.masked, it.text) for it in code if id(it) in host}
     if any("<<<" in it.masked and not launches[id(it)] for it in code if id(it) in host):
         return NoSplit("a <<<...>>> launch the split cannot read")
+    seen = _BUILTIN | set().union(*(it.names for it in items if id(it) not in host))
+    for it in code:
+        for ln in launches.get(id(it), []):
+            if foreign := sorted(set(IDENT.findall(ln.callee.partition("<")[2])) - seen):
+                return NoSplit(f"{path}:{it.line + it.text.count(chr(10), 0, ln.start)}: the launch of {ln.callee} takes "
+                               f"{', '.join(foreign)} from the torch code (as AT_DISPATCH's scalar_t): the kernels' half "
+                               "cannot instantiate it")
     named = set()             # what the torch code names outside its launches' kernel names
     for it in code:
         if id(it) in host:
@@ -112,6 +125,9 @@ def split(text: str, path: str) -> Split | NoSplit:
             if id(it) in host or not (it.names & need) or id(it) in declared | copied | moved:
                 continue
             name = ", ".join(sorted(it.names & need))
+            if re.match(r"\s*(?:inline\s+)?namespace\b", it.masked):
+                return NoSplit(f"{path}:{it.line}: the torch code names namespace {name}, which the split does not "
+                               "take apart")
             has_body = "{" in it.masked and not re.match(r"\s*(?:template\s*<[^;{]*>\s*)?(?:struct|class|union|enum)\b",
                                                               it.masked)
             is_fn = "(" in it.masked.split("{", 1)[0].split("=", 1)[0]
@@ -147,7 +163,31 @@ def split(text: str, path: str) -> Split | NoSplit:
                 need |= ident(it.masked)
         if before == (len(need), len(declared), len(copied), len(moved)):
             break
+    seq = _host_seq(items, host, declared, copied, moved, need)
+    if why := _compiler_dependent(seq, Path(path).parent):
+        return NoSplit(why)
     return _emit(items, host, declared, copied, moved, need, launches, path)
+
+
+def _compiler_dependent(seq: list[tuple[Item, str]], folder: Path) -> str:
+    """Why the torch half would mean something else compiled by the C++ compiler than by nvcc, as the
+    user's own build compiles it: its code, or a header of the user's it includes (followed), tests
+    nvcc's macros (`#ifdef __CUDACC__`, __CUDA_ARCH__, the __CUDA_NO_HALF_* flags torch gives nvcc) or
+    reads __LINE__/__COUNTER__ (the half keeps its object while only its line numbers move). The judged
+    build would not be the build the user gets: the split is refused."""
+    todo = [(it.line, "", folder, it.masked if it.kind == "code" else it.text) for it, role in seq if role != "decl"]
+    seen: set[Path] = set()
+    while todo:
+        line, where, here, text = todo.pop()
+        if m := _COMPILER_MACROS.search(re.sub(r"(?m)^#line .*$", "", text)):
+            return f"{where or 'line ' + str(line)}: the torch code reads {m.group(0)}, which the C++ compiler and nvcc " \
+                   "set differently (or which moves with the file's lines)"
+        for inc in re.findall(r'(?m)^[ \t]*#[ \t]*include[ \t]*"([^"]+)"', text):
+            h = next((c.resolve() for c in (here / inc, folder / inc) if c.is_file()), None)
+            if h is not None and h not in seen:
+                seen.add(h)
+                todo.append((0, str(Path(where).parent / inc) if where else inc, h.parent, h.read_text(errors="replace")))
+    return ""
 
 
 def _declaration(it: Item) -> str:
@@ -194,6 +234,16 @@ inline void launch(const void* fn, void (*)(P...), const Config& c, A&&... a) {{
   }}, v);
 }}
 }}  // namespace {PREFIX}
+// cuda_runtime.h's C++ forms that take the kernel itself, declared for nvcc only: as nvcc gives them
+template <class T> inline cudaError_t cudaFuncSetAttribute(T* f, cudaFuncAttribute a, int v) {{
+  return ::cudaFuncSetAttribute((const void*)f, a, v);
+}}
+template <class T> inline cudaError_t cudaFuncGetAttributes(cudaFuncAttributes* a, T* f) {{
+  return ::cudaFuncGetAttributes(a, (const void*)f);
+}}
+template <class T> inline cudaError_t cudaFuncSetCacheConfig(T* f, cudaFuncCache c) {{
+  return ::cudaFuncSetCacheConfig((const void*)f, c);
+}}
 """
 
 
@@ -209,11 +259,11 @@ def _emit(items, host, declared, copied, moved, need, launches, path) -> Split:
         body = it.text
         if role == "decl":
             body = _declaration(it)
-        elif role == "torch" and launches.get(id(it)):
-            if not prologue_done:
-                h.append(f'#line 1 "<{PREFIX}>"\n' + _PROLOGUE
-                         + "".join(f'extern "C" const void* {PREFIX}_fn_{i}(void);\n' for i in range(len(sites))))
-                prologue_done = True
+        if role == "torch" and not prologue_done:
+            h.append(f'#line 1 "<{PREFIX}>"\n' + _PROLOGUE
+                     + "".join(f'extern "C" const void* {PREFIX}_fn_{i}(void);\n' for i in range(len(sites))))
+            prologue_done = True
+        if role == "torch" and launches.get(id(it)):
             out, last = [], 0
             for ln in launches[id(it)]:
                 call = (f"{PREFIX}::launch({PREFIX}_fn_{n}(), (decltype(&{ln.callee}))nullptr, "
@@ -249,7 +299,7 @@ def _write(path: Path, text: str, same=lambda a, b: a == b) -> Path:
     return path
 
 
-def _same_code(a: str, b: str) -> bool:
+def same_code(a: str, b: str) -> bool:
     """The same code, its #line numbers aside: lines added to a kernel above the torch code move those
     numbers, and recompiling torch's headers for that would undo the split. The object then keeps the
     earlier numbers in its __LINE__ (TORCH_CHECK's messages) until its code changes."""
@@ -279,7 +329,7 @@ def prepare(task, src_dir: Path, build_dir: Path) -> tuple[dict[str, Halves], st
         folder.mkdir(parents=True, exist_ok=True)
         stem = rel.replace("/", "__")
         out[rel] = Halves(_write(folder / f"{stem}.kernels.cu", got.kernels),
-                          _write(folder / f"{stem}.host.cpp", got.host, _same_code),
+                          _write(folder / f"{stem}.host.cpp", got.host, same_code),
                           bool(re.match(r'#line \d+ "[^"]*"\n#\s*include\s*<torch/extension\.h>', got.host)))
         notes.append(f"{rel}: split (tools.cu_split): the kernels by nvcc without torch's headers, the torch code "
                      f"({got.launches} launch site(s) rewritten) by the C++ compiler, again only when its code changes")
@@ -289,14 +339,11 @@ def prepare(task, src_dir: Path, build_dir: Path) -> tuple[dict[str, Halves], st
 def prepare_note(task, files: list[str]) -> tuple[set[str], str]:
     """Which of `files` (editable, including torch's headers) the build splits, and why the first .cu
     among the others is built whole (for tools.backend.slow_rebuild_note)."""
-    if os.environ.get("AGENT_CU_SPLIT", "1") == "0" or not task.backend.gpu:
-        return set(), ""
     done, why = set(), ""
-    for rel in files:
+    for rel in files if os.environ.get("AGENT_CU_SPLIT", "1") != "0" and task.backend.gpu else []:
         if Path(rel).suffix == ".cu" and rel in task.spec.sources:
-            got = split(task.path(rel).read_text(errors="replace"), rel)
-            if isinstance(got, Split):
-                done.add(rel)
-            else:
-                why = why or f"; the build could not split {rel} into its kernels and its torch code: {got.reason}"
+            got = split(task.path(rel).read_text(errors="replace"), str(task.path(rel)))   # its headers beside it
+            done |= {rel} if isinstance(got, Split) else set()
+            why = why or ("" if isinstance(got, Split) else f"; the build could not split {rel} into its kernels and "
+                          f"its torch code: {got.reason.replace(str(task.path(rel).parent) + '/', '')}")
     return done, why

@@ -11,6 +11,7 @@ no newer than it) and where each file of the task it read has the same bytes her
 
 from __future__ import annotations
 
+import re
 import subprocess
 from pathlib import Path
 
@@ -98,3 +99,51 @@ def latest_builds(task: Task, runs: Path, exclude: Path | None = None, most: int
     cands = [runs / "_build" / task.name, *runs.glob("*/build")]
     built = [(lib.stat().st_mtime_ns, d) for d in cands if d != exclude and (lib := d / f"lib{task.name}.so").is_file()]
     return [d for _, d in sorted(built, reverse=True)[:most]]
+
+
+def _deps(ninja: str, folder: Path, name: str) -> list[Path]:
+    """What ninja's dependency log says `name` read in `folder` (the source first), if it is valid."""
+    try:
+        proc = subprocess.run([ninja, "-C", str(folder), "-t", "deps", name], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    lines = proc.stdout.splitlines()
+    if proc.returncode or not lines or "(VALID)" not in lines[0]:
+        return []
+    return [Path(ln.strip()) for ln in lines[1:] if ln.strip()]
+
+
+def reusable_halves(earlier: Path | list[Path], ninja: str, halves: dict[str, tuple[str, Path]], src_dir: Path,
+                    ours: Path, same) -> dict[str, Path]:
+    """Objects of a file the build writes (tools.cu_split's torch half of a one-file .cu) from earlier
+    builds of the task (a sweep's initial build, `agent check`'s): linked where an earlier build compiled
+    the same code (`same`: its #line numbers aside) by the same rules and edge, no file it read is newer
+    than it, and each file of the task it read has the same bytes here. `halves`: the edge's name (X.cu.host.cpp)
+    -> (its object's path inside a build folder, this build's file)."""
+    out: dict[str, Path] = {}
+    for name, (obj_rel, here) in halves.items():
+        for d in [earlier] if isinstance(earlier, Path) else earlier:
+            obj, there = Path(d) / obj_rel, Path(d) / "split" / here.name
+            if not (obj.is_file() and there.is_file()) or not same(there.read_text(), here.read_text()):
+                continue
+            deps = _deps(ninja, Path(d), obj_rel)
+            user = re.search(r'(?m)^#line \d+ "(/[^"]+)"$', there.read_text())
+            rel = name.removesuffix(".host.cpp")
+            if not deps or deps[0].resolve() != there.resolve() or not user or not user.group(1).endswith("/" + rel):
+                continue
+            root = Path(user.group(1)[: -len(rel) - 1])      # the earlier build's source folder
+            swap = lambda ln: ln.replace(str(Path(d).resolve()), str(ours.parent)).replace(str(root), str(src_dir))  # noqa: E731
+            if _rules(Path(d) / "build.ninja").replace(f"-I{root}", f"-I{src_dir}") != _rules(ours) \
+                    or [swap(ln) for ln in _edge(Path(d) / "build.ninja", obj_rel)] != _edge(ours, obj_rel):
+                continue      # other compilers, flags or per-file flags
+            made, rest = obj.stat().st_mtime_ns, deps[1:]
+            try:
+                if any(p.stat().st_mtime_ns > made for p in rest if not p.is_relative_to(root)):
+                    continue  # torch's or the compiler's headers changed since
+            except OSError:
+                continue
+            mine = [p.relative_to(root) for p in rest if p.is_relative_to(root)]
+            if all((src_dir / r).is_file() and (src_dir / r).read_bytes() == (root / r).read_bytes() for r in mine):
+                out[name] = obj.resolve()
+                break
+    return out
