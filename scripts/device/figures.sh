@@ -327,8 +327,13 @@ opt_one() {
   rm -rf "$t"; cp -r "$(seeds_form opt_one)" "$t"; rm -rf "$t/__pycache__"
   sed -i 's/^name = "attention_ext"/name = "attention_one"/' "$t/task.toml"
   (cd "$U" && git add -A && git -c user.name=u -c user.email=u@x commit -qm one) || return
+  # `agent check` first: the run links the torch half check compiled (tools/reuse.py reusable_halves)
+  echo "== agent check kernels/attention_one" >> "$S"
+  (cd "$U" && /usr/bin/time -f "wall %e s" -a -o "$S" timeout 300 python3 -m agent check kernels/attention_one \
+      > "$W/check.log" 2>&1); echo "rc=$?" >> "$S"
+  grep -E "^(all checks|│ (build|parity|launch|bench|rebuild))" "$W/check.log" | head -8 >> "$S"
   optimize one kernels/attention_one "${ITERS:-20}" 240 300 --target 1.5x
-  grep -h "cu_split\|built whole" "$U"/runs/one/build/build.log | head -2 >> "$S"
+  grep -h "cu_split\|built whole\|reused" "$U"/runs/one/build/build.log | head -3 >> "$S"
 }
 
 opt_ops() {
