@@ -122,7 +122,11 @@ def test_the_attention_kernel_in_one_file_keeps_every_knob_out_of_its_torch_half
      "x.cu:5: the launch of k<scalar_t> takes scalar_t from the torch code"),
     ("#include <torch/extension.h>\nnamespace ops {\n__global__ void k(float* x) { x[0] = 1; }\n}\n"
      "void f(torch::Tensor t) { ops::k<<<1, 1>>>(t.data_ptr<float>()); }\n",
-     "x.cu:2: the torch code names namespace ops, which the split does not take apart"),
+     "x.cu:2: the torch code names ops, in a namespace or extern \"C\" block, which the split does not take apart"),
+    ("#include <torch/extension.h>\n__global__ void k(float* x) { x[0] = 1; }\n"
+     'extern "C" {\nvoid launch(float* x) { k<<<1, 1>>>(x); }\n}\n'
+     "void f(torch::Tensor t) { launch(t.data_ptr<float>()); }\n",
+     "x.cu:3: the torch code names launch, in a namespace or extern \"C\" block"),
     # the judged build must be the user's: torch code that asks which compiler reads it would take the
     # other branch under the C++ compiler (a faster path that nvcc's build, the user's, never runs)
     ("#include <torch/extension.h>\n__global__ void k(float* x) { x[0] = 1; }\n"

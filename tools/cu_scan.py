@@ -149,7 +149,9 @@ def _names(masked: str) -> set[str]:
         return {m.group(1)} | extra
     if m := re.match(r"\s*using\s+(\w+)\s*=", head):
         return {m.group(1)}
-    if re.match(r"\s*(?:namespace|using|extern\s*{|static_assert)\b", head) or re.match(r"\s*extern\s*{", head):
+    if re.match(r"\s*extern\s*{", masked):                             # extern "C" { ... }: what it holds
+        return set().union(set(), *(it.names for it in scan(masked[masked.index("{") + 1:masked.rindex("}")])))
+    if re.match(r"\s*(?:namespace|using|static_assert)\b", head):
         return set(re.findall(r"\bnamespace\s+(\w+)", head))
     if re.match(r"\s*typedef\b", head):
         return {re.findall(r"(\w+)\s*(?:\)|\[|;|$)", head.rstrip())[-1]} if re.search(r"\w", head) else set()

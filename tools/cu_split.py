@@ -125,9 +125,9 @@ def split(text: str, path: str) -> Split | NoSplit:
             if id(it) in host or not (it.names & need) or id(it) in declared | copied | moved:
                 continue
             name = ", ".join(sorted(it.names & need))
-            if re.match(r"\s*(?:inline\s+)?namespace\b", it.masked):
-                return NoSplit(f"{path}:{it.line}: the torch code names namespace {name}, which the split does not "
-                               "take apart")
+            if re.match(r"\s*(?:(?:inline\s+)?namespace\b|extern\s*{)", it.masked):
+                return NoSplit(f"{path}:{it.line}: the torch code names {name}, in a namespace or extern \"C\" block, "
+                               "which the split does not take apart")
             has_body = "{" in it.masked and not re.match(r"\s*(?:template\s*<[^;{]*>\s*)?(?:struct|class|union|enum)\b",
                                                               it.masked)
             is_fn = "(" in it.masked.split("{", 1)[0].split("=", 1)[0]
