@@ -320,6 +320,13 @@ check_opt_ext() {
   U=$u
 }
 
+check_task() {  # `agent check TASK` in $U, timed, its verdict lines into the summary
+  echo "== agent check $1" >> "$S"
+  (cd "$U" && /usr/bin/time -f "wall %e s" -a -o "$S" timeout 300 python3 -m agent check "$1" \
+      > "$W/check.log" 2>&1); echo "rc=$?" >> "$S"
+  grep -E "^(all checks|│ (build|parity|launch|bench|rebuild))" "$W/check.log" | head -8 >> "$S"
+}
+
 opt_one() {
   # attention_ext as its user first had it: the kernel and the pybind11 binding in one .cu, the file the
   # agent edits; the build splits it into the kernels (nvcc, no torch header) and the torch code.
@@ -328,10 +335,7 @@ opt_one() {
   sed -i 's/^name = "attention_ext"/name = "attention_one"/' "$t/task.toml"
   (cd "$U" && git add -A && git -c user.name=u -c user.email=u@x commit -qm one) || return
   # `agent check` first: the run links the torch half check compiled (tools/reuse.py reusable_halves)
-  echo "== agent check kernels/attention_one" >> "$S"
-  (cd "$U" && /usr/bin/time -f "wall %e s" -a -o "$S" timeout 300 python3 -m agent check kernels/attention_one \
-      > "$W/check.log" 2>&1); echo "rc=$?" >> "$S"
-  grep -E "^(all checks|│ (build|parity|launch|bench|rebuild))" "$W/check.log" | head -8 >> "$S"
+  check_task kernels/attention_one
   optimize one kernels/attention_one "${ITERS:-20}" 240 300 --target 1.5x
   grep -h "cu_split\|built whole\|reused" "$U"/runs/one/build/build.log | head -3 >> "$S"
 }
@@ -345,10 +349,7 @@ opt_ops() {
   cp "$R/tests/fixtures/attention_ops/binding.cpp" "$t/binding.cpp"
   sed -i 's/^entry = "forward".*/entry = "myattn::forward"/; s/^name = "attention_ext"/name = "attention_ops"/' "$t/task.toml"
   (cd "$U" && git add -A && git -c user.name=u -c user.email=u@x commit -qm ops) || return
-  echo "== agent check kernels/attention_ops" >> "$S"
-  (cd "$U" && /usr/bin/time -f "wall %e s" -a -o "$S" timeout 300 python3 -m agent check kernels/attention_ops \
-      > "$W/check.log" 2>&1); echo "rc=$?" >> "$S"
-  grep -E "^(all checks|│ (build|parity|launch|bench))" "$W/check.log" | head -8 >> "$S"
+  check_task kernels/attention_ops
   optimize ops kernels/attention_ops "${ITERS:-20}" 240 300 --target 1.5x
   grep -h "reused" "$U"/runs/ops/build/build.log | head -2 >> "$S"
 }
