@@ -266,6 +266,10 @@ def test_a_header_of_the_users_that_asks_for_nvcc_stops_the_split(tmp_path):
             "void f(torch::Tensor t) { k<<<1, 1>>>(t.data_ptr<float>()); }\n")
     got = split(text, str(tmp_path / "x.cu"))
     assert isinstance(got, NoSplit) and got.reason.startswith("inc/deep.h: the torch code reads __CUDACC__"), got
+    # the same header reached with angle brackets through the build's -I of the task's folder
+    (tmp_path / "util.h").write_text("#pragma once\n#ifdef __CUDACC__\ninline int fast() { return 0; }\n#endif\n")
+    angle = split(text.replace('#include "inc/util.h"', "#include <util.h>"), str(tmp_path / "x.cu"))
+    assert isinstance(angle, NoSplit) and angle.reason.startswith("util.h: the torch code reads __CUDACC__"), angle
     (tmp_path / "inc" / "deep.h").write_text("#pragma once\ninline int fast() { return 0; }\n")
     assert isinstance(split(text, str(tmp_path / "x.cu")), Split)
 

@@ -182,8 +182,9 @@ def _compiler_dependent(seq: list[tuple[Item, str]], folder: Path) -> str:
         if m := _COMPILER_MACROS.search(re.sub(r"(?m)^#line .*$", "", text)):
             return f"{where or 'line ' + str(line)}: the torch code reads {m.group(0)}, which the C++ compiler and nvcc " \
                    "set differently (or which moves with the file's lines)"
-        for inc in re.findall(r'(?m)^[ \t]*#[ \t]*include[ \t]*"([^"]+)"', text):
-            h = next((c.resolve() for c in (here / inc, folder / inc) if c.is_file()), None)
+        for q, inc in re.findall(r'(?m)^[ \t]*#[ \t]*include[ \t]*([<"])([^>"]+)[>"]', text):
+            # "x.h" beside the includer or in the task's folder; <x.h> there too (the build passes -I for it)
+            h = next((c.resolve() for c in ([here / inc] if q == '"' else []) + [folder / inc] if c.is_file()), None)
             if h is not None and h not in seen:
                 seen.add(h)
                 todo.append((0, str(Path(where).parent / inc) if where else inc, h.parent, h.read_text(errors="replace")))
