@@ -1,5 +1,8 @@
-"""Prompt templates live in agent/prompts/*.md (package data: a wheel carries them, as it carries
-agent/AGENT.md); this renders them strictly.
+"""Prompt templates live in the top-level prompts/*.md, beside AGENT.md; this renders them strictly.
+
+Those are the only copies. A checkout and an editable install read them in place; a wheel carries them
+under agent/_shipped/ (setup.py's build step copies them there) and they are read from the installed
+package through importlib.resources, so `pip install .` into a fresh environment renders the same prompts.
 
 A placeholder is `{{name}}`. A placeholder with no value is an error, and so is a value that the
 template never uses (a variable the code computes for nothing is a prompt that drifted). Values are
@@ -9,11 +12,23 @@ inserted once, never re-scanned, so source code with braces in it is safe.
 from __future__ import annotations
 
 import re
+from importlib import resources
+from importlib.resources.abc import Traversable
 from pathlib import Path
 
-PACKAGE = Path(__file__).resolve().parent
-PROMPTS_DIR = PACKAGE / "prompts"
-AGENT_RULES = PACKAGE / "AGENT.md"
+SHIPPED = ("AGENT.md", "prompts")     # setup.py copies the same two into the wheel
+
+
+def shipped(name: str) -> Traversable:
+    """NAME (one of SHIPPED) from the installed package, else from the top of the source tree."""
+    packaged = resources.files("agent") / "_shipped" / name
+    if packaged.is_file() or packaged.is_dir():
+        return packaged
+    return Path(__file__).resolve().parent.parent / name
+
+
+PROMPTS_DIR = shipped("prompts")
+AGENT_RULES = shipped("AGENT.md")
 _PLACEHOLDER = re.compile(r"\{\{\s*([A-Za-z_][A-Za-z0-9_]*)\s*\}\}")
 
 
@@ -36,7 +51,7 @@ def render_text(template: str, values: dict[str, object], name: str = "<template
     return _PLACEHOLDER.sub(lambda m: str(values[m.group(1)]), template)
 
 
-def render(name: str, prompts_dir: Path | None = None, **values: object) -> str:
+def render(name: str, prompts_dir: Traversable | None = None, **values: object) -> str:
     """Render prompts/NAME.md with exactly these values."""
     path = (prompts_dir or PROMPTS_DIR) / f"{name}.md"
     if not path.is_file():

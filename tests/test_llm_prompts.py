@@ -78,18 +78,3 @@ def test_parse_proposal_drops_loop_fields_and_rejects_non_objects():
         parse_proposal("[1, 2]")
     with pytest.raises(ReplyInvalid, match=r"- edits: List should have at least 1 item"):
         parse_proposal(json.dumps(dict(good, edits=[])))
-
-
-def test_a_wheel_carries_every_file_the_prompts_read():
-    """pip install without -e: the prompts and AGENT.md must be package data of `agent`."""
-    import fnmatch
-    import tomllib
-
-    from agent.prompts import AGENT_RULES, PACKAGE
-    root = PACKAGE.parent
-    globs = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]["agent"]
-    files = sorted(PROMPTS_DIR.glob("*.md")) + [AGENT_RULES]
-    assert len(files) > 2 and all(f.is_file() for f in files)
-    for f in files:
-        rel = str(f.relative_to(PACKAGE))
-        assert any(fnmatch.fnmatch(rel, g) for g in globs), f"{rel} is not in [tool.setuptools.package-data] agent"
