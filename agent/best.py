@@ -42,11 +42,13 @@ class Best:
                           f"({shape_label(ev.task.spec.main)})")
         try:
             b = ev.build(times)
-            self.launch = ev.launch(b, None, times)
             snapshot_lib(b.lib_path, self.lib)
             snapshot_lib(b.lib_path, self.initial_lib)
-            ev.parity(self.lib, times)
-            bench = ev.bench(self.lib, None, times, with_reference=True)[0]
+            # the candidates' pipeline, in one judge child (the launch plan, parity, the bench with the
+            # reference): before, parity and the bench were two children, a torch start-up more per run
+            a = ev.evaluate_candidate(self.lib, None, times, launch_context=ev.launch_context(b, None),
+                                      with_reference=True, verify_launch=True)
+            self.launch, bench = a.launch, a.bench
         except IterationEnded as e:
             raise SetupFailed(f"the initial kernel cannot be the starting point: {e.reason}") from None
         cand, ref = bench.timing("candidate"), bench.timing("reference")

@@ -8,9 +8,10 @@ import platform
 import shutil
 import socket
 import subprocess
+from importlib import metadata
 
 from agent.runlog import EnvFingerprint
-from tools.device import driver_info, ncu_info, nvcc_info
+from tools.device import driver_info, ncu_info, nvcc_info, torch_cuda_available
 
 
 def _first_line(argv: list[str]) -> str | None:
@@ -31,10 +32,16 @@ def fingerprint(repo=None) -> EnvFingerprint:
     fp.ncu = f"ncu {ncu.version}" if ncu.found else None
     fp.driver = drv.version if drv.found else None
     fp.cxx = _first_line(["c++", "--version"])
+    # torch's version from its metadata: importing torch costs the agent 1.5 s of CPU, and on a machine
+    # without a GPU driver nothing else of torch is asked for here (torch_cuda_available does not import it)
     try:
-        import torch
-        fp.torch = torch.__version__
-        if torch.cuda.is_available():
+        fp.torch = metadata.version("torch")
+    except metadata.PackageNotFoundError:
+        pass
+    try:
+        if torch_cuda_available():
+            import torch
+            fp.torch = torch.__version__
             p = torch.cuda.get_device_properties(0)
             fp.gpu, fp.sm_count, fp.cuda_runtime = p.name, p.multi_processor_count, torch.version.cuda
     except Exception:   # a broken torch install must not stop the fingerprint

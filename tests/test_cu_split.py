@@ -191,20 +191,29 @@ def test_the_kernels_half_compiles_alone_through_the_build_graph_with_the_users_
     assert proc.returncode != 0 and f"scale.cu({line}): error" in proc.stdout and "undefined_name" in proc.stdout
 
 
-@pytest.mark.slow
-@pytest.mark.nvcc
-@needs_nvcc
-def test_both_halves_compile_and_link_into_one_library_with_a_launch_per_site(tmp_path):
-    """The torch half too, with the C++ compiler (a CPU torch lacks ATen/cuda's headers: the stream
-    comes from the runtime instead here), then one shared object holding both halves' symbols."""
-    task = load_task(_task_copy(tmp_path, _cpu_torch_variant()))
-    out = tmp_path / "build"
+@pytest.fixture(scope="module")
+def both_halves(tmp_path_factory):
+    """The fixture's split compiled once (the torch half is 20-30 s of torch's headers): both halves with
+    the C++ compiler and nvcc (a CPU torch lacks ATen/cuda's headers: the stream comes from the runtime
+    instead here). Returns the build folder, its objects and ninja's answer."""
+    tmp = tmp_path_factory.mktemp("halves")
+    task = load_task(_task_copy(tmp, _cpu_torch_variant()))
+    out = tmp / "build"
     out.mkdir()
     halves, _ = prepare(task, task.root, out)
     tools = {"ninja": find_ninja(), "c++": find_cxx(), "nvcc": find_nvcc()}
     edges, _ = write_ninja(task, out, task.root, tools, resolve_arch(task), None, None, halves)
     objs = [o for _, o in edges]
     proc = subprocess.run([tools["ninja"], "-C", str(out), *objs], capture_output=True, text=True, timeout=900)
+    return out, objs, proc
+
+
+@pytest.mark.slow
+@pytest.mark.nvcc
+@needs_nvcc
+def test_both_halves_compile_and_link_into_one_library_with_a_launch_per_site(both_halves):
+    """The torch half too, then one shared object holding both halves' symbols."""
+    out, objs, proc = both_halves
     assert proc.returncode == 0, proc.stdout[-3000:]
     syms = subprocess.run(["nm", str(out / objs[1])], capture_output=True, text=True).stdout
     assert "U agent_cu_split_fn_0" in syms and "U agent_cu_split_fn_1" in syms and "cudaLaunchKernel" in syms
@@ -277,7 +286,7 @@ def test_a_header_of_the_users_that_asks_for_nvcc_stops_the_split(tmp_path):
 @pytest.mark.slow
 @pytest.mark.nvcc
 @needs_nvcc
-def test_another_build_links_the_torch_half_an_earlier_build_compiled_from_the_same_code(tmp_path):
+def test_another_build_links_the_torch_half_an_earlier_build_compiled_from_the_same_code(both_halves, tmp_path):
     """A sweep's configuration or a run after `agent check` builds in a folder of its own from a source
     folder of its own: it links the earlier torch half where the code is the same (a kernel edit, lines
     moved), and compiles its own where a macro the torch code reads changed."""
@@ -292,10 +301,7 @@ def test_another_build_links_the_torch_half_an_earlier_build_compiled_from_the_s
         write_ninja(task, out, task.root, tools, resolve_arch(task), None, None, halves)
         return {"scale.cu.host.cpp": ("obj/scale.cu.host.cpp.o", halves["scale.cu"].host)}
 
-    first = tmp_path / "b1"
-    graph(_task_copy(tmp_path, _cpu_torch_variant(), "t1"), first)
-    proc = subprocess.run([tools["ninja"], "-C", str(first), "obj/scale.cu.host.cpp.o"], capture_output=True, text=True,
-                          timeout=900)
+    first, _, proc = both_halves          # the earlier build: the fixture's, compiled once for this module
     assert proc.returncode == 0, proc.stdout[-3000:]
     want = {"scale.cu.host.cpp": (first / "obj" / "scale.cu.host.cpp.o").resolve()}
     for i, (edit, reused) in enumerate([(lambda t: t, True),

@@ -344,7 +344,9 @@ def test_a_users_single_file_extension_in_their_own_repo_is_checked_and_optimize
     assert "all checks passed" in chk.stdout
     assert (root / "runs" / "_build" / "mymm" / "libmymm.so").is_file()     # the build is in the user's runs/
 
-    res = agent(root, "optimize", "ext", "--target", "100x", "--iters", "5", "--quiet", timeout=1800)
+    # two iterations: the first move (LOOP_ORDER, the heuristic's first role on a CPU) is kept, the second
+    # builds on the kept commit; each recompiles torch's headers (from the .gch), so more buy no behaviour
+    res = agent(root, "optimize", "ext", "--target", "100x", "--iters", "2", "--quiet", timeout=1800)
     assert res.returncode == 0, res.stdout + res.stderr
     # the file the agent edits holds the binding too: the user is told why each build is slow, and the fix
     note = "mymm.cpp is editable and includes torch's headers: every candidate recompiles them"
@@ -352,7 +354,7 @@ def test_a_users_single_file_extension_in_their_own_repo_is_checked_and_optimize
     assert note in " ".join(re.sub("[│┃]", " ", chk.stdout).split())
     [run] = [p for p in (root / "runs").iterdir() if (p / "run.json").exists()]
     recs, state = read_iterations(run), read_state(run)
-    assert len(recs) == 5 and state.status == "done"
+    assert len(recs) == 2 and state.status == "done"
     kept = [r for r in recs if r.decision == Decision.kept]
     assert kept, [(r.iteration, r.reason) for r in recs]                 # LOOP_ORDER 0->1 is several times faster
     for r in kept:
