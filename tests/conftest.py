@@ -12,3 +12,25 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 if not os.environ.get("AGENT_CACHE"):
     os.environ["AGENT_CACHE"] = tempfile.mkdtemp(prefix="agent-test-cache-")
     atexit.register(shutil.rmtree, os.environ["AGENT_CACHE"], ignore_errors=True)
+
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def torch_pch():
+    """The CPU extensions' precompiled torch/extension.h, made once for the run (35-45 s on 2 cores)
+    before the tests that compile a binding: a binding takes it only where it is cached (tools/pch.py),
+    13 s instead of 24 each. The folder holding it, or None where no gcc or no torch headers."""
+    from tools.build import cxx_flags_of
+    from tools.pch import ensure, pch_flags
+    from tools.task import load_task
+    from tools.toolchain import find_cxx, find_nvcc
+    cxx = find_cxx()
+    if cxx is None:
+        return None
+    task = load_task(pathlib.Path(__file__).resolve().parent.parent / "kernels" / "matmul_ext_cpu")
+    try:
+        return ensure(cxx, pch_flags(cxx_flags_of(task, task.root, find_nvcc()), task.root), 900).include_dir
+    except (OSError, ImportError, ValueError):
+        return None

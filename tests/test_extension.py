@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import subprocess
 import textwrap
 from pathlib import Path
 
@@ -72,8 +73,9 @@ def test_torchs_headers_in_an_editable_file_get_a_note_a_split_extension_none(tm
 
 
 @pytest.fixture(scope="module")
-def built(tmp_path_factory):
-    """The shipped split extension built once (binding.cpp is the slow file)."""
+def built(tmp_path_factory, torch_pch):
+    """The shipped split extension built once (binding.cpp is the slow file; it takes the run's cached
+    precompiled header, tests/conftest.py)."""
     tmp = tmp_path_factory.mktemp("ext")
     src = _copy(tmp)
     task = load_task(src)
@@ -85,7 +87,7 @@ def built(tmp_path_factory):
 
 
 @pytest.mark.slow
-def test_a_kernel_edit_recompiles_only_the_kernel_and_both_builds_load_side_by_side(built, tmp_path):
+def test_a_kernel_edit_recompiles_only_the_kernel_and_both_builds_load_side_by_side(built, torch_pch, tmp_path):
     import torch
     task, src, build_dir, first = built
     kept = Path(first.lib_path)
@@ -99,6 +101,13 @@ def test_a_kernel_edit_recompiles_only_the_kernel_and_both_builds_load_side_by_s
     assert again.status == BuildStatus.ok, again.message
     assert again.steps_run == 2, again.log        # matmul.cpp and the link; binding.cpp not recompiled
     assert "== binding.cpp (cached)" in again.log and "== matmul.cpp (compiled)" in again.log
+    if torch_pch is not None:     # the binding (not editable) took the cached header: gcc read none of torch's
+        from tools.build import obj_name
+        from tools.toolchain import find_ninja
+        deps = subprocess.run([find_ninja(), "-C", str(build_dir), "-t", "deps", obj_name("binding.cpp")],
+                              capture_output=True, text=True, timeout=60).stdout
+        assert "(VALID)" in deps and "torch/" not in deps and f"pch = -I{torch_pch}" in \
+            (build_dir / "build.ninja").read_text(), deps[:2000]
     # the best and the candidate, one extension name, in one process (as the host holds them)
     be = task.backend
     best, cand = be.load(str(kept)), be.load(again.lib_path)
@@ -147,7 +156,7 @@ def test_a_binding_that_includes_an_editable_file_is_never_reused(tmp_path):
 
 
 @pytest.mark.slow
-def test_agent_sweep_of_an_extension_compiles_the_binding_once(tmp_path):
+def test_agent_sweep_of_an_extension_compiles_the_binding_once(tmp_path, torch_pch):
     root = tmp_path / "repo"
     shutil.copytree(SHIPPED, root / "kernels" / "matmul_ext_cpu", ignore=shutil.ignore_patterns("__pycache__"))
     git(root, "init", "-q", "-b", "main")
@@ -365,7 +374,7 @@ def test_a_users_single_file_extension_in_their_own_repo_is_checked_and_optimize
 
 
 @pytest.mark.slow
-def test_a_new_run_and_a_sweep_link_the_binding_agent_check_compiled(tmp_path):
+def test_a_new_run_and_a_sweep_link_the_binding_agent_check_compiled(tmp_path, torch_pch):
     """The binding (torch's headers, 20-35 s) is compiled by `agent check`, and the run that follows
     links that object instead of compiling it again; the run's kernel is still its own build."""
     root = tmp_path / "proj"

@@ -38,6 +38,9 @@ def test_the_files_that_take_it_are_editable_cpp_files_of_an_extension(tmp_path)
     body = "#include <torch/extension.h>\nPYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {}\n"
     assert pch_sources(_ext_task(tmp_path, body), tmp_path / "t") == ["one.cpp"]
     assert pch_sources(_ext_task(tmp_path, body, editable=False), tmp_path / "t") == []   # compiled once anyway
+    # ... but it takes a cached one (tools.build asks ensure(make=False) for these)
+    assert pch_sources(_ext_task(tmp_path, body, editable=False), tmp_path / "t", editable=False) == ["one.cpp"]
+    assert pch_sources(_ext_task(tmp_path, body), tmp_path / "t", editable=False) == []
     assert pch_sources(_ext_task(tmp_path, body, name="one.cu"), tmp_path / "t") == []    # nvcc: no gcc PCH
 
 
@@ -67,6 +70,24 @@ def test_it_is_made_once_under_a_lock_and_then_taken_from_the_cache(tmp_path, mo
     again = ensure(find_cxx(), flags, 60)
     assert again.include_dir == got[0].include_dir and "from" in again.note
     assert ensure(find_cxx(), flags + ["-DOTHER=1"], 60).include_dir != got[0].include_dir   # other flags, other header
+
+
+@pytest.mark.skipif(find_cxx() is None, reason="no C++ compiler")
+def test_a_file_compiled_once_takes_a_cached_header_and_never_makes_one(tmp_path, monkeypatch):
+    """ensure(make=False), what a split extension's binding asks: nothing compiled and nothing written
+    while the cache lacks the header; the header an editable file's build made, once there."""
+    monkeypatch.setenv("AGENT_CACHE", str(tmp_path / "cache"))
+    flags = _fake_torch(tmp_path, "#pragma once\ninline int twice(int x) { return 2 * x; }\n")
+    none = ensure(find_cxx(), flags, 60, make=False)
+    if "not gcc" in none.note:
+        pytest.skip(none.note)
+    assert none.include_dir is None and "only an editable file makes one" in none.note
+    assert not (tmp_path / "cache").exists() or not list((tmp_path / "cache").rglob("*"))
+    made = ensure(find_cxx(), flags, 60)
+    if "not gcc" in made.note:
+        pytest.skip(made.note)
+    assert made.include_dir is not None
+    assert ensure(find_cxx(), flags, 60, make=False).include_dir == made.include_dir
 
 
 @pytest.mark.skipif(find_cxx() is None, reason="no C++ compiler")

@@ -129,7 +129,7 @@ def test_an_op_registered_with_torch_library_is_named_by_its_namespace(tmp_path)
 
 # --- built, loaded side by side, judged ------------------------------------------------------------
 @pytest.fixture(scope="module")
-def built(tmp_path_factory):
+def built(tmp_path_factory, torch_pch):
     tmp = tmp_path_factory.mktemp("ops")
     src = _ops_task(tmp / "t")
     res = build(load_task(src), tmp / "b1")
@@ -185,7 +185,7 @@ def test_an_op_the_extension_does_not_register_is_one_line_naming_the_field(buil
 
 
 @pytest.mark.slow
-def test_a_registration_that_throws_is_one_line_not_a_dead_host(tmp_path):
+def test_a_registration_that_throws_is_one_line_not_a_dead_host(tmp_path, torch_pch):
     """torch throws from the static initializer when a registration fails (here a schema that names its
     namespace, which torch refuses under the renamed library): uncaught, std::terminate ends the host.
     The renaming header keeps the error for the loader, which says it in one line with the fix."""
@@ -257,7 +257,7 @@ def test_a_one_file_op_keeps_the_precompiled_header_and_loads_beside_its_edit(tm
 
 
 @pytest.mark.slow
-def test_a_users_torch_library_extension_in_their_own_repo_is_checked_and_optimized(tmp_path):
+def test_a_users_torch_library_extension_in_their_own_repo_is_checked_and_optimized(tmp_path, torch_pch):
     root = tmp_path / "proj"
     _ops_task(root / "ops" / "mymm")
     (root / "README.md").write_text("my project\n")

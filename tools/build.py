@@ -237,11 +237,14 @@ def build(task: Task, build_dir: Path, src_dir: Path | None = None, timeout_s: f
     try:
         split, split_note = ({}, "") if whole else prepare_split(task, src_dir, build_dir)
         pch = None
-        with_pch = pch_sources(task, src_dir) + [f"{rel}.host.cpp" for rel, h in split.items() if h.pch]
-        if with_pch:                                    # editable, so never among the reused objects
+        eased = pch_sources(task, src_dir) + [f"{rel}.host.cpp" for rel, h in split.items() if h.pch]
+        fixed = pch_sources(task, src_dir, editable=False)     # the binding: only where one is cached
+        if eased or fixed:
             got = ensure_pch(tools["c++"], pch_flags(cxx_flags_of(task, src_dir, tools["nvcc"]), src_dir),  # type: ignore[arg-type]
-                             timeout_s)
-            pch, pch_note = ((got.include_dir, with_pch) if got.include_dir else None), f"\n== pch ==\n{got.note}"
+                             timeout_s, make=bool(eased))
+            pch = (got.include_dir, eased + fixed) if got.include_dir else None
+            # the edge of a reused object names the header's folder: an earlier build linked only with the same one
+            pch_note = f"\n== pch ==\n{got.note}" if eased or got.include_dir else ""
         edges, commands = write_ninja(task, build_dir, src_dir, tools, arch, None, pch, split)  # type: ignore[arg-type]
         halves = {f"{r}.host.cpp": (obj_name(f"{r}.host.cpp"), h.host) for r, h in split.items()}
         if reuse and (prebuilt := reusable_from(task, reuse, tools["ninja"], objects, src_dir,  # type: ignore[arg-type]

@@ -7,7 +7,9 @@ gcc can load that half from a precompiled header instead, as torch's own `load_i
 does (which writes it into torch's install; this one goes to a cache of its own).
 
 - Which files: an editable .cpp/.cc/.cxx of a torch extension whose first line of code is
-  `#include <torch/extension.h>` (comments, blank lines and `#pragma once` before it are fine). gcc can
+  `#include <torch/extension.h>` (comments, blank lines and `#pragma once` before it are fine), and
+  such a file that is not editable (a split extension's binding, compiled once per task and then
+  linked by later builds, tools.reuse) where the cache already holds the header: never made for one. gcc can
   only use a precompiled header included before any other code, and the build does not force the
   include to the top (`-include`): that would change what a file that defines macros first means.
 - How: the header is compiled once per compiler, flags and torch install into
@@ -63,14 +65,15 @@ def first_code_is_torch_extension(text: str) -> bool:
     return False
 
 
-def pch_sources(task, src_dir: Path) -> list[str]:
-    """The task's editable C++ sources that a precompiled torch/extension.h would speed up."""
+def pch_sources(task, src_dir: Path, editable: bool = True) -> list[str]:
+    """The task's editable C++ sources that a precompiled torch/extension.h would speed up (`editable`
+    False: its other such sources, a split extension's binding, which take one only if it is cached)."""
     if task.spec.form != "torch_extension":
         return []
     out = []
-    for rel in task.spec.editable:
+    for rel in task.spec.sources:
         p = Path(src_dir) / rel
-        if rel in task.spec.sources and Path(rel).suffix in CXX_SOURCES and p.is_file() \
+        if (rel in task.spec.editable) == editable and Path(rel).suffix in CXX_SOURCES and p.is_file() \
                 and first_code_is_torch_extension(p.read_text(errors="replace")):
             out.append(rel)
     return out
@@ -129,8 +132,10 @@ def _stub(gch: Path) -> bool:
     return True
 
 
-def ensure(cxx: str, flags: list[str], timeout_s: float) -> Pch:
-    """The precompiled header for these flags: from the cache, or built now (once, under a lock)."""
+def ensure(cxx: str, flags: list[str], timeout_s: float, make: bool = True) -> Pch:
+    """The precompiled header for these flags: from the cache, or built now (once, under a lock).
+    `make` False: from the cache only (a file compiled once per task, a binding, is not worth 35 s and
+    0.76 GB, but takes one an editable file of any task made: 13 s instead of 24 on 2 cores)."""
     from tools.sandbox import ProcStatus, run_isolated
     if os.environ.get("AGENT_PCH") == "0":
         return Pch(None, "off (AGENT_PCH=0)")
@@ -147,6 +152,8 @@ def ensure(cxx: str, flags: list[str], timeout_s: float) -> Pch:
     gch = folder / "torch" / "extension.h.gch"
     if gch.is_file() and _stub(gch):
         return Pch(folder, f"precompiled {HEADER} from {folder}")
+    if not make:
+        return Pch(None, f"no precompiled {HEADER} cached for these flags (only an editable file makes one)")
     try:
         gch.parent.mkdir(parents=True, exist_ok=True)
         free = shutil.disk_usage(gch.parent).free
