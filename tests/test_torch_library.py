@@ -268,11 +268,13 @@ def test_a_users_torch_library_extension_in_their_own_repo_is_checked_and_optimi
     before = snapshot(root)
     chk = agent(root, "check", "ops/mymm", timeout=900)
     assert chk.returncode == 0 and "all checks passed" in chk.stdout, chk.stdout + chk.stderr
-    res = agent(root, "optimize", "ops/mymm", "--target", "100x", "--iters", "3", "--quiet", timeout=1200)
+    # two iterations, as the single-file extension's e2e (tests/test_extension.py): the first keeps LOOP_ORDER,
+    # the second is a candidate on top of the kept commit; a third exercised nothing this test asserts
+    res = agent(root, "optimize", "ops/mymm", "--target", "100x", "--iters", "2", "--quiet", timeout=1200)
     assert res.returncode == 0, res.stdout + res.stderr
     [run] = [p for p in (root / "runs").iterdir() if (p / "run.json").exists()]
     recs = read_iterations(run)
-    assert len(recs) == 3 and read_state(run).status == "done"
+    assert len(recs) == 2 and read_state(run).status == "done"
     kept = [r for r in recs if r.decision == Decision.kept]          # LOOP_ORDER 0->1 is about 3x
     assert kept and all(r.parity.status == ParityStatus.ok and r.bench.speedup_vs_baseline.low > 1.0 for r in kept), \
         [(r.iteration, r.reason) for r in recs]
