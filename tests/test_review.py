@@ -304,6 +304,9 @@ def test_gate_passes_on_the_recorded_best_and_fails_on_a_planted_regression(run_
     assert out.startswith("gate passed") and f"run {RUN_ID} best" in out and len(out.strip().splitlines()) == 1
     # that was the best against itself: an A/A run never reports a change (two benches must agree on one)
     assert "no significant change" in out, out
+    # the other direction: the best (LOOP_ORDER, about 3x) against the commit the run started from is a change
+    rc, out, err = cli("gate", wt / TASK_REL, "--against", "main", "--runs-dir", runs, cwd=wt)
+    assert rc == 0 and out.startswith("gate passed") and ": faster, within the" in out, out + err
 
     src = wt / TASK_REL / "matmul.cpp"
     src.write_text(src.read_text().replace('extern "C" void matmul(', "static void matmul_once(") + PLANTED)

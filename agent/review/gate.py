@@ -5,6 +5,8 @@ Builds the task as it is in the working tree, checks parity, and times its main 
 or any commit, whose task sources are taken with `git archive` into a temporary folder and built
 there. It fails on a parity failure, or when the speedup's 95% interval lies wholly below
 1 - limit (a clear regression: noise alone does not fail CI). Uses the loop's Evaluator pipeline.
+A pass says faster or slower only where two independent benches both put the interval beyond the
+task's keep band (bench.min_gain, 2%), else no significant change.
 """
 
 from __future__ import annotations
@@ -177,9 +179,14 @@ def gate(task_dir: Path, against: str | None, limit: float, runs_dir: Path | Non
         return res
     res.passed = True
     either = lambda test: test(ci) or test(again)   # noqa: E731
-    change = ("faster" if both(lambda s: s.low > 1) else "slower, within the limit" if both(lambda s: s.high < 1)
-              else "no significant change (one bench saw one, the other did not)"
-              if either(lambda s: s.low > 1 or s.high < 1) else "no significant change")
+    # a change is called beyond the task's keep band (bench.min_gain, 2%) only: two builds of the same code
+    # differ for real by a percent or two where their code lands, and both benches of an A/A then exclude 1
+    # (1.020x [1.000, 1.050] and 1.042x [1.004, 1.121] for the best against itself on a 2-core machine)
+    band = task.spec.bench.min_gain
+    up, down = (lambda s: s.low > 1 + band), (lambda s: s.high < 1 - band)
+    change = ("faster" if both(up) else "slower, within the limit" if both(down)
+              else f"no significant change (one bench saw one beyond {band:.0%}, the other did not)"
+              if either(lambda s: up(s) or down(s)) else f"no significant change (none beyond {band:.0%})")
     res.reason = f"{task.name}: parity ok ({checks} checks); {vs}: {change}, within the {limit:.0%} limit"
     return res
 
