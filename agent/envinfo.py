@@ -41,7 +41,6 @@ def fingerprint(repo=None) -> EnvFingerprint:
     try:
         if torch_cuda_available():
             import torch
-            fp.torch = torch.__version__
             p = torch.cuda.get_device_properties(0)
             fp.gpu, fp.sm_count, fp.cuda_runtime = p.name, p.multi_processor_count, torch.version.cuda
     except Exception:   # a broken torch install must not stop the fingerprint

@@ -60,7 +60,6 @@ def order_stat_interval(xs: list[float], confidence: float) -> tuple[float, floa
 CONTAIN_REL, CONTAIN_MS = 0.01, 0.5
 UNSEEN_FLOOR = 0.02         # of the other arm's burst, on the judge's clock
 UNSEEN_SHARE = 0.1          # of the claimed saving
-UNSEEN_CONFIDENCE = 0.95    # the unreported difference must exceed both in (about) this share of the rounds' worlds
 
 
 def outside_check(bursts: list[tuple[str, float, float]], first: str = "candidate") -> str | None:
@@ -72,14 +71,9 @@ def outside_check(bursts: list[tuple[str, float, float]], first: str = "candidat
       what the host says the first arm saved over another arm (negative: lost), and how much more of
       the first arm's burst went unreported than of the other's. An honest host reports the same share of each burst
       (same reps, same overhead), so the unreported difference is noise; a host that shaves its
-      candidate's times leaves what it shaved unreported, round after round. Forged when the lower end of
-      the median's order-statistic interval (UNSEEN_CONFIDENCE: the 2nd smallest of 8-10 rounds) of the
-      unreported difference exceeds UNSEEN_FLOOR of the other arm's burst and UNSEEN_SHARE of the median
-      claimed difference (a real gain inflated by more than about a tenth is caught; a claim with no gain
-      behind it at 2%). The lower end, not the median: on a loaded machine a burst can be a few reps
-      (an arm whose estimate a stall inflated sets the rep count), the floor then a few microseconds,
-      and the pipe's jitter alone moved the median of an A/A past it (an honest kernel refused); a host
-      that shaves does so in every round, so the lower end sits where the median does."""
+      candidate's times leaves what it shaved unreported. Forged when the median unreported difference
+      exceeds UNSEEN_FLOOR of the other arm's burst and UNSEEN_SHARE of the median claimed difference (a real
+      gain inflated by more than about a tenth is caught; a claim with no gain behind it at 2%)."""
     for arm, inside, outside in bursts:
         if inside > outside * (1 + CONTAIN_REL) + CONTAIN_MS:
             return (f"the host reported {inside:.4g} ms for a burst of the {arm} that took {outside:.4g} ms on the "
@@ -94,11 +88,10 @@ def outside_check(bursts: list[tuple[str, float, float]], first: str = "candidat
             continue
         pairs = list(zip(mine[-k:], theirs[-k:]))
         saved = statistics.median(bi - ci for (ci, _), (bi, _) in pairs)
-        diffs = sorted((co - ci) - (bo - bi) for (ci, co), (bi, bo) in pairs)
-        unseen, (low, _) = statistics.median(diffs), order_stat_interval(diffs, UNSEEN_CONFIDENCE)
+        unseen = statistics.median((co - ci) - (bo - bi) for (ci, co), (bi, bo) in pairs)
         floor = UNSEEN_FLOOR * statistics.median(bo for _, (_, bo) in pairs)
-        if low > max(floor, UNSEEN_SHARE * abs(saved)):
+        if unseen > max(floor, UNSEEN_SHARE * abs(saved)):
             return (f"the host under-reported the {first}'s bursts by {unseen:.4g} ms against the {arm}'s on the "
-                    f"judge's clock (median of {k} rounds, at least {low:.4g} ms in all but the fewest; it says the {first} took {-saved:+.4g} ms per "
+                    f"judge's clock (median of {k} rounds; it says the {first} took {-saved:+.4g} ms per "
                     f"burst against the {arm}): the time it did not report was spent all the same")
     return None
