@@ -4,7 +4,10 @@ post-timing spot check must flag kernels that cheat on repeated calls."""
 
 from __future__ import annotations
 
+import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -65,6 +68,30 @@ def test_kernel_against_itself_has_an_interval_containing_one(tmp_path):
     # factor, not 10% (1 run in 5 differed by 13-47%). The factor still tells ref/cand from cand/ref (~25x apart).
     assert 1 / 1.6 < r.speedup_vs_reference / (ref.median_ms / cand.median_ms) < 1.6
     assert r.shape == SHAPE and r.device == "cpu"
+    # a CPU task's default: torch on one thread in the host, said beside the figure against it
+    assert r.threads == 1 and "x vs reference (on 1 CPU thread)" in r.message, r.message
+
+
+def test_the_tasks_cpu_threads_are_set_in_the_host_and_for_the_kernels_runtimes(tmp_path):
+    """cpu_threads is what torch runs the reference on in the host (its own word, reported in the
+    result), and what an OpenMP, MKL or OpenBLAS runtime the kernel's library starts reads."""
+    task, lib = make_task(tmp_path, "correct")
+    toml = task.root / "task.toml"
+    toml.write_text(toml.read_text().replace('device = "cpu"\n', 'device = "cpu"\ncpu_threads = 3\n'))
+    task = load_task(task.root)
+    assert task.backend.threads == 3
+    [r] = run_bench(task, lib, shapes=[SHAPE], with_reference=True)
+    assert r.status == BenchStatus.ok and r.threads == 3 and "(on 3 CPU threads)" in r.message, r.message
+    probe = ("import os, sys, torch; from tools.task import load_task; load_task(sys.argv[1]).backend.warm_up(); "
+             "print(torch.get_num_threads(), *(os.environ[v] for v in "
+             "('OMP_NUM_THREADS', 'MKL_NUM_THREADS', 'OPENBLAS_NUM_THREADS')))")
+    env = {k: v for k, v in os.environ.items() if not k.endswith("_NUM_THREADS")}
+    got = subprocess.run([sys.executable, "-c", probe, str(task.root)], cwd=REPO, env=env, capture_output=True,
+                         text=True, timeout=120)
+    assert got.stdout.split() == ["3"] * 4, got.stderr
+    # a GPU task keeps torch's own count unless it says otherwise
+    gpu = load_task(REPO / "kernels" / "softmax")
+    assert gpu.spec.device == "cuda" and gpu.spec.cpu_threads is None and gpu.backend.threads is None
 
 
 def test_slowed_copy_is_slower_with_an_interval_below_one(tmp_path):

@@ -63,8 +63,9 @@ class _Device:
 
     form = ""
 
-    def __init__(self, gpu: bool):
+    def __init__(self, gpu: bool, threads: int | None = None):
         self.gpu = gpu
+        self.threads = threads      # TaskSpec.threads: set by warm_up
         self.torch_device = "cuda" if gpu else "cpu"
         self.name = f"{self.form}-{self.torch_device}"
 
@@ -84,7 +85,15 @@ class _Device:
         return None if torch.cuda.is_available() else "the task needs CUDA but no GPU is visible"
 
     def warm_up(self) -> None:
+        """Set this process up to run the kernel: the task's CPU threads (for torch now, and for an
+        OpenMP, MKL or OpenBLAS runtime the kernel's library loads later, through the environment it
+        reads when it starts), and the CUDA context made."""
+        if self.threads is not None:
+            for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+                os.environ[var] = str(self.threads)
         import torch
+        if self.threads is not None:
+            torch.set_num_threads(self.threads)
         if self.gpu and torch.cuda.is_available():
             torch.cuda.init()
             torch.empty(1, device="cuda")
@@ -142,8 +151,8 @@ class TorchExtensionBackend(_Device):
 
     form = "torch_extension"
 
-    def __init__(self, gpu: bool, module_name: str, entry: str, where: str):
-        super().__init__(gpu)
+    def __init__(self, gpu: bool, module_name: str, entry: str, where: str, threads: int | None = None):
+        super().__init__(gpu, threads)
         self.module_name, self.where = module_name, where
         # "ns::op": an op of TORCH_LIBRARY(ns, m); else a function of the pybind11 module
         self.op_namespace, _, self.entry = entry.rpartition("::")
@@ -328,7 +337,12 @@ def slow_rebuild_note(task) -> str | None:
 def backend_for(task) -> Backend:
     spec = task.spec
     gpu = spec.device == "cuda"
+    # torch's default on a CPU, one thread per core, is no figure to compare with: beside any other
+    # process its OpenMP workers wait on a descheduled one (a 48-cube matmul took 16 ms a call instead
+    # of 5 us beside one busy process on 2 cores), and spinning after each burst they slow what is
+    # timed next by 1.7x. A task whose kernel runs on more threads says so (cpu_threads).
+    threads = spec.cpu_threads or (None if gpu else 1)
     if spec.form == "torch_extension":
         ext = spec.ext
-        return TorchExtensionBackend(gpu, ext.name, ext.entry, str(Path(task.root) / "task.toml"))
-    return CtypesBackend(gpu)
+        return TorchExtensionBackend(gpu, ext.name, ext.entry, str(Path(task.root) / "task.toml"), threads)
+    return CtypesBackend(gpu, threads)

@@ -119,6 +119,10 @@ class LocalRuns:
     def clock_check(self) -> str | None:
         return None     # no clock outside this process to hold the bench to
 
+    def threads(self) -> int:
+        import torch
+        return torch.get_num_threads()
+
 
 def device_info(task: Task) -> tuple[str, DevicePeak | None]:
     device_name = task.backend.device_name()
@@ -174,9 +178,11 @@ def _bench_shape(task, mod, runs, shape, with_reference, device_name="") -> Benc
     ci, ref_ci = cis.get("baseline"), cis.get("reference")
     cand_med = timings[0].median_ms
     vs_ref = ref_ci.median if ref_ci else None
+    threads = runs.threads()
+    on = f" (on {threads} CPU thread{'s' * (threads != 1)})" if threads and not task.backend.gpu else ""
     status, msg = BenchStatus.ok, (f"{shape_label(shape)}: candidate median {cand_med:.4g} ms"
                                    + (f", {ci.median:.3f}x vs baseline (95% CI {ci.low:.3f}-{ci.high:.3f})" if ci else "")
-                                   + (f", {vs_ref:.3f}x vs reference" if vs_ref else ""))
+                                   + (f", {vs_ref:.3f}x vs reference{on}" if vs_ref else ""))
     why = runs.clock_check() or spot.why
     if why is not None:
         status, msg = BenchStatus.suspicious, why
@@ -188,7 +194,7 @@ def _bench_shape(task, mod, runs, shape, with_reference, device_name="") -> Benc
             status, msg = BenchStatus.suspicious, why
             break
     return BenchResult(status=status, message=msg, shape=shape, timings=timings, speedup_vs_baseline=ci,
-                       speedup_vs_reference=vs_ref, speedup_vs_reference_ci=ref_ci)
+                       speedup_vs_reference=vs_ref, speedup_vs_reference_ci=ref_ci, threads=threads)
 
 
 class SpotCheck:

@@ -77,7 +77,8 @@ class Host:
         self.task, self.io = load_task(r["task"]), r["io"]
         self.mod = self.task.module()
         self.task.backend.warm_up()
-        return {"ok": True, "pid": os.getpid()}
+        import torch
+        return {"ok": True, "pid": os.getpid(), "threads": torch.get_num_threads()}
 
     def load(self, r: dict) -> dict:
         self.libs[r["id"]] = self.task.backend.load(r["path"])

@@ -49,6 +49,7 @@ class HostClient:
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, preexec_fn=_die_with_parent)
         self._send({"op": "init", "task": str(task_root), "io": str(self.io)})
         self.started = False
+        self.info: dict = {}      # the host's answer to init: its pid, its CPU threads
 
     def _send(self, req: dict) -> None:
         try:
@@ -83,7 +84,7 @@ class HostClient:
         exception: raised as RuntimeError with the host's message."""
         if not self.started:
             self.started = True
-            init = self._answer()
+            init = self.info = self._answer()
             if init.get("ok") is not True:
                 raise HostFailed("error", f"the host could not load the task: {init.get('error')}")
         self._send(req)
@@ -232,6 +233,10 @@ class HostRuns:
 
     def calls(self, pairs: list[tuple], transfer: bool = True) -> tuple[float, float]:
         return self.remote.calls("candidate", self.shape, pairs, transfer)
+
+    def threads(self) -> int | None:
+        """torch's CPU threads in the host, as it said when it started."""
+        return self.remote.host.info.get("threads")
 
     def poison_outs(self, outs: list) -> None:
         """Poison the timed output buffers in the host (SpotCheck: before every library arm's burst)."""

@@ -206,6 +206,7 @@ class BenchResult(BaseModel):
     speedup_vs_reference: float | None = None   # the median of speedup_vs_reference_ci
     speedup_vs_reference_ci: SpeedupCI | None = None   # reference time / candidate time, interleaved
     peak: DevicePeak | None = None             # None: a CPU, or a GPU without a known spec sheet
+    threads: int | None = None                 # torch's CPU threads in the process that timed (TaskSpec.threads)
     seconds: float = 0.0
 
     def timing(self, label: str) -> TimingStats | None:

@@ -131,6 +131,9 @@ class TaskSpec(_Strict):
     editable: list[str] = Field(min_length=1)
     kernel_regex: str | None = None     # the kernels to profile / launch-check (ncu -k regex:)
     baseline: Literal["reference", "initial"] = "reference"
+    # CPU threads for torch, OpenMP and MKL where the kernel and the reference run; none: 1 on a CPU
+    # task, torch's own on a GPU task (tools/backend.py backend_for, warm_up; BENCHMARKS.md says why)
+    cpu_threads: int | None = Field(default=None, ge=1)
     dtypes: list[str] = Field(default=["float32"], min_length=1)
     distributions: list[str] = Field(default=["normal", "uniform"], min_length=1)
     shapes: list[Shape] = Field(min_length=1)
