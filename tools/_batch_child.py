@@ -188,6 +188,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         from tools.task import load_task
         task = load_task(a.task)
+        import torch  # noqa: F401  (here first: the host is forked from this process with it, HostClient)
         host = HostClient(task.root, Path(os.environ.get("AGENT_SCRATCH") or os.getcwd()))
         mod = task.module()
         task.backend.warm_up()

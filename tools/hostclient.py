@@ -11,6 +11,8 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
+import time
 import weakref
 from pathlib import Path
 
@@ -37,6 +39,87 @@ def _die_with_parent() -> None:
         pass
 
 
+def _fork_host(cwd: Path, env: dict[str, str]) -> _Forked | None:
+    """The host forked from this process where torch is imported here and no CUDA context exists yet
+    (as torch's DataLoader forks its workers), so that it does not start Python and import torch again
+    (1.3-1.6 s of CPU a check on a 2-core machine); None where that does not hold, and the host is
+    started afresh. The child keeps nothing of this process's files: its stdin and stdout are the
+    request pipes, its stderr this process's, and every other descriptor (this judge's private answer
+    channel among them) is closed before the fence goes up and any candidate code loads."""
+    torch = sys.modules.get("torch")
+    if not sys.platform.startswith("linux") or torch is None or torch.cuda.is_initialized() \
+            or threading.active_count() != 1:
+        return None
+    req_r, req_w = os.pipe()
+    ans_r, ans_w = os.pipe()
+    parent = os.getpid()
+    pid = os.fork()
+    if pid == 0:   # the host; never returns into the judge's code
+        rc = 1
+        try:
+            _die_with_parent()
+            if os.getppid() != parent:   # the judge died before the death signal was set
+                os._exit(137)
+            signal.signal(signal.SIGINT, signal.SIG_DFL)
+            os.dup2(req_r, 0)
+            os.dup2(ans_w, 1)
+            for fd in {int(f) for f in os.listdir("/proc/self/fd")} - {0, 1, 2}:
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+            os.chdir(cwd)
+            os.environ.update(env)
+            import tempfile
+            tempfile.tempdir = None
+            sys.stdin, sys.stdout = open(0, closefd=False), open(1, "w", closefd=False)
+            from tools.confine import fence_scratch
+            from tools.host import main
+            fence_scratch()
+            rc = main()
+        except SystemExit as e:
+            rc = e.code if isinstance(e.code, int) else 1
+        except BaseException:
+            import traceback
+            traceback.print_exc()
+        finally:
+            try:
+                sys.stdout.flush()
+                sys.stderr.flush()
+            finally:
+                os._exit(rc)
+    os.close(req_r)
+    os.close(ans_w)
+    return _Forked(pid, os.fdopen(req_w, "wb"), os.fdopen(ans_r, "rb"))
+
+
+class _Forked:
+    """What HostClient uses of subprocess.Popen (stdin, stdout, poll, wait, kill), over a forked child."""
+
+    def __init__(self, pid: int, stdin, stdout):
+        self.pid, self.stdin, self.stdout = pid, stdin, stdout
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            pid, status = os.waitpid(self.pid, os.WNOHANG)
+            if pid:
+                self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            if deadline is not None and time.monotonic() > deadline:
+                raise subprocess.TimeoutExpired(["tools.host (forked)"], timeout)
+            time.sleep(0.005)
+        return self.returncode
+
+    def kill(self) -> None:
+        if self.poll() is None:
+            os.kill(self.pid, signal.SIGKILL)
+
+
 class HostClient:
     """One host process, started now in a scratch directory under `root` (the judge's own)."""
 
@@ -44,9 +127,10 @@ class HostClient:
         self.scratch = Scratch(root, "host")
         self.io = self.scratch.dir / "io"
         self.io.mkdir()
-        env = {**os.environ, **self.scratch.env(), "PYTHONUNBUFFERED": "1"}
-        self.proc = subprocess.Popen([sys.executable, "-m", "tools.host"], cwd=self.scratch.dir, env=env,
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, preexec_fn=_die_with_parent)
+        env = {**self.scratch.env(), "PYTHONUNBUFFERED": "1"}
+        self.proc = _fork_host(self.scratch.dir, env) or subprocess.Popen(
+            [sys.executable, "-m", "tools.host"], cwd=self.scratch.dir, env={**os.environ, **env},
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, preexec_fn=_die_with_parent)
         self._send({"op": "init", "task": str(task_root), "io": str(self.io)})
         self.started = False
         self.info: dict = {}      # the host's answer to init: its pid, its CPU threads

@@ -123,6 +123,7 @@ def main(argv: list[str] | None = None) -> int:
            "shapes": json.loads(a.shapes) if a.shapes else None, "no_reference": a.no_reference}
     host, result, shapes = None, None, []
     try:
+        import torch  # noqa: F401  (here first: the host is forked from this process with it, HostClient)
         host = HostClient(Path(a.task), Path(os.environ.get("AGENT_SCRATCH") or os.getcwd()))
         from tools.task import load_task
         task = load_task(a.task)

@@ -1,0 +1,47 @@
+"""The host forked from the judge (tools/hostclient.py _fork_host): it starts without importing torch
+again, and keeps none of the judge's descriptors, its private answer channel above all."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+
+import pytest
+
+from tests.fixtures.cpu_faults.faults import make_task
+from tools.hostclient import HostClient
+
+pytestmark = pytest.mark.skipif(shutil.which("g++") is None or not sys.platform.startswith("linux"),
+                                reason="needs g++ and Linux")
+
+
+def test_the_forked_host_holds_only_its_pipes_and_stderr(tmp_path):
+    import torch  # noqa: F401  (the judge has it imported before it makes its host)
+    task, lib = make_task(tmp_path, "correct")
+    secret_r, secret_w = os.pipe()        # stands in for the judge's private answer channel
+    root = tmp_path / "judge"
+    root.mkdir()
+    host = HostClient(task.root, root)
+    try:
+        host.ask({"op": "load", "id": "candidate", "path": str(lib)})
+        pid = host.info["pid"]
+        # forked, not started afresh: the same program and arguments as this process
+        with open(f"/proc/{pid}/cmdline", "rb") as f, open("/proc/self/cmdline", "rb") as me:
+            assert f.read() == me.read()
+        assert pid == host.proc.pid and host.info["threads"] == 1
+        theirs = {int(fd): os.readlink(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd")}
+        ours = lambda fd: os.readlink(f"/proc/self/fd/{fd}")            # noqa: E731
+        allowed = {ours(host.proc.stdin.fileno()), ours(host.proc.stdout.fileno()), ours(2)}
+        assert ours(secret_w) not in theirs.values() and ours(secret_r) not in theirs.values()
+        # the request pipe, the answer pipe (twice: fd 1 and the private copy) and stderr; a library it
+        # loaded is mapped, not held open
+        assert set(theirs.values()) <= allowed | {"/dev/null"}, theirs
+        assert {0, 1, 2} <= set(theirs)
+        # it lives in its own scratch directory, fenced there like the host started afresh
+        assert os.readlink(f"/proc/{pid}/cwd") == str(host.scratch.dir)
+    finally:
+        host.close()
+        os.close(secret_r)
+        os.close(secret_w)
+    assert host.proc.returncode is not None       # reaped: no zombie left behind
