@@ -124,6 +124,15 @@ def test_bench_crash_and_default_shape(tmp_path):
     assert [r.shape for r in res] == [SHAPE, {"M": 5, "N": 6, "K": 7}]
 
 
+def test_a_bench_whose_task_no_longer_loads_says_why_for_each_shape(tmp_path):
+    task, lib = make_task(tmp_path, "correct")
+    (task.root / "task.toml").write_text("name = [unclosed\n")     # changed on disk after the agent loaded it
+    res = run_bench(task, lib, shapes=[SHAPE, {"M": 5, "N": 6, "K": 7}])
+    assert [r.status for r in res] == [BenchStatus.error] * 2, res
+    assert [r.shape for r in res] == [SHAPE, {"M": 5, "N": 6, "K": 7}]
+    assert all("bench could not run" in r.message and "task.toml" in r.message for r in res), res[0].message
+
+
 def _crash_after(calls: int) -> str:
     """The correct kernel, which segfaults from its `calls`-th call on (parity makes a few dozen calls,
     the bench thousands)."""

@@ -44,11 +44,12 @@ def mark(stage: str) -> None:
 
 
 def failed(mode: str, msg: str, status: str, shapes: list[dict]) -> dict:
-    """The answer of a check that could not run (or whose host died outside a stage)."""
+    """The answer of a check that could not run (or whose host died outside a stage). A bench that
+    failed before it knew its shapes (the task did not load) still answers one result with the reason."""
     if mode == "parity":
         return {"status": status, "message": msg}
     if mode == "bench":
-        return {"results": [{"status": status, "message": msg, "shape": s} for s in shapes]}
+        return {"results": [{"status": status, "message": msg, "shape": s} for s in shapes or [{}]]}
     return {"launch": None, "parity": {"status": status, "message": msg}, "bench": None}
 
 
@@ -121,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     out = private_stdout()
     job = {"lib": a.lib, "seed": a.seed, "no_hidden": a.no_hidden, "baseline_lib": a.baseline_lib,
            "shapes": json.loads(a.shapes) if a.shapes else None, "no_reference": a.no_reference}
-    host, result, shapes = None, None, []
+    host, result, shapes = None, None, job["shapes"] or []
     try:
         import torch  # noqa: F401  (here first: the host is forked from this process with it, HostClient)
         host = HostClient(Path(a.task), Path(os.environ.get("AGENT_SCRATCH") or os.getcwd()))
