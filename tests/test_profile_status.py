@@ -84,9 +84,11 @@ def test_ncu_not_found_for_real(monkeypatch, task, tmp_path):
 def test_ncu_not_found_fallback_unavailable_keeps_status(monkeypatch, task, tmp_path):
     monkeypatch.delenv("NCU", raising=False)
     monkeypatch.setenv("PATH", f"/usr/bin{os.pathsep}/bin{os.pathsep}{Path(sys.executable).parent}")
+    tmp = own_tempdir(monkeypatch, tmp_path)
     rep = profile_task(task, DEMO / "libscale.so", fallback=True, timeout_s=120)
     assert rep.status == ProfileStatus.ncu_not_found
     assert "fallback (torch profiler) also failed" in rep.message
+    assert list(tmp.iterdir()) == []        # the fallback's trace folder went with the failure
 
 
 def test_counters_not_permitted(monkeypatch, task, tmp_path):
@@ -108,10 +110,21 @@ def test_no_kernel_matched(monkeypatch, task, tmp_path):
     assert "kernel_regex" in rep.hint
 
 
+def own_tempdir(monkeypatch, tmp_path: Path) -> Path:
+    """tempfile's folder, this test's own: what a profile leaves in /tmp shows here."""
+    import tempfile
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp))
+    return tmp
+
+
 def test_target_failed_carries_the_programs_error(monkeypatch, task, tmp_path):
+    tmp = own_tempdir(monkeypatch, tmp_path)
     rep = run_with(monkeypatch, fake_ncu(tmp_path, printing(APPFAIL, 1)), task)
     assert_failure(rep, ProfileStatus.target_failed)
     assert "CUDA error 700" in rep.message
+    assert list(tmp.iterdir()) == []        # no report, and the log's tail is in the message: nothing kept
 
 
 def test_timeout_kills_ncu(monkeypatch, task, tmp_path):

@@ -117,7 +117,10 @@ def profile_fallback(task: Task, lib_path: str | Path, *, shape: int | None = No
                      resources: list[KernelResources] | None = None, out_dir: str | Path | None = None) -> ProfileReport:
     """Run the target once under the torch profiler (needs CUDA) and read its trace."""
     from tools.profile.target import target_argv
-    out = Path(out_dir) if out_dir else Path(tempfile.mkdtemp(prefix="agent-trace-"))
+    if out_dir is None:   # the trace is read into the report and not kept: nothing is left in /tmp
+        with tempfile.TemporaryDirectory(prefix="agent-trace-") as tmp:
+            return profile_fallback(task, lib_path, shape=shape, timeout_s=timeout_s, resources=resources, out_dir=tmp)
+    out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     trace = out / "trace.json"
     proc = run_isolated(target_argv(task, lib_path, shape, 2, 1, trace=str(trace)), timeout_s, cwd=REPO_ROOT, env=python_env())

@@ -103,7 +103,8 @@ def profile_task(task: Task, lib_path: str | Path, *, tier: int = 1, shape: int 
         return _maybe_fallback(_failure(ProfileStatus.ncu_not_found, "ncu is not on PATH", task, shp, env),
                                fallback, task, lib_path, idx, timeout_s)
     env.ncu_version, env.driver = ncu_version(ncu), driver_version()
-    out = Path(out_dir) if out_dir else Path(tempfile.mkdtemp(prefix="agent-profile-"))
+    own = out_dir is None      # a folder of our own: kept only where the report it holds is named
+    out = Path(tempfile.mkdtemp(prefix="agent-profile-")) if own else Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     stem = out / f"profile-t{tier}-s{idx}"
     rep = stem.with_name(stem.name + ".ncu-rep")
@@ -127,6 +128,8 @@ def profile_task(task: Task, lib_path: str | Path, *, tier: int = 1, shape: int 
         status, message = failure
         if status == ProfileStatus.target_failed:
             message += " | program: " + _target_tail(proc)
+        if own:   # no report to keep, and the log's tail is in the message
+            shutil.rmtree(out, ignore_errors=True)
         return _maybe_fallback(_failure(status, message, task, shp, env), fallback, task, lib_path, idx, timeout_s)
     report = read_report(rep, source="ncu")
     m = _PASSES.findall(proc.stdout + proc.stderr)
