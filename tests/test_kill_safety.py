@@ -81,16 +81,21 @@ def _wait_stage(proc: subprocess.Popen, run: Path, iteration: int, stage: str, s
 
 
 def _orphans(tag: str) -> list[str]:
-    """Live processes whose command line names this test's temp dir (a child that outlived the agent)."""
+    """Live processes whose command line names this test's temp dir, or whose working directory is in
+    it (a child that outlived the agent; a judge forked from the fork server has the server's command
+    line, and its scratch directory for a working directory)."""
     out = []
     for p in Path("/proc").iterdir():
         if p.name.isdigit() and int(p.name) != os.getpid():
             try:
                 cmd = (p / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+                cwd = os.readlink(p / "cwd")
+                if (p / "stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
+                    continue
             except OSError:
                 continue
-            if tag in cmd:
-                out.append(f"{p.name}: {cmd[:160]}")
+            if tag in cmd or cwd.startswith(tag):
+                out.append(f"{p.name}: {cmd[:160]} (in {cwd})")
     return out
 
 

@@ -113,7 +113,7 @@ class Prestarted:
 
     @property
     def alive(self) -> bool:
-        return isinstance(self._proc, subprocess.Popen) and self._proc.poll() is None
+        return not isinstance(self._proc, ProcResult) and self._proc.poll() is None
 
     def run(self, job: str, timeout_s: float) -> ProcResult:
         """Hand the child its job (one line on stdin) and wait for it, at most timeout_s from now.
@@ -131,7 +131,7 @@ class Prestarted:
 
     def close(self) -> None:
         """End the child if it never got its job (or is still running); idempotent."""
-        if isinstance(self._proc, subprocess.Popen) and self._proc.poll() is None:
+        if not isinstance(self._proc, ProcResult) and self._proc.poll() is None:
             kill_tree(self._proc.pid)
             try:
                 self._proc.communicate(timeout=5)
@@ -148,10 +148,24 @@ class Prestarted:
         self.close()
 
 
+# children started from the agent's fork server (tools/forkserver.py), not afresh: `python -m` of these
+FORKED = ("tools.judge",)
+
+
 def _spawn(argv: list[str], cwd: Path | str | None, env: dict[str, str] | None,
            pipe_stdin: bool) -> subprocess.Popen | ProcResult:
-    """Popen in a new session that dies with the agent; a ProcResult (not_started) if argv[0] is missing."""
+    """Popen in a new session that dies with the agent; a ProcResult (not_started) if argv[0] is missing.
+    A judge (`python -m tools.judge`, with this repository's Python path) is forked from the agent's
+    fork server instead, with the same guarantees, where the server can be had."""
     full_env = {**os.environ, **(env or {})}
+    if len(argv) > 2 and argv[0] == sys.executable and argv[1] == "-m" and argv[2] in FORKED:
+        from tools.forkserver import forkserver
+        server = forkserver(python_env())
+        if server is not None and full_env.get("PYTHONPATH") == server.env["PYTHONPATH"]:
+            try:
+                return server.spawn(argv[2], argv[3:], str(cwd or os.getcwd()), full_env, pipe_stdin)
+            except OSError:
+                pass        # the server is gone: this child starts afresh
     # a Ctrl-C to the agent's process group that lands between fork and setsid would reach the child,
     # not the agent, and be lost (the run would go on). So SIGINT is held around the fork and delivered
     # to the agent right after it.
@@ -207,8 +221,10 @@ def _drain(proc: subprocess.Popen) -> tuple[str, str]:
     try:
         return proc.communicate(timeout=KILL_WAIT_S)
     except subprocess.TimeoutExpired as e:
-        for f in (proc.stdout, proc.stderr):
-            if f is not None:
+        if hasattr(proc, "close_pipes"):     # a fork server's child (tools/forkserver.py)
+            proc.close_pipes()
+        for f in (getattr(proc, "stdout", None), getattr(proc, "stderr", None)):
+            if f is not None and not isinstance(f, int):
                 f.close()
         proc.wait(timeout=KILL_WAIT_S)
         dec = (lambda b: b.decode(errors="replace") if isinstance(b, bytes) else (b or ""))

@@ -1,0 +1,98 @@
+"""The fork server (tools/forkserver.py): a judge forked from a warm parent keeps what run_isolated
+promises a child started afresh: its own session, its own directory and environment, only its own
+pipes, a typed outcome with the real exit status, the group killed on timeout, and death with the agent."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from tools.forkserver import forkserver
+from tools.sandbox import ProcStatus, _finish, python_env
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="needs Linux")
+PROBE = "tests.fixtures.forkprobe"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state not in ("Z", "X")
+
+
+def _run(args: list[str], tmp_path: Path, timeout: float = 60, stdin: str | None = None, **extra):
+    server = forkserver(python_env())
+    env = {"PATH": os.environ["PATH"], "PYTHONPATH": server.env["PYTHONPATH"], "PYTHONUNBUFFERED": "1", **extra}
+    proc = server.spawn(PROBE, args, str(tmp_path), env, stdin is not None)
+    return server, proc, _finish(proc, [PROBE, *args], time.monotonic(), timeout, stdin)
+
+
+def test_a_forked_child_has_its_session_directory_environment_and_pipes_alone(tmp_path):
+    secret_r, secret_w = os.pipe()       # a descriptor of the agent's: never the child's
+    os.set_inheritable(secret_w, True)
+    try:
+        server, proc, res = _run(["x"], tmp_path, stdin="the job\n", ONLY_HERE="1")
+    finally:
+        os.close(secret_r)
+        os.close(secret_w)
+    assert res.status == ProcStatus.ok and res.returncode == 0, res
+    facts = json.loads(res.stdout.splitlines()[0])
+    assert facts["pid"] == proc.pid and facts["sid"] == proc.pid          # a session of its own
+    assert facts["ppid"] == server.proc.pid != os.getpid()               # the server's child, not ours
+    assert facts["cwd"] == str(tmp_path) and facts["argv"] == ["x"] and facts["stdin"] == "the job\n"
+    assert facts["env"]["ONLY_HERE"] == "1" and "PYTEST_CURRENT_TEST" not in facts["env"]   # exactly its env
+    # stdin, stdout, stderr, and the descriptor listing /proc/self/fd itself: nothing of the agent's
+    # or of the server's (its socket to the agent above all)
+    assert facts["fds"][:3] == [0, 1, 2] and len(facts["fds"]) <= 4, facts["links"]
+    assert not any("socket" in v for v in facts["links"].values()), facts["links"]
+    assert res.stderr.strip() == "to stderr"
+
+
+def test_exit_codes_and_signals_come_back_as_run_isolated_reports_them(tmp_path):
+    _, _, res = _run(["exit", "3"], tmp_path)
+    assert res.status == ProcStatus.failed and res.returncode == 3
+    _, _, res = _run(["signal"], tmp_path)
+    assert res.status == ProcStatus.crashed and res.signal == "SIGSEGV"
+
+
+def test_a_child_past_its_time_is_killed_with_its_group(tmp_path):
+    t0 = time.monotonic()
+    _, proc, res = _run(["sleep", "60"], tmp_path, timeout=2)
+    assert res.status == ProcStatus.timeout and time.monotonic() - t0 < 20
+    assert json.loads(res.stdout.splitlines()[0])["pid"] == proc.pid        # what it printed is kept
+    assert not _alive(proc.pid)
+
+
+def test_the_server_and_its_children_die_with_the_agent(tmp_path):
+    script = textwrap.dedent(f"""
+        import json, os, sys, time
+        sys.path.insert(0, {str(Path(__file__).resolve().parent.parent)!r})
+        from tools.forkserver import forkserver
+        from tools.sandbox import python_env
+        s = forkserver(python_env())
+        env = {{"PATH": os.environ["PATH"], "PYTHONPATH": s.env["PYTHONPATH"]}}
+        p = s.spawn({PROBE!r}, ["sleep", "120"], {str(tmp_path)!r}, env, False)
+        print(json.dumps({{"server": s.proc.pid, "child": p.pid}}), flush=True)
+        time.sleep(120)
+    """)
+    agent = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    try:
+        pids = json.loads(agent.stdout.readline())
+        assert _alive(pids["server"]) and _alive(pids["child"])
+    finally:
+        agent.send_signal(signal.SIGKILL)
+        agent.wait()
+    deadline = time.monotonic() + 10
+    while (_alive(pids["server"]) or _alive(pids["child"])) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _alive(pids["server"]) and not _alive(pids["child"]), pids
