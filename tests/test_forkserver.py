@@ -65,6 +65,17 @@ def test_exit_codes_and_signals_come_back_as_run_isolated_reports_them(tmp_path)
     assert res.status == ProcStatus.crashed and res.signal == "SIGSEGV"
 
 
+def test_poll_sees_a_child_end_without_reading_its_pipes(tmp_path):
+    server = forkserver(python_env())
+    env = {"PATH": os.environ["PATH"], "PYTHONPATH": server.env["PYTHONPATH"]}
+    proc = server.spawn(PROBE, ["exit", "5"], str(tmp_path), env, False)
+    deadline = time.monotonic() + 30
+    while proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert proc.returncode == 5 and not _alive(proc.pid)
+    proc.close_pipes()
+
+
 def test_a_child_past_its_time_is_killed_with_its_group(tmp_path):
     t0 = time.monotonic()
     _, proc, res = _run(["sleep", "60"], tmp_path, timeout=2)

@@ -82,10 +82,13 @@ def test_sigkill_mid_iteration_then_resume_finishes(tmp_path):
         time.sleep(0.05)
     else:
         pytest.fail("iteration 2 never started")
-    time.sleep(0.5)
+    time.sleep(0.1)
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
-    assert len(read_iterations(run)) == 1
+    # an iteration of this task takes about half a second now (the judge is forked warm): the kill lands
+    # inside iteration 2 or, on a fast machine, a later one; inside one, whichever (its folder, no record)
+    done = len(read_iterations(run))
+    assert 1 <= done <= 3 and (run / f"iter-{done + 1}").exists(), done
     assert read_state(run).status == "running"
     res = agent(root, "resume", "killme", "--quiet")
     assert res.returncode == 0, res.stderr + res.stdout

@@ -105,11 +105,12 @@ class ForkServer:
         deadline = None if timeout is None else time.monotonic() + timeout
         with self.lock:
             while pid not in self.exits:
-                left = None if deadline is None else deadline - time.monotonic()
-                if left is not None and left <= 0:
-                    return None
-                if self._recv(left) is None and not self.alive():
-                    return -signal.SIGKILL      # the server died: its children died with it
+                left = None if deadline is None else max(0.0, deadline - time.monotonic())
+                if self._recv(left) is None:     # nothing came in time (a timeout of 0: a poll)
+                    if not self.alive():
+                        return -signal.SIGKILL   # the server died: its children died with it
+                    if deadline is not None and time.monotonic() >= deadline:
+                        return None
             return self.exits.pop(pid)
 
 
