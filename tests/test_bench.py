@@ -40,6 +40,22 @@ def test_statistics_and_bootstrap_interval():
     assert ten.low <= 1.1 and ten.high >= 1.8 and ten.rounds == 10
 
 
+def test_a_timed_burst_runs_without_the_cyclic_collector_and_gives_it_back():
+    import gc
+
+    from tools.clocks import CpuClock
+    seen = []
+    assert gc.isenabled()
+    ts = CpuClock().run(lambda i: seen.append(gc.isenabled()), 20)
+    assert len(ts) == 20 and seen == [False] * 20 and gc.isenabled()
+    gc.disable()          # a caller that had it off keeps it off
+    try:
+        CpuClock().run(lambda i: None, 3)
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
+
+
 def test_kernel_against_itself_has_an_interval_containing_one(tmp_path):
     task, lib = make_task(tmp_path, "correct")
     twin = compile_lib(source("correct"), tmp_path / "twin.so")     # same code, a separately loaded copy
@@ -97,9 +113,15 @@ def test_the_tasks_cpu_threads_are_set_in_the_host_and_for_the_kernels_runtimes(
 def test_slowed_copy_is_slower_with_an_interval_below_one(tmp_path):
     task, lib = make_task(tmp_path, "correct")
     slow = compile_lib(source("slowed"), tmp_path / "slowed.so")
-    [r] = run_bench(task, slow, baseline_lib=lib, shapes=[SHAPE], with_reference=False)
-    assert r.status == BenchStatus.ok, r.message
-    ci = r.speedup_vs_baseline
+    # with 8 rounds the 95% interval is the whole range of the rounds' ratios (tools/stats.py), so one
+    # round that a burst of load hit (a fresh clone's CI saw [0.397, 1.002], median 0.502) reaches
+    # past 1; as in the A/A test, a second bench decides, and a kernel that is not slower fails both
+    for _attempt in range(2):
+        [r] = run_bench(task, slow, baseline_lib=lib, shapes=[SHAPE], with_reference=False)
+        assert r.status == BenchStatus.ok, r.message
+        ci = r.speedup_vs_baseline
+        if ci.high < 1.0:
+            break
     assert ci.high < 1.0 and 0.35 < ci.median < 0.7, ci               # twice the work: about 0.5x
     assert r.timing("reference") is None and r.speedup_vs_reference is None
 

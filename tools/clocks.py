@@ -1,11 +1,28 @@
 """The bench's clocks (child side), after triton's do_bench: warm-up and repetitions are time budgets
 spent on whole reps. CUDA: one event pair per rep, the L2 flushed (a 256 MB buffer zeroed in the timed
-stream, outside the pair) before each rep, one sync at the end. CPU: perf_counter_ns per call."""
+stream, outside the pair) before each rep, one sync at the end. CPU: perf_counter_ns per call.
+Python's cyclic garbage collector is off during a timed burst, as timeit has it: a full collection over
+torch's objects takes 100-140 ms on the 2-core CI machine, and falling between two reps of a burst it
+is time the judge's clock sees and the reps do not (the outside check's word for that is forgery)."""
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import statistics
 import time
+
+
+@contextlib.contextmanager
+def no_gc():
+    """The cyclic collector off for a timed burst, as it was after."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
 
 FLUSH_BYTES = 256 * 1024 * 1024
 MIN_REPS, MAX_REPS = 5, 100_000
@@ -22,12 +39,13 @@ class CudaClock:
         t = self.torch
         starts = [t.cuda.Event(enable_timing=True) for _ in range(n)]
         ends = [t.cuda.Event(enable_timing=True) for _ in range(n)]
-        for i in range(n):
-            self.flush.zero_()
-            starts[i].record()
-            fn(offset + i)
-            ends[i].record()
-        t.cuda.synchronize()
+        with no_gc():
+            for i in range(n):
+                self.flush.zero_()
+                starts[i].record()
+                fn(offset + i)
+                ends[i].record()
+            t.cuda.synchronize()
         return [s.elapsed_time(e) for s, e in zip(starts, ends)]
 
     def rep_cost(self, fn, n: int = 3) -> float:
@@ -51,10 +69,11 @@ class CudaClock:
 class CpuClock:
     def run(self, fn, n: int, offset: int = 0) -> list[float]:
         out = []
-        for i in range(n):
-            t0 = time.perf_counter_ns()
-            fn(offset + i)
-            out.append((time.perf_counter_ns() - t0) / 1e6)
+        with no_gc():
+            for i in range(n):
+                t0 = time.perf_counter_ns()
+                fn(offset + i)
+                out.append((time.perf_counter_ns() - t0) / 1e6)
         return out
 
     def rep_cost(self, fn, n: int = 3) -> float:

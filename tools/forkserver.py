@@ -199,8 +199,12 @@ def _server_setup() -> None:
 # --- the server ---------------------------------------------------------------------------------
 def serve(fd: int) -> int:
     import importlib
+    import gc
     for name in WARM:
         importlib.import_module(name)
+    # what is here now lives as long as the server: out of every collection, so that a child's
+    # collections do not write to (and copy) the pages it shares with the server (Python's gc docs)
+    gc.freeze()
     sock = socket.socket(fileno=fd)
     me = os.getpid()
     while True:

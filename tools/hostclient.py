@@ -53,6 +53,8 @@ def _fork_host(cwd: Path, env: dict[str, str]) -> _Forked | None:
     req_r, req_w = os.pipe()
     ans_r, ans_w = os.pipe()
     parent = os.getpid()
+    import gc
+    gc.freeze()      # the judge's objects so far stay out of the host's collections (no copy on write)
     pid = os.fork()
     if pid == 0:   # the host; never returns into the judge's code
         rc = 1
