@@ -57,7 +57,7 @@ class ForkServer:
         self.env = env
         self.proc = subprocess.Popen([sys.executable, "-m", "tools.forkserver", str(theirs.fileno())],
                                      env={**os.environ, **self.env}, stdin=subprocess.DEVNULL,
-                                     pass_fds=[theirs.fileno()], preexec_fn=_server_setup, start_new_session=True)
+                                     pass_fds=[theirs.fileno()], preexec_fn=die_with_parent, start_new_session=True)
         theirs.close()
         self.sock, self.exits, self.lock, self.next_id = ours, {}, threading.Lock(), 0
 
@@ -187,13 +187,59 @@ class ForkedChild:
             pass
 
 
-def _server_setup() -> None:
-    """In the server before exec: death with the agent."""
+def die_with_parent() -> None:
+    """SIGKILL for this process when its parent dies (PR_SET_PDEATHSIG)."""
     import ctypes
     try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)   # PR_SET_PDEATHSIG
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)
     except OSError:
         pass
+
+
+def become_child(parent: int, fds: list[int], cwd: str, env: dict[str, str], *, replace_env: bool) -> None:
+    """In a process just forked from `parent`, before any of its own code: death with the parent (and
+    exit if it is already gone), SIGINT as by default, `fds` as its stdin, stdout (and stderr), every
+    other descriptor closed (nothing of the parent's: its answer channel, its sockets), `cwd`, `env`
+    (over the parent's, or instead of it), and sys's streams rebuilt over the new descriptors."""
+    die_with_parent()
+    if os.getppid() != parent:       # the parent died before the death signal was set
+        os._exit(137)
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    for i, fd in enumerate(fds):
+        os.dup2(fd, i)
+    for fd in {int(f) for f in os.listdir("/proc/self/fd")} - {0, 1, 2}:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+    os.chdir(cwd)
+    if replace_env:
+        os.environ.clear()
+    os.environ.update(env)
+    import tempfile
+    tempfile.tempdir = None
+    sys.stdin = open(0, closefd=False)
+    sys.stdout = open(1, "w", closefd=False, buffering=1 if os.environ.get("PYTHONUNBUFFERED") else -1)
+    sys.stderr = open(2, "w", closefd=False, buffering=1)
+
+
+def exit_with(body) -> None:
+    """Run body() in a forked child and leave the process with its code: never returns into the code
+    the child was forked from (SystemExit's code, 1 for any other exception, with its traceback)."""
+    rc = 1
+    try:
+        rc = body()
+    except SystemExit as e:
+        rc = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    except BaseException:
+        import traceback
+        traceback.print_exc()
+    finally:
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        finally:
+            os._exit(rc if isinstance(rc, int) else 0)
 
 
 # --- the server ---------------------------------------------------------------------------------
@@ -239,44 +285,14 @@ def _send(sock: socket.socket, msg: dict) -> None:
 
 
 def _child(req: dict, fds: list[int], server: int) -> None:
-    rc = 1
-    try:
-        os.setsid()
-        _server_setup()
-        if os.getppid() != server:
-            os._exit(137)
-        signal.signal(signal.SIGINT, signal.SIG_DFL)
-        for i, fd in enumerate(fds):
-            os.dup2(fd, i)
-        for fd in {int(f) for f in os.listdir("/proc/self/fd")} - {0, 1, 2}:
-            try:
-                os.close(fd)
-            except OSError:
-                pass
-        os.chdir(req["cwd"])
-        os.environ.clear()
-        os.environ.update(req["env"])
+    def body() -> int:
         import runpy
-        import tempfile
-        tempfile.tempdir = None
-        unbuffered = bool(os.environ.get("PYTHONUNBUFFERED"))
-        sys.stdin = open(0, closefd=False)
-        sys.stdout = open(1, "w", closefd=False, buffering=1 if unbuffered else -1)
-        sys.stderr = open(2, "w", closefd=False, buffering=1)
+        os.setsid()
+        become_child(server, fds, req["cwd"], req["env"], replace_env=True)
         sys.argv = [req["module"], *req["args"]]
         runpy.run_module(req["module"], run_name="__main__", alter_sys=True)
-        rc = 0
-    except SystemExit as e:
-        rc = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
-    except BaseException:
-        import traceback
-        traceback.print_exc()
-    finally:
-        try:
-            sys.stdout.flush()
-            sys.stderr.flush()
-        finally:
-            os._exit(rc)
+        return 0
+    exit_with(body)
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@ import time
 import weakref
 from pathlib import Path
 
+from tools.forkserver import become_child, die_with_parent, exit_with
 from tools.host import load_into, save
 from tools.scratch import Scratch
 from tools.stats import outside_check
@@ -29,14 +30,6 @@ class HostFailed(Exception):
     def __init__(self, status: str, message: str):
         super().__init__(message)
         self.status = status      # a ParityStatus value: crashed | error
-
-
-def _die_with_parent() -> None:
-    import ctypes
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)   # PR_SET_PDEATHSIG
-    except OSError:
-        pass
 
 
 def _fork_host(cwd: Path, env: dict[str, str]) -> _Forked | None:
@@ -57,39 +50,13 @@ def _fork_host(cwd: Path, env: dict[str, str]) -> _Forked | None:
     gc.freeze()      # the judge's objects so far stay out of the host's collections (no copy on write)
     pid = os.fork()
     if pid == 0:   # the host; never returns into the judge's code
-        rc = 1
-        try:
-            _die_with_parent()
-            if os.getppid() != parent:   # the judge died before the death signal was set
-                os._exit(137)
-            signal.signal(signal.SIGINT, signal.SIG_DFL)
-            os.dup2(req_r, 0)
-            os.dup2(ans_w, 1)
-            for fd in {int(f) for f in os.listdir("/proc/self/fd")} - {0, 1, 2}:
-                try:
-                    os.close(fd)
-                except OSError:
-                    pass
-            os.chdir(cwd)
-            os.environ.update(env)
-            import tempfile
-            tempfile.tempdir = None
-            sys.stdin, sys.stdout = open(0, closefd=False), open(1, "w", closefd=False)
+        def body() -> int:
+            become_child(parent, [req_r, ans_w, 2], str(cwd), env, replace_env=False)
             from tools.confine import fence_scratch
             from tools.host import main
             fence_scratch()
-            rc = main()
-        except SystemExit as e:
-            rc = e.code if isinstance(e.code, int) else 1
-        except BaseException:
-            import traceback
-            traceback.print_exc()
-        finally:
-            try:
-                sys.stdout.flush()
-                sys.stderr.flush()
-            finally:
-                os._exit(rc)
+            return main()
+        exit_with(body)
     os.close(req_r)
     os.close(ans_w)
     return _Forked(pid, os.fdopen(req_w, "wb"), os.fdopen(ans_r, "rb"))
@@ -132,7 +99,7 @@ class HostClient:
         env = {**self.scratch.env(), "PYTHONUNBUFFERED": "1"}
         self.proc = _fork_host(self.scratch.dir, env) or subprocess.Popen(
             [sys.executable, "-m", "tools.host"], cwd=self.scratch.dir, env={**os.environ, **env},
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, preexec_fn=_die_with_parent)
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, preexec_fn=die_with_parent)
         self._send({"op": "init", "task": str(task_root), "io": str(self.io)})
         self.started = False
         self.info: dict = {}      # the host's answer to init: its pid, its CPU threads
