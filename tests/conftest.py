@@ -9,6 +9,9 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 
 # The tests' precompiled headers (tools/pch.py, about 0.76 GB each) go to a folder of the test run's
 # own, not into the home of whoever runs them; one folder for the whole run, so they are made once.
+# Under pytest-xdist the controller loads this file before it starts its workers, which inherit its
+# environment: every worker shares the controller's folder (tools/pch.py makes a header once, under a
+# lock), and the controller removes it when the run ends.
 if not os.environ.get("AGENT_CACHE"):
     os.environ["AGENT_CACHE"] = tempfile.mkdtemp(prefix="agent-test-cache-")
     atexit.register(shutil.rmtree, os.environ["AGENT_CACHE"], ignore_errors=True)
