@@ -282,3 +282,35 @@ def test_the_judges_clock_holds_the_hosts_timings_to_what_it_saw():
     assert "under-reported the candidate's bursts" in (outside_check(partly) or "")
     # warm-up bursts (one per arm, before the rounds) are not paired
     assert outside_check([("candidate", 1, 80), ("baseline", 1, 2)] + rounds((50, 51), (100, 101))) is None
+
+
+FORGED_BURSTS = 11      # a bench's candidate bursts in the host: 2 rep costs and a warm-up, then 8 rounds
+
+
+@pytest.mark.parametrize("forged, ok", [(FORGED_BURSTS, True), (10 ** 6, False)], ids=["first-bench", "every-bench"])
+def test_clocks_that_disagree_in_one_bench_are_timed_again_and_a_host_that_forges_each_is_refused(tmp_path, forged, ok):
+    """The outside check (the judge's clock around each burst against the host's word) refuses a bench
+    whose host under-reports; on a loaded machine an honest host's clocks can disagree once (.ci/run
+    refused an honest initial kernel so, beside two other test runs on 2 cores). The bench is then run
+    once more and only a bench whose clocks agree gives figures. The kernel of tests/fixtures/cheats
+    that divides the host's clock by 17 does it here for its first `forged` bursts only: forged through
+    the first bench, it gets the second bench's true figures; forged throughout, it is refused after
+    both. The first direction fails without the second bench; the second, if the second bench's figures
+    were taken whatever its clocks said."""
+    from tests.fixtures.cheats.cheats import source as cheat
+    src = cheat("forge_clock")
+    hook = "        if calls.value - before >= n:      # every rep was a call of this library\n"
+    assert hook in src
+    src = src.replace("    real = clocks.CpuClock.run\n", f"    real = clocks.CpuClock.run\n    left = [{forged}]\n", 1)
+    src = src.replace(hook, "        if calls.value - before >= n and left[0] > 0:\n            left[0] -= 1\n", 1)
+    task, honest = make_task(tmp_path, "correct")
+    lib = compile_lib(src, tmp_path / "libonce.so")
+    [r] = run_bench(task, lib, baseline_lib=honest, shapes=[SHAPE], with_reference=False)
+    if ok:
+        assert r.status == BenchStatus.ok, r.message
+        assert "timed twice, the first bench's clocks disagreed (the host under-reported the candidate's" in r.message
+        # the figures are the second bench's: the compensated kernel is slower than the plain one, not 17x faster
+        assert r.speedup_vs_baseline.median < 1.2, r.speedup_vs_baseline
+    else:
+        assert r.status == BenchStatus.suspicious, r.message
+        assert "under-reported the candidate's bursts" in r.message and "the same in a second bench" in r.message
