@@ -10,6 +10,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from rich.markup import escape
+
 from agent.evaluate import Evaluator, IterationEnded, snapshot_lib
 from agent.figures import Figure, best_figure, estimate
 from agent.runlog import RunConfig, RunState, StageTimes, write_json_atomic
@@ -134,7 +136,7 @@ class Best:
         try:
             b = self.evaluator.bench(self.lib, self.initial_lib, StageTimes(), with_reference=True)[0]
         except IterationEnded as e:
-            self.view.message(f"[yellow]confirmation bench failed[/yellow]: {e.reason}")
+            self.view.message(f"[yellow]confirmation bench failed[/yellow]: {escape(e.reason)}")
             return
         dump(self.run_dir / "confirm.json", b)
         ci = b.speedup_vs_baseline

@@ -7,7 +7,9 @@ import argparse
 import importlib
 import sys
 
-from rich.console import Console
+from rich.markup import escape
+
+from tools.console import make_console
 
 # one module per command family; each registers its own subcommands
 COMMAND_MODULES = [
@@ -17,8 +19,6 @@ COMMAND_MODULES = [
     "agent.commands.review",     # runs, show, report, cherry-pick, gate
     "agent.commands.clean",      # clean
 ]
-
-console = Console(stderr=True)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -55,10 +55,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args.func(args) or 0)
     except TaskError as e:
-        console.print(f"[red]bad task[/red] {e}")
+        make_console(stderr=True).print(f"[red]bad task[/red] {escape(str(e))}")
         return 2
     except KeyboardInterrupt:
-        console.print("[yellow]interrupted[/yellow]")
+        make_console(stderr=True).print("[yellow]interrupted[/yellow]")
         return 130
 
 

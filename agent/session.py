@@ -8,6 +8,8 @@ import tomllib
 from datetime import datetime
 from pathlib import Path
 
+from rich.markup import escape
+
 from agent import gitops
 from agent.envinfo import fingerprint
 from agent.best import SetupFailed
@@ -149,7 +151,7 @@ def start_run(task_dir: Path, *, target: float, iters: int, proposer_kind: str, 
         raise UsageError(f"{task_rel} is not committed at HEAD: the run starts from your HEAD; commit the task first") from None
     dirty = repo.git.status("--porcelain", "--", task_rel)
     if dirty:
-        view.message(f"[yellow]note[/yellow]: {task_rel} has uncommitted changes; the run starts from HEAD "
+        view.message(f"[yellow]note[/yellow]: {escape(task_rel)} has uncommitted changes; the run starts from HEAD "
                      "(commit them to include them). Your working tree is not touched.")
     run_id = run_id or datetime.now().strftime("%Y%m%d-%H%M%S-") + secrets.token_hex(2)
     runs = (runs_dir or root / "runs").resolve()
@@ -159,8 +161,8 @@ def start_run(task_dir: Path, *, target: float, iters: int, proposer_kind: str, 
     run_dir.mkdir(parents=True)
     hold_run(run_dir)
     if gitops.ensure_runs_ignored(repo, runs):
-        view.message(f"note: added /{runs.relative_to(root).as_posix()}/ to .git/info/exclude so runs never show "
-                     "in your git status")
+        view.message(f"note: added /{escape(runs.relative_to(root).as_posix())}/ to .git/info/exclude so runs never "
+                     "show in your git status")
     branch = f"agent/{task.name}/{run_id}"
     base = repo.head.commit.hexsha
     rgit = gitops.RunGit.create(repo, run_dir / "worktree", branch, run_id, base)
@@ -216,7 +218,7 @@ def resume_run(run_dir: Path, view: View, extra: dict | None = None) -> Loop:
     repo = gitops.open_repo(Path(cfg.repo))
     rgit = gitops.RunGit.attach(repo, Path(cfg.worktree), cfg.branch, cfg.run_id)
     for f in rgit.clear_stale_locks():
-        view.message(f"removed {f}: left by a git command the killed run did not finish")
+        view.message(f"removed {escape(str(f))}: left by a git command the killed run did not finish")
     task = load_task(Path(cfg.worktree) / cfg.task_dir)
     merged = {**cfg.extra, **(extra or {})}
     merged["spent"] = state.usage
@@ -229,8 +231,8 @@ def resume_run(run_dir: Path, view: View, extra: dict | None = None) -> Loop:
     if again is not None:
         loop.proposer = RetryFirst(proposer, again)
         view.message(f"iteration {again.iteration} was interrupted before its candidate was decided: "
-                     f"evaluating it again first ({again.proposal.summary()[:80]})")
-    view.message(f"resuming {cfg.run_id} at iteration {loop.state.iterations_done + 1} of {cfg.iters} "
+                     f"evaluating it again first ({escape(again.proposal.summary()[:80])})")
+    view.message(f"resuming {escape(cfg.run_id)} at iteration {loop.state.iterations_done + 1} of {cfg.iters} "
                  f"(best {'initial' if loop.state.best_iteration is None else 'iteration ' + str(loop.state.best_iteration)})")
     return loop
 

@@ -1,5 +1,6 @@
 """What the user sees while a run goes on: a rich live table (one row per iteration: hypothesis,
-current stage, speedup, decision) under a progress bar; plain lines when not on a terminal."""
+current stage, speedup, decision) under a progress bar; plain lines when not on a terminal.
+`message` takes markup: its callers escape what they quote (a path, a reason, a hypothesis)."""
 
 from __future__ import annotations
 
@@ -7,10 +8,13 @@ from typing import Protocol
 
 from rich.console import Console, Group
 from rich.live import Live
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
+from rich.text import Text
 
 from agent.runlog import Decision, IterationRecord, RunConfig, RunState
+from tools.console import make_console
 
 _STYLE = {Decision.kept: "green", Decision.reverted: "red", Decision.skipped: "yellow", Decision.interrupted: "magenta"}
 
@@ -24,7 +28,7 @@ class View(Protocol):
 
 
 def make_view(console: Console | None = None, quiet: bool = False) -> View:
-    console = console or Console(stderr=True)
+    console = console or make_console(stderr=True)
     if quiet:
         return PlainView(console, quiet=True)
     return RichView(console) if console.is_terminal else PlainView(console)
@@ -51,8 +55,9 @@ class PlainView:
         if self.quiet:
             return
         hyp = rec.proposal.summary() if rec.proposal else (rec.proposal_error or "-")
+        # the model's hypothesis and the compiler's or parity's reason: printed as written, never as markup
         self.console.print(f"iter {rec.iteration:>3}/{self.total} {rec.decision.value:<11} {_fmt_speedup(rec):<28} "
-                           f"{hyp[:70]}  -- {rec.reason[:100]}", highlight=False, soft_wrap=True)
+                           f"{hyp[:70]}  -- {rec.reason[:100]}", highlight=False, soft_wrap=True, markup=False)
 
     def message(self, text: str) -> None:
         if not self.quiet:
@@ -65,7 +70,7 @@ class PlainView:
 class RichView:
     def __init__(self, console: Console):
         self.console = console
-        self.rows: dict[int, list[str]] = {}
+        self.rows: dict[int, list[str | Text]] = {}   # the hypothesis and the reason as Text: never markup
         self.progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                                  TimeElapsedColumn(), console=console)
         self.bar = None
@@ -73,7 +78,8 @@ class RichView:
         self.best = ""
 
     def start(self, cfg: RunConfig, state: RunState) -> None:
-        self.bar = self.progress.add_task(f"{cfg.task} {cfg.run_id}", total=cfg.iters, completed=state.iterations_done)
+        self.bar = self.progress.add_task(escape(f"{cfg.task} {cfg.run_id}"), total=cfg.iters,
+                                          completed=state.iterations_done)
         self.live = Live(self._render(), console=self.console, refresh_per_second=4, transient=False)
         self.live.start()
 
@@ -97,13 +103,14 @@ class RichView:
         row = self.rows.setdefault(iteration, ["…", stage, "", "", ""])
         row[1] = stage
         if hypothesis:
-            row[0] = hypothesis
+            row[0] = Text(hypothesis)
         self._refresh()
 
     def done(self, rec: IterationRecord, state: RunState) -> None:
         hyp = rec.proposal.summary() if rec.proposal else (rec.proposal_error or "-")
         style = _STYLE.get(rec.decision, "white")
-        self.rows[rec.iteration] = [hyp, "done", _fmt_speedup(rec), f"[{style}]{rec.decision.value}[/]", rec.reason]
+        self.rows[rec.iteration] = [Text(hyp), "done", _fmt_speedup(rec), f"[{style}]{rec.decision.value}[/]",
+                                    Text(rec.reason)]
         if self.bar is not None:
             self.progress.update(self.bar, completed=state.iterations_done)
         if state.best_ms:

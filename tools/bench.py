@@ -311,19 +311,21 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _print(results: list[BenchResult]) -> None:
-    from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
-    con = Console()
+
+    from tools.console import make_console
+    con = make_console()
     for r in results:
         t = Table("timing", "median ms", "p10", "p90", "mean", "reps", "TFLOP/s", "GB/s",
-                  title=f"{shape_label(r.shape)}  {r.device}")
+                  title=escape(f"{shape_label(r.shape)}  {r.device}"))
         for s in r.timings:
             t.add_row(s.label, f"{s.median_ms:.4g}", f"{s.p10_ms:.4g}", f"{s.p90_ms:.4g}", f"{s.mean_ms:.4g}",
                       str(s.reps), f"{s.tflops:.3g}" if s.tflops else "-", f"{s.gbps:.3g}" if s.gbps else "-")
         if r.timings:
             con.print(t)
         color = "green" if r.status == BenchStatus.ok else "red"
-        con.print(f"[{color}]{r.status.value}[/{color}] {r.message}", highlight=False)
+        con.print(f"[{color}]{r.status.value}[/{color}] {escape(r.message)}", highlight=False)
 
 
 if __name__ == "__main__":

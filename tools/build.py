@@ -305,20 +305,23 @@ def default_build_dir(task: Task) -> Path:
 
 
 def render(res: BuildResult) -> None:
-    from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
+    from rich.text import Text
 
-    con = Console()
+    from tools.console import make_console
+    con = make_console()
     color = "green" if res.status == BuildStatus.ok else "red"
     con.print(f"[{color}]{res.status.value}[/{color}] {res.seconds:.2f}s, {res.steps_run} steps"
-              + (f", arch {res.arch}" if res.arch else "") + (f"\n{res.lib_path}" if res.lib_path else ""))
+              + (f", arch {escape(res.arch)}" if res.arch else "")
+              + (f"\n{escape(res.lib_path)}" if res.lib_path else ""))
     if res.message:
         con.print(res.message, markup=False, highlight=False)
     if res.kernels:
         t = Table("kernel", "regs", "spill st/ld B", "stack B", "smem B", "cmem B")
         for k in res.kernels:
             spill = f"{k.spill_stores_bytes}/{k.spill_loads_bytes}"
-            t.add_row(k.name, str(k.registers), f"[red]{spill}[/red]" if k.spill_stores_bytes else spill,
+            t.add_row(Text(k.name), str(k.registers), f"[red]{spill}[/red]" if k.spill_stores_bytes else spill,
                       str(k.stack_frame_bytes), str(k.smem_static_bytes), str(k.cmem_bytes))
         con.print(t)
 

@@ -250,29 +250,32 @@ def dynamic_check(task: Task, lib_path: str, limits: DeviceLimits, plan: LaunchR
 
 # --- CLI ---------------------------------------------------------------------------------------
 def render(results: list[LaunchResult]) -> None:
-    from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
+    from rich.text import Text
 
-    con = Console()
+    from tools.console import make_console
+
+    con = make_console()
     for res in results:
         color = {"ok": "green", "rejected": "red", "error": "red"}.get(res.status.value, "yellow")
         lim = res.limits
         con.print(f"[bold]{res.mode}[/bold] [{color}]{res.status.value}[/{color}] "
-                  + (f"({lim.name}, {lim.sm_count} SMs, source {lim.source})" if lim else ""))
+                  + (escape(f"({lim.name}, {lim.sm_count} SMs, source {lim.source})") if lim else ""))
         if res.launches:
             t = Table()
             t.add_column("kernel", overflow="fold", min_width=24)
             for col in ("grid", "block", "CTAs", "smem dyn+static B", "regs", "source"):
                 t.add_column(col)
             for ln in res.launches:
-                t.add_row(ln.kernel, "x".join(map(str, ln.grid)), "x".join(map(str, ln.block)), str(ln.ctas),
+                t.add_row(Text(ln.kernel), "x".join(map(str, ln.grid)), "x".join(map(str, ln.block)), str(ln.ctas),
                           f"{ln.smem_dynamic_bytes}+{ln.smem_static_bytes if ln.smem_static_bytes is not None else '?'}",
-                          str(ln.registers if ln.registers is not None else "?"), ln.source)
+                          str(ln.registers if ln.registers is not None else "?"), Text(ln.source))
             con.print(t)
         for v in res.violations:
-            con.print(f"  [red]{v.rule}[/red] {v.message}", highlight=False)
+            con.print(f"  [red]{escape(v.rule)}[/red] {escape(v.message)}", highlight=False)
         if not res.violations:
-            con.print(f"  {res.message}", highlight=False)
+            con.print(f"  {res.message}", highlight=False, markup=False)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -272,16 +272,19 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _print(res: ParityResult) -> None:
-    from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
-    con = Console()
+    from rich.text import Text
+
+    from tools.console import make_console
+    con = make_console()
     if res.checks:
         t = Table("shape", "dist", "seed", "status", "max abs err", "max rel err")
         for c in res.checks:
-            t.add_row(c.label, c.dist, str(c.seed), c.status.value, _f(c.max_abs_err), _f(c.max_rel_err))
+            t.add_row(Text(c.label), c.dist, str(c.seed), c.status.value, _f(c.max_abs_err), _f(c.max_rel_err))
         con.print(t)
     color = "green" if res.status == ParityStatus.ok else "red"
-    con.print(f"[{color}]{res.status.value}[/{color}] {res.message} ({res.seconds:.1f}s)", highlight=False)
+    con.print(f"[{color}]{res.status.value}[/{color}] {escape(res.message)} ({res.seconds:.1f}s)", highlight=False)
 
 
 def _f(x: float | None) -> str:

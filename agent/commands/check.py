@@ -12,13 +12,12 @@ from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel
-from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
+from tools.console import make_console
 from tools.results import BuildStatus, CheckSummary
-
-out = Console()
-err = Console(stderr=True)
 
 
 def register(subparsers) -> None:
@@ -137,27 +136,29 @@ def cmd_check(args) -> int:
     try:   # the same choice as `agent optimize`: the argument, [tool.agent] task, the repository's kernels/
         task_path, why = choose_task(args.task, Path.cwd())
     except UsageError as e:
-        err.print(f"[red]error[/red]: {e}", highlight=False)
+        make_console(stderr=True).print(f"[red]error[/red]: {escape(str(e))}", highlight=False)
         return 2
-    err.print(why, highlight=False)
+    make_console(stderr=True).print(why, highlight=False, markup=False)
     summary, steps = run_check(task_path, args.build_dir)
     if args.json:
         print(summary.model_dump_json())
     else:
-        t = Table(title=f"agent check {summary.task}")
+        out = make_console()
+        t = Table(title=escape(f"agent check {summary.task}"))   # a title is markup: the task's name escaped
         t.add_column("step")
         t.add_column("status")
         t.add_column("detail", overflow="fold")
         colors = {"ok": "green", "not_applicable": "dim", "not available": "yellow", "not run": "dim", "note": "yellow"}
         for step, status, detail in steps.rows:
-            c = colors.get(status, "red")
-            t.add_row(step, f"[{c}]{status}[/{c}]", detail)
+            # the detail quotes the compiler and the instruments: text, not markup (`xr[i]` kept its `[i]`)
+            t.add_row(Text(step), Text(status, style=colors.get(status, "red")), Text(detail))
         out.print(t)
         missing = [step for step, status, _ in steps.rows if status == "not available"]
         if summary.ok:
             out.print("[green]all checks passed[/green]")
         elif missing:
-            out.print(f"[yellow]incomplete[/yellow]: {', '.join(missing)} not available here, so the task is not verified")
+            out.print(f"[yellow]incomplete[/yellow]: {escape(', '.join(missing))} not available here, so the task is "
+                      "not verified")
         else:
             out.print("[red]not ok[/red]: see the first failing step")
     return 0 if summary.ok else 1
@@ -275,12 +276,14 @@ def cmd_doctor(args) -> int:
     if args.json:
         print(rep.model_dump_json())
     else:
+        out = make_console()
         t = Table(title="agent doctor")
         for col in ("component", "status", "detail", "fix"):
             t.add_column(col, overflow="fold")
         for r in rep.rows:
             c = {"ok": "green", "warn": "yellow", "missing": "red" if r.required else "yellow"}[r.status]
-            t.add_row(r.name, f"[{c}]{r.status}[/{c}]", r.detail, r.hint)
+            # versions, paths and the probes' messages as they were printed to us
+            t.add_row(r.name, Text(r.status, style=c), Text(r.detail), Text(r.hint))
         out.print(t)
         if not rep.ok:
             out.print("[red]something the CPU path needs is missing[/red]")

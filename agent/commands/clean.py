@@ -25,15 +25,18 @@ from rich.markup import escape
 from agent.commands.review import default_runs_dir
 from agent.review.runs import Run, Unreadable, list_runs, load_run, resolve_run
 from agent.runlog import LogError
+from tools.console import make_console
 
 FINISHED = ("done", "interrupted", "failed")
 
-err = Console(stderr=True, highlight=False)
+
+def err() -> Console:
+    return make_console(stderr=True, highlight=False)
 
 
 def out() -> Console:
     """Plain lines: paths and branch names are printed as they are, never read as markup."""
-    return Console(highlight=False, markup=False)
+    return make_console(highlight=False, markup=False)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -76,13 +79,13 @@ class CleanError(Exception):
 # --- the command ------------------------------------------------------------------------------
 def cmd_clean(args) -> int:
     if bool(args.run) == bool(args.all):
-        err.print("[red]error[/red]: name one run or pass --all (not both): agent clean RUN | --all", soft_wrap=True)
+        err().print("[red]error[/red]: name one run or pass --all (not both): agent clean RUN | --all", soft_wrap=True)
         return 2
     runs_dir = default_runs_dir(args)
     try:
         runs = [load_run(resolve_run(runs_dir, args.run))] if args.run else list_runs(runs_dir)
     except LogError as e:
-        err.print(f"[red]error[/red]: {escape(str(e))}", soft_wrap=True)
+        err().print(f"[red]error[/red]: {escape(str(e))}", soft_wrap=True)
         return 2
     if not runs:
         out().print(f"no runs under {runs_dir}")
@@ -100,7 +103,7 @@ def clean_one(run: Run | Unreadable, *, keep_branches: bool, dry: bool) -> tuple
     """Clean (or describe cleaning) one run and print its line. Returns the bytes freed and whether the run
     was cleaned or skipped on purpose (False: an error left it unclean)."""
     if isinstance(run, Unreadable):
-        err.print(f"[yellow]skipped[/yellow] {escape(run.id)}: cannot read its log ({escape(run.reason)})",
+        err().print(f"[yellow]skipped[/yellow] {escape(run.id)}: cannot read its log ({escape(run.reason)})",
                   soft_wrap=True)
         return 0, False
     if run.state.status not in FINISHED:
@@ -110,7 +113,7 @@ def clean_one(run: Run | Unreadable, *, keep_branches: bool, dry: bool) -> tuple
     try:
         plan = make_plan(run, keep_branches)
     except (CleanError, git.GitCommandError, OSError) as e:
-        err.print(f"[red]error[/red]: run {run.id}: {escape(one_line(e))}", soft_wrap=True)
+        err().print(f"[red]error[/red]: run {escape(run.id)}: {escape(one_line(e))}", soft_wrap=True)
         return 0, False
     if dry:
         out().print(describe(plan, plan.removals, plan.branch is not None, dry=True), soft_wrap=True)
@@ -130,7 +133,7 @@ def apply(plan: Plan) -> tuple[int, bool]:
     except (git.GitCommandError, OSError) as e:
         if done:
             out().print(describe(plan, done, False, dry=False, with_notes=False), soft_wrap=True)
-        err.print(f"[red]error[/red]: run {plan.run.id}: {escape(one_line(e))}", soft_wrap=True)
+        err().print(f"[red]error[/red]: run {escape(plan.run.id)}: {escape(one_line(e))}", soft_wrap=True)
         return sum(s.size for s in done), False
     out().print(describe(plan, done, plan.branch is not None, dry=False), soft_wrap=True)
     return plan.size, True

@@ -5,8 +5,9 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
 from agent import gitops
 from agent.best import SetupFailed
@@ -19,9 +20,8 @@ from agent.session import (UsageError, check_limits, choose_task, default_propos
                            resume_run, start_run)
 from agent.view import make_view
 from tools.backend import slow_rebuild_note
+from tools.console import make_console
 from tools.task import load_task
-
-console = Console(stderr=True)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -77,6 +77,7 @@ def _llm_overrides(args) -> dict:
 
 
 def cmd_optimize(args) -> int:
+    console = make_console(stderr=True)
     try:
         check_limits(args.iters, args.min_gain, args.budget_seconds, args.budget_tokens, args.budget_usd)
         target = parse_target(args.target)
@@ -84,10 +85,11 @@ def cmd_optimize(args) -> int:
         overrides = _llm_overrides(args)
         root = repo_root_of(task_dir)
         kind = args.proposer or default_proposer(root, overrides)
-        console.print(f"{why}; proposer {kind}" + ("" if args.proposer else " (default)"), highlight=False)
+        console.print(f"{why}; proposer {kind}" + ("" if args.proposer else " (default)"), highlight=False,
+                      markup=False)
         note = slow_rebuild_note(load_task(task_dir))
         if note:
-            console.print(f"[yellow]note[/yellow]: {note}", highlight=False)
+            console.print(f"[yellow]note[/yellow]: {escape(note)}", highlight=False)
         extra = {"llm_overrides": overrides, "model": args.model, "replay_source": args.replay,
                  "replay_kept_only": args.kept_only}
         view = make_view(console, quiet=args.quiet)
@@ -98,14 +100,15 @@ def cmd_optimize(args) -> int:
                          past_target=args.past_target)
         return _run_and_summarize(loop)
     except (UsageError, gitops.GitError, LogError, SettingsError) as e:
-        console.print(f"[red]error[/red]: {e}", highlight=False)
+        console.print(f"[red]error[/red]: {escape(str(e))}", highlight=False)
         return 2
-    except SetupFailed as e:
-        console.print(f"[red]cannot start[/red]: {e}", highlight=False)
+    except SetupFailed as e:   # the compiler's or the parity check's own words: escaped, never markup
+        console.print(f"[red]cannot start[/red]: {escape(str(e))}", highlight=False)
         return 1
 
 
 def cmd_resume(args) -> int:
+    console = make_console(stderr=True)
     try:
         root = repo_root_of(Path.cwd())
         run_dir = find_run(args.runs_dir.parent if args.runs_dir else root, args.run) if not args.runs_dir \
@@ -113,30 +116,32 @@ def cmd_resume(args) -> int:
         loop = resume_run(run_dir, make_view(console, quiet=args.quiet))
         return _run_and_summarize(loop)
     except (UsageError, gitops.GitError, LogError) as e:
-        console.print(f"[red]error[/red]: {e}", highlight=False)
+        console.print(f"[red]error[/red]: {escape(str(e))}", highlight=False)
         return 2
 
 
 def _run_and_summarize(loop: Loop) -> int:
     state = loop.run()
     recs = read_iterations(loop.run_dir)
-    t = Table(title=f"run {loop.cfg.run_id}: {state.stop_reason}", show_lines=False)
+    t = Table(title=escape(f"run {loop.cfg.run_id}: {state.stop_reason}"), show_lines=False)
     for c in ("#", "decision", "speedup vs best", "hypothesis", "reason"):
         t.add_column(c, overflow="fold")
     for r in recs:
         b = r.bench.speedup_vs_baseline if r.bench else None
+        # the model's hypothesis and the compiler's or parity's reason: text, not markup
         t.add_row(str(r.iteration), r.decision.value, f"{b.median:.3f}x" if b else "-",
-                  shorten(r.proposal.summary(), 60) if r.proposal else "-", shorten(r.reason, 80))
-    Console().print(t)
+                  Text(shorten(r.proposal.summary(), 60) if r.proposal else "-"), Text(shorten(r.reason, 80)))
+    out = make_console()
+    out.print(t)
     kept = [r for r in recs if r.decision == Decision.kept]
     best = state.best_sha[:10]
-    Console().print(
+    out.print(
         f"best: {state.best_ms * 1e3:.2f} us; {figures_line(state)}\n"
         f"{len(kept)} kept of {len(recs)}; best commit {best} on branch {loop.cfg.branch}\n"
         + (f"review: agent show {loop.cfg.run_id}   cherry-pick: agent cherry-pick {loop.cfg.run_id} --best" if kept
            else f"nothing was kept: review with agent show {loop.cfg.run_id}; agent clean {loop.cfg.run_id} removes "
                 "its worktree and branch"),
-        highlight=False)
+        highlight=False, markup=False)
     return 130 if state.status == "interrupted" else 0
 
 
@@ -144,10 +149,11 @@ def cmd_sweep(args) -> int:
     from agent.evaluate import IterationEnded
     from agent.sweep import describe, sweep
     from tools.batch import BatchError
+    console = make_console(stderr=True)
     try:
         task_dir, why = choose_task(args.task, Path.cwd())
     except UsageError as e:
-        console.print(f"[red]error[/red]: {e}")
+        console.print(f"[red]error[/red]: {escape(str(e))}")
         return 2
     if any(v is not None and v < 1 for v in (args.jobs, args.batch, args.screen)):
         console.print("[red]error[/red]: --jobs, --batch and --screen must be at least 1")
@@ -157,27 +163,30 @@ def cmd_sweep(args) -> int:
     from datetime import datetime
     out = (args.runs_dir or root / "runs") / f"sweep-{task.name}-{datetime.now():%Y%m%d-%H%M%S}"
     gitops.ensure_runs_ignored(gitops.open_repo(root), out.parent)
-    console.print(f"{why}; {len(task.spec.knob_space())} configurations allowed; results in {out}", highlight=False)
+    console.print(f"{why}; {len(task.spec.knob_space())} configurations allowed; results in {out}", highlight=False,
+                  markup=False)
 
     def progress(n, total, p):
         vs = f" ({p.speedup_vs_initial:.2f}x)" if p.speedup_vs_initial is not None else ""
         what = f"{p.median_ms * 1e3:.1f} us{vs}" if p.ok else f"{p.outcome}: {p.reason[:80]}"
-        console.print(f"[{n}/{total}] {p.knobs} {what}", highlight=False)
+        console.print(f"[{n}/{total}] {p.knobs} {what}", highlight=False, markup=False)
 
     try:
         res = sweep(task, out, limit=args.limit, seed=args.seed, progress=progress, jobs=args.jobs,
-                    batch=args.batch, screen=args.screen, log=lambda line: console.print(line, highlight=False))
+                    batch=args.batch, screen=args.screen,
+                    log=lambda line: console.print(line, highlight=False, markup=False))
     except KeyboardInterrupt:
-        console.print(f"interrupted; the configurations measured so far are in {out / 'sweep.json'}", highlight=False)
+        console.print(f"interrupted; the configurations measured so far are in {out / 'sweep.json'}", highlight=False,
+                      markup=False)
         return 130
     except IterationEnded as e:   # the initial configuration is the bar: it must build, pass and time
-        console.print(f"[red]the initial configuration failed[/red]: {e.reason}", highlight=False)
+        console.print(f"[red]the initial configuration failed[/red]: {escape(e.reason)}", highlight=False)
         return 1
     except BatchError as e:       # the evaluation child could not load the task or the initial library
-        console.print(f"[red]sweep failed[/red]: {e}", highlight=False)
+        console.print(f"[red]sweep failed[/red]: {escape(str(e))}", highlight=False)
         return 1
     if args.json:
         print(res.model_dump_json(indent=2))
     else:
-        Console().print(describe(res), highlight=False)
+        make_console().print(describe(res), highlight=False, markup=False)
     return 0 if res.best() else 1

@@ -4,12 +4,10 @@ from __future__ import annotations
 
 import tempfile
 
-from rich.console import Console
+from rich.markup import escape
 
+from tools.console import make_console
 from tools.profile.__main__ import add_arguments, ok, run
-
-console = Console(stderr=True)
-out = Console()
 
 
 def register(subparsers) -> None:
@@ -28,18 +26,20 @@ def _lib_for(args) -> str | None:
     try:
         from tools.build import build
     except ImportError:
-        console.print("[red]no build tool in this checkout[/red]: pass --lib PATH to the compiled library")
+        make_console(stderr=True).print("[red]no build tool in this checkout[/red]: pass --lib PATH to the compiled "
+                                        "library")
         return None
     res = build(load_task(args.task), tempfile.mkdtemp(prefix="agent-profile-build-"))
     if res.status.value != "ok" or not res.lib_path:
-        console.print(f"[red]build {res.status.value}[/red]: {res.message.splitlines()[0] if res.message else ''}")
+        first = res.message.splitlines()[0] if res.message else ""   # the compiler's words: escaped
+        make_console(stderr=True).print(f"[red]build {res.status.value}[/red]: {escape(first)}")
         return None
     return res.lib_path
 
 
 def _cmd(args) -> int:
     if not args.from_report and not args.task:
-        console.print("[red]give a TASK folder or --from-report FILE.ncu-rep[/red]")
+        make_console(stderr=True).print("[red]give a TASK folder or --from-report FILE.ncu-rep[/red]")
         return 2
     lib = _lib_for(args)
     if not args.from_report and lib is None:
@@ -47,12 +47,12 @@ def _cmd(args) -> int:
     try:
         report = run(args, lib)
     except ValueError as e:
-        console.print(f"[red]error[/red] {e}")
+        make_console(stderr=True).print(f"[red]error[/red] {escape(str(e))}")
         return 2
     if args.json:
-        out.print_json(report.model_dump_json())
+        make_console().print_json(report.model_dump_json())
     else:
         from tools.profile import compact
         # a failure renders as "profile STATUS: message" + "fix: hint" (compact's own two lines)
-        (out if ok(report) else console).print(compact(report), markup=False, highlight=False)
+        make_console(stderr=not ok(report)).print(compact(report), markup=False, highlight=False)
     return 0 if ok(report) else 1

@@ -12,12 +12,15 @@ from rich.markup import escape
 
 from agent import gitops
 from agent.runlog import LogError
+from tools.console import make_console
 
-err = Console(stderr=True, highlight=False)
+
+def err() -> Console:
+    return make_console(stderr=True, highlight=False)
 
 
 def out() -> Console:
-    return Console(highlight=False)
+    return make_console(highlight=False)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -70,7 +73,7 @@ def default_runs_dir(args) -> Path:
 
 
 def _fail(msg: str, code: int = 2) -> int:
-    err.print(f"[red]error[/red]: {msg}", soft_wrap=True)
+    err().print(f"[red]error[/red]: {escape(msg)}", soft_wrap=True)
     return code
 
 
@@ -89,7 +92,7 @@ def cmd_runs(args) -> int:
         print(json.dumps([r.model_dump(mode="json") for r in rows], indent=2))
         return 0
     if not rows:
-        err.print(f"no runs under {d} (start one with `agent optimize`)")
+        err().print(f"no runs under {d} (start one with `agent optimize`)", markup=False)
         return 0
     out().print(runs_table(rows, f"runs in {d}"))
     return 0
@@ -118,8 +121,8 @@ def cmd_report(args) -> int:
         return _fail(str(e))
     md, plots, note = write_report(run)
     if note:
-        err.print(f"[yellow]note[/yellow]: {escape(note)}; the report was written without the plots")
-    out().print(f"wrote {md}" + "".join(f" and {p}" for p in plots), highlight=False)
+        err().print(f"[yellow]note[/yellow]: {escape(note)}; the report was written without the plots")
+    out().print(f"wrote {md}" + "".join(f" and {p}" for p in plots), markup=False)
     return 0
 
 
@@ -132,9 +135,9 @@ def cmd_cherry_pick(args) -> int:
     except (LogError, gitops.GitError) as e:
         return _fail(str(e))
     except CherryPickError as e:
-        err.print(f"[red]cherry-pick refused[/red]: {e}", soft_wrap=True)
+        err().print(f"[red]cherry-pick refused[/red]: {escape(str(e))}", soft_wrap=True)
         return 1
-    out().print(res.message, soft_wrap=True)
+    out().print(res.message, soft_wrap=True, markup=False)
     return 0
 
 
@@ -152,5 +155,6 @@ def cmd_gate(args) -> int:
         print(res.model_dump_json(indent=2))
     else:
         color = "green" if res.passed else "red"
-        out().print(f"[{color}]gate {'passed' if res.passed else 'FAILED'}[/{color}]: {res.reason}", soft_wrap=True)
+        out().print(f"[{color}]gate {'passed' if res.passed else 'FAILED'}[/{color}]: {escape(res.reason)}",
+                    soft_wrap=True)
     return 0 if res.passed else 1

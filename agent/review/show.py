@@ -7,6 +7,7 @@ import statistics
 from collections import OrderedDict
 
 from rich.console import Group, RenderableType
+from rich.markup import escape
 from rich.panel import Panel
 from rich.syntax import Syntax
 from rich.table import Table
@@ -88,7 +89,7 @@ def run_summary(run: Run) -> RenderableType:
                   f"${st.usage.cost_usd:.4f}"),
     ):
         facts.add_row(k, Text(v))
-    parts: list[RenderableType] = [Panel(facts, title=f"run {cfg.run_id}", expand=False), env_table(run),
+    parts: list[RenderableType] = [Panel(facts, title=escape(f"run {cfg.run_id}"), expand=False), env_table(run),
                                    iterations_table(run)]
     return Group(*parts)
 
@@ -285,8 +286,8 @@ def _stages(rec: IterationRecord) -> list[RenderableType]:
             out.append(Text(pa.message, style="red"))
     be = rec.bench
     if be is not None:
-        t = Table(title=f"bench: {be.status.value} on {shape_label(be.shape) if be.shape else '-'}"
-                        + (f", {be.device}" if be.device else ""), title_justify="left")
+        t = Table(title=escape(f"bench: {be.status.value} on {shape_label(be.shape) if be.shape else '-'}"
+                               + (f", {be.device}" if be.device else "")), title_justify="left")
         for c in ("", "median", "p10", "p90", "reps", "throughput"):
             t.add_column(c, justify="right")
         for tm in be.timings:
