@@ -90,13 +90,13 @@ class Best:
         """The best's speedup over "initial" or "reference" (agent/figures.py)."""
         return best_figure(self.state, which)
 
-    def advance(self, bench: BenchResult) -> tuple[Figure | None, Figure | None]:
+    def advance(self, bench: BenchResult) -> Figure | None:
         """A candidate is being kept: its time is the best's, its speedup over its parent extends the
-        chain; returns the new estimates vs initial and vs reference (for its commit message)."""
+        chain; returns the new estimate vs initial (for its commit message)."""
         st, before = self.state, estimate(self.state, "initial")
         st.chain_vs_initial = (before.value if before else 1.0) * bench.speedup_vs_baseline.median
         st.best_ms = bench.timing("candidate").median_ms
-        return estimate(st, "initial"), estimate(st, "reference")
+        return estimate(st, "initial")
 
     def target_reached(self) -> bool:
         s = self.speedup_vs(self.cfg.baseline)

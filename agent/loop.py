@@ -230,7 +230,7 @@ class Loop:
     def _keep(self, i: int, d: Path, a: Attempt) -> IterationRecord:
         ci = a.bench.speedup_vs_baseline
         t0 = time.monotonic()
-        sha = self.git.amend_message(gitops.kept_message(self.cfg.run_id, a, *self.best.advance(a.bench)))
+        sha = self.git.amend_message(gitops.kept_message(self.cfg.run_id, a, self.best.advance(a.bench)))
         a.times.git += time.monotonic() - t0
         snapshot_lib(d / self.best.lib.name, self.best.lib)
         self.state.best_sha, self.state.best_iteration = sha, i
