@@ -3,6 +3,7 @@ write run.json, measure the initial kernel; or re-attach to a run from its log a
 
 from __future__ import annotations
 
+import difflib
 import secrets
 import tomllib
 from datetime import datetime
@@ -63,8 +64,11 @@ def choose_task(arg: str | None, cwd: Path) -> tuple[Path, str]:
         if not p.exists() and (cwd / "kernels" / arg).exists():
             p = cwd / "kernels" / arg
         if not p.is_dir():
-            raise UsageError(f"{arg} does not exist: give a task folder (one holding task.toml), "
-                             "e.g. kernels/matmul_cpu" if not p.exists() else f"{arg} is a file, not a task folder")
+            if p.exists():
+                raise UsageError(f"{arg} is a file, not a task folder")
+            near = _near_task(arg, cwd)
+            raise UsageError(f"{arg} does not exist: " + (f"did you mean {near}?" if near else
+                             "give a task folder (one holding task.toml), e.g. kernels/matmul_cpu"))
         if not (p / "task.toml").is_file():
             raise UsageError(f"{arg} has no task.toml: give a task folder, e.g. kernels/matmul_cpu")
         return p.resolve(), f"task {p.name} (from the command line)"
@@ -87,6 +91,19 @@ def choose_task(arg: str | None, cwd: Path) -> tuple[Path, str]:
     dev = load_task(chosen).spec.device
     why = "a GPU is present" if cuda else "no GPU here"
     return chosen.resolve(), f"task {chosen.name} (first shipped {dev} task; {why})"
+
+
+def _near_task(arg: str, cwd: Path) -> str | None:
+    """The task folder beside the one typed whose name is closest to it (aider's "did you mean"), written
+    as the user wrote the argument: a typo in the last part of the path is the common one."""
+    typed = Path(arg)
+    for parent in (typed.parent, Path("kernels") / typed.parent):   # kernels/ARG is taken too (above)
+        where = parent if parent.is_absolute() else cwd / parent
+        names = sorted(t.parent.name for t in where.glob("*/task.toml"))
+        near = difflib.get_close_matches(typed.name, names, 1)
+        if near:
+            return str(typed.parent / near[0])
+    return None
 
 
 def make_proposer(kind: str, task: Task, cfg_extra: dict, repo_root: Path) -> Proposer:

@@ -31,6 +31,7 @@ from tools.compare import bits_equal, compare, describe, disagree, poison_, pois
 from tools.results import ParityResult, ParityStatus, ShapeCheck
 from tools.sandbox import ProcStatus, run_python_json
 from tools.task import Task, load_task, shape_label
+from tools.task_messages import make_inputs
 
 GUARD_BYTES = 64 * 1024
 
@@ -193,7 +194,7 @@ def check(task: Task, mod, lib, *, seed: int, hidden: bool = True, run=None) -> 
 
 
 def _one(task, mod, lib, shape, label, dist, seed, device, bufs: _Buffers, sync, run) -> dict[str, Any]:
-    inputs = bufs.adopt(tuple(mod.make_inputs(shape, seed, device, dist)))
+    inputs = bufs.adopt(make_inputs(mod, shape, seed, device, dist))
     clones = tuple(x.clone() if hasattr(x, "clone") else x for x in inputs)
     s1, s2 = bufs.order()
     out1 = bufs.out(s1, mod.empty_output(shape, *inputs))

@@ -22,6 +22,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from tools.expr import compile_expr, eval_expr
+from tools.task_messages import shape_keys_differ, validation_message
 
 Shape = dict[str, int | bool]
 
@@ -147,6 +148,14 @@ class TaskSpec(_Strict):
     parity: ParitySpec = ParitySpec()
     bench: BenchSpec = BenchSpec()
 
+    @field_validator("shapes")
+    @classmethod
+    def _same_keys(cls, shapes: list[Shape]) -> list[Shape]:
+        why = shape_keys_differ(shapes)
+        if why:
+            raise ValueError(why)
+        return shapes
+
     @model_validator(mode="after")
     def _consistent(self) -> "TaskSpec":
         if self.extension is not None and self.form != "torch_extension":
@@ -262,12 +271,7 @@ def load_task(path: str | Path) -> Task:
     try:
         spec = TaskSpec.model_validate(raw)
     except ValidationError as e:
-        err = e.errors()[0]
-        field = ".".join(str(x) for x in err["loc"]) or "-"
-        msg = err["msg"]
-        if err["type"] == "extra_forbidden":
-            msg = "unknown key (a typo?)"
-        raise TaskError(toml_path, field, msg) from None
+        raise TaskError(toml_path, *validation_message(e, raw, TaskSpec)) from None
     for i, f in enumerate(spec.sources):
         if not (root / f).is_file():
             raise TaskError(toml_path, f"sources.{i}", f"file {f!r} does not exist in {root}")
@@ -277,7 +281,7 @@ def load_task(path: str | Path) -> Task:
         _has_binding(toml_path, root, spec.sources, spec.ext)
     for k in spec.knobs:
         if not knob_pattern(k.name).search((root / k.file).read_text()):
-            raise TaskError(toml_path, f"knobs.{k.name}", f"no '#define {k.name} <int>' line in {k.file}")
+            raise TaskError(toml_path, f'knobs "{k.name}"', f"no '#define {k.name} <int>' line in {k.file}")
     return Task(spec, root)
 
 
