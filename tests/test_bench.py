@@ -314,3 +314,42 @@ def test_clocks_that_disagree_in_one_bench_are_timed_again_and_a_host_that_forge
     else:
         assert r.status == BenchStatus.suspicious, r.message
         assert "under-reported the candidate's bursts" in r.message and "the same in a second bench" in r.message
+
+
+BURSTY_REFERENCE = '''
+
+import time as _time
+
+_burst = {"last": 0.0, "slow": False}
+
+
+def timing_reference(shape, a, b):
+    """torch's matmul as a stalling thread pool makes it look: every other burst 3 ms slower a call
+    (a burst starts after a gap: the other arms ran in between)."""
+    if _time.perf_counter() - _burst["last"] > 5e-4:
+        _burst["slow"] = not _burst["slow"]
+    out = reference(shape, a, b)
+    if _burst["slow"]:
+        _time.sleep(0.003)
+    _burst["last"] = _time.perf_counter()
+    return out
+'''
+
+
+def test_a_figure_against_a_reference_whose_rounds_disagree_is_unstable_not_a_number(tmp_path):
+    """The newcomer's run printed 0.087x [0.085, 8.565] vs the reference (torch's threads stalling now
+    and then on a loaded machine), and another place 7.98x for the same kernel. A reference whose every
+    other burst stalls makes the rounds' ratios 100x apart: the code before printed their median, a
+    figure off by more than 2x whichever mode was true; now the bench is timed once more and, the
+    reference unstable again, says so with both intervals and gives no figure. Its own timings and the
+    figure against the baseline still stand."""
+    task, lib = make_task(tmp_path, "correct")
+    py = task.root / "task.py"
+    py.write_text(py.read_text() + BURSTY_REFERENCE)
+    task = load_task(task.root)
+    [r] = run_bench(task, lib, shapes=[SHAPE], with_reference=True)
+    assert r.status == BenchStatus.ok, r.message
+    assert r.speedup_vs_reference is None and r.speedup_vs_reference_ci is None, r.message
+    assert "vs reference unstable: its rounds' ratios spanned" in r.message and "in two benches" in r.message
+    assert "x vs reference" not in r.message.replace("vs reference unstable", "")
+    assert r.timing("reference") is not None and r.timing("candidate").median_ms > 0

@@ -95,3 +95,18 @@ def outside_check(bursts: list[tuple[str, float, float]], first: str = "candidat
                     f"judge's clock (median of {k} rounds; it says the {first} took {-saved:+.4g} ms per "
                     f"burst against the {arm}): the time it did not report was spent all the same")
     return None
+
+
+# A figure against the reference whose interval's ends are further apart than this is not a figure
+# (tools.bench). An honest 8-round interval on a busy 2-core machine spans well under 2x (the A/A benches
+# of scripts/aa_bench_load.py: medians 0.987-1.007x beside 0-2 busy processes); the newcomer's was 100x.
+REF_SPREAD = 4.0
+
+
+def spread(ci: SpeedupCI | None) -> float:
+    """How far apart an interval's ends are (high / low); 1 for no interval."""
+    return ci.high / ci.low if ci is not None and ci.low > 0 else (1.0 if ci is None else math.inf)
+
+
+def ci_text(ci: SpeedupCI | None) -> str:
+    return f"{ci.median:.3g}x [{ci.low:.3g}, {ci.high:.3g}]" if ci is not None else "none"
