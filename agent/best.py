@@ -55,14 +55,18 @@ class Best:
             raise SetupFailed(f"the initial kernel cannot be the starting point: {e.reason}") from None
         cand, ref = bench.timing("candidate"), bench.timing("reference")
         st.initial_ms = st.best_ms = cand.median_ms if cand else None
-        st.reference_ms = ref.median_ms if ref else None
+        # the reference's time only where its figure stood (tools.bench: no figure from rounds that
+        # disagree): agent/figures.py would otherwise make one of the two medians
+        st.reference_ms = ref.median_ms if ref and bench.speedup_vs_reference is not None else None
         st.chain_vs_initial, st.initial_vs_reference = 1.0, bench.speedup_vs_reference
         st.best_sha = head_sha
         st.initial_knobs = {k: v for k, v in ev.task.read_knobs().items() if v is not None}
         dump(self.run_dir / "initial" / "bench.json", bench)
         self.reprofile(self.run_dir / "initial")
         self.save()
-        vs_ref = f", reference {st.reference_ms * 1e3:.1f} us" if st.reference_ms else ""
+        vs_ref = f", reference {st.reference_ms * 1e3:.1f} us" if st.reference_ms else (
+            ", reference unstable: no figure against it (its rounds disagreed in two benches; initial/bench.json)"
+            if ref else "")
         self.view.message(f"initial: {st.initial_ms * 1e3:.1f} us{vs_ref}")
 
     def reprofile(self, out_dir: Path) -> None:

@@ -353,3 +353,27 @@ def test_a_figure_against_a_reference_whose_rounds_disagree_is_unstable_not_a_nu
     assert "vs reference unstable: its rounds' ratios spanned" in r.message and "in two benches" in r.message
     assert "x vs reference" not in r.message.replace("vs reference unstable", "")
     assert r.timing("reference") is not None and r.timing("candidate").median_ms > 0
+
+
+@pytest.mark.slow
+def test_a_run_against_an_unstable_reference_prints_no_figure_against_it_anywhere(tmp_path):
+    """Through `agent optimize` and `agent show`: the setup says the reference is unstable, and no
+    figure against it is made elsewhere from the two medians (agent/figures.py's fallback for old runs)."""
+    import json as _json
+
+    from agent.runlog import read_state
+    from tests.userrepo import agent, git, make_user_repo
+    root = make_user_repo(tmp_path / "user")
+    py = root / "kernels" / "matmul_cpu" / "task.py"
+    py.write_text(py.read_text() + BURSTY_REFERENCE)
+    git(root, "commit", "-qam", "a reference that stalls every other burst")
+    res = agent(root, "optimize", "kernels/matmul_cpu", "--iters", "1", "--target", "100x", "--run-id", "unstable",
+                timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:] + res.stdout[-3000:]
+    out = res.stdout + res.stderr
+    assert "reference unstable: no figure against it" in out, out[-3000:]
+    st = read_state(root / "runs" / "unstable")
+    assert st.reference_ms is None and st.initial_vs_reference is None and st.confirmed_vs_reference is None
+    show = agent(root, "show", "unstable", "--json", timeout=120)
+    assert show.returncode == 0 and _json.loads(show.stdout)["best"]["vs_reference"] is None, show.stdout[-2000:]
+    assert "x vs reference" not in out, out[-3000:]
