@@ -179,15 +179,12 @@ def _bench_shape(task, mod, runs, shape, with_reference, device_name="") -> Benc
     got, cis = _interleaved(runs.clock, arms, b, before=spot.before, after=spot.after)
     clock_why, retimed = runs.clock_check(), ""
     if clock_why is not None and spot.why is None:
-        # The judge's clock and the host's disagreed. On a loaded machine an honest host's bursts can:
-        # another process takes the CPU between the host's last rep and the judge's read, more often
-        # around the longer arm (.ci/run refused an honest initial kernel so, with two test workers
-        # and a third test run on 2 cores). A host that shaves its times shaves them again. So the
-        # whole bench runs once more, and only figures from a bench whose clocks agree are reported.
+        # The judge's clock and the host's disagreed: an honest host's can on a loaded machine (another
+        # process takes the CPU between the host's reps and the judge's reads; .ci/run refused an honest
+        # initial kernel so, two test workers and a third test run on 2 cores). A host that shaves its
+        # times shaves them again: only figures from a bench whose clocks agree are reported.
         first = clock_why
-        runs.clock_restart()
-        got, cis = _interleaved(runs.clock, arms, b, before=spot.before, after=spot.after)
-        clock_why = runs.clock_check()
+        got, cis, clock_why = _again(runs, arms, b, spot)
         if clock_why is None:
             retimed = f"; timed twice, the first bench's clocks disagreed ({first})"
         else:
@@ -199,9 +196,8 @@ def _bench_shape(task, mod, runs, shape, with_reference, device_name="") -> Benc
         # printed 0.087x [0.085, 8.565] and, elsewhere, 7.98x for one kernel). Timed once more; a
         # figure only from a bench where it is stable.
         first = cis["reference"]
-        runs.clock_restart()
-        got2, cis2 = _interleaved(runs.clock, arms, b, before=spot.before, after=spot.after)
-        if runs.clock_check() is None and spot.why is None and spread(cis2.get("reference")) <= REF_SPREAD:
+        got2, cis2, clocks2 = _again(runs, arms, b, spot)
+        if clocks2 is None and spot.why is None and spread(cis2.get("reference")) <= REF_SPREAD:
             got, cis = got2, cis2
             retimed += f"; timed twice, the first bench's figure against the reference was unstable ({ci_text(first)})"
         else:
@@ -228,6 +224,13 @@ def _bench_shape(task, mod, runs, shape, with_reference, device_name="") -> Benc
             break
     return BenchResult(status=status, message=msg, shape=shape, timings=timings, speedup_vs_baseline=ci,
                        speedup_vs_reference=vs_ref, speedup_vs_reference_ci=ref_ci, threads=threads)
+
+
+def _again(runs, arms, b, spot) -> tuple[dict[str, list[float]], dict[str, SpeedupCI], str | None]:
+    """The whole bench timed once more, held to its own bursts: its times, intervals and clock check."""
+    runs.clock_restart()
+    got, cis = _interleaved(runs.clock, arms, b, before=spot.before, after=spot.after)
+    return got, cis, runs.clock_check()
 
 
 class SpotCheck:
