@@ -155,7 +155,7 @@ def sweep(task: Task, out_dir: Path, limit: int | None = None, seed: int = 0, pr
         _save(path, res)
 
         t0 = time.monotonic()
-        built = _build_all(task, space, out_dir, limits, jobs, record, say, init_ev.reuse_objects)
+        built = build_configurations(task, space, out_dir, limits, jobs, record, say, init_ev.reuse_objects)
         res.build_wall_s = time.monotonic() - t0
         _save(path, res)
 
@@ -186,7 +186,7 @@ def sweep(task: Task, out_dir: Path, limit: int | None = None, seed: int = 0, pr
     return res
 
 
-def _build_all(task: Task, space: list[dict[str, int]], out_dir: Path, limits, jobs: int,
+def build_configurations(task: Task, space: list[dict[str, int]], out_dir: Path, limits, jobs: int,
                record: Callable[[SweepPoint], None], say: Callable[[str], None],
                earlier: list[Path] | None = None) -> list[_Built]:
     """Every configuration's copy built and statically checked, `jobs` at a time. Failures are recorded

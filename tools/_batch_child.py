@@ -1,6 +1,6 @@
 """Child of tools/batch.py: parity, then bench, of several libraries, judged here, run in a host.
 
-    python -m tools._batch_child --task DIR --baseline-lib PATH --limit-s S [--screen] [--contexts JSON_FILE] LIB ...
+    python -m tools._batch_child --task DIR --baseline-lib PATH --limit-s S [--screen | --parity-only] [--contexts JSON_FILE] LIB ...
 
 A judge for a batch, as tools/judge.py is for one candidate: this process loads the task module (the
 reference) but never a library under test. It starts one host (tools/host.py: fenced to its own
@@ -12,6 +12,7 @@ over the host's runs, each burst timed here from outside). What a library does i
 reach the comparison, the probes, the statistics or the line this process writes.
 With --screen: only a short timing of each library alone on the main shape (the bench's own output
 spot checks included, no parity), to rank a huge space before the full checks of the fastest.
+With --parity-only: parity of each library, no bench (`agent check --knobs`).
 With --contexts (a JSON list, one launch context or null per library): first the static launch
 check of the library's own plan (the host answers the plan as data, tools.launch judges it here);
 a library it rejects runs nothing.
@@ -122,7 +123,7 @@ def _load(remote: Remote, lib_path: str, t0: float, what: str) -> dict | None:
         return row
 
 
-def _one(task, mod, remote: Remote, lib_path: str, ctx: dict | None = None) -> dict:
+def _one(task, mod, remote: Remote, lib_path: str, ctx: dict | None = None, timed: bool = True) -> dict:
     from tools.bench import measure
     from tools.parity import check
     from tools.results import ParityStatus
@@ -140,6 +141,8 @@ def _one(task, mod, remote: Remote, lib_path: str, ctx: dict | None = None) -> d
         return {**row, "status": "crashed" if parity.status == ParityStatus.crashed else "parity_failed",
                 "message": f"parity {parity.status.value}: {parity.message}",
                 "stop": parity.status.value in UNSAFE_PARITY, "seconds": time.monotonic() - t0}
+    if not timed:   # --parity-only
+        return {**row, "status": "ok", "stop": False, "seconds": time.monotonic() - t0}
     bench = measure(task, mod, None, shapes=[dict(task.spec.main)], with_reference=False,
                     runs_for=lambda shape: HostRuns(remote, shape, True))[0]
     row["bench"] = bench.model_dump(mode="json")
@@ -179,6 +182,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--baseline-lib", required=True)
     ap.add_argument("--limit-s", type=float, required=True, help="parity + bench of one library at most")
     ap.add_argument("--screen", action="store_true", help="a short timing of each library alone, no parity")
+    ap.add_argument("--parity-only", action="store_true", help="parity of each library, no bench")
     ap.add_argument("--contexts", help="JSON file: a list of launch contexts (or null), one per library")
     ap.add_argument("libs", nargs="+")
     a = ap.parse_args(argv)
@@ -207,7 +211,7 @@ def main(argv: list[str] | None = None) -> int:
             rep.start(i)
             try:
                 row = (_screen(task, mod, remote, lib, ctxs[i]) if a.screen
-                       else _one(task, mod, remote, lib, ctxs[i]))
+                       else _one(task, mod, remote, lib, ctxs[i], timed=not a.parity_only))
             except HostFailed as e:   # the host died outside a stage's own handling (loading, the plan)
                 row = {"status": "crashed" if e.status == "crashed" else "parity_failed", "message": str(e),
                        "stop": True, "parity": {"status": e.status, "message": str(e)}}

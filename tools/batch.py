@@ -34,10 +34,11 @@ class BatchError(Exception):
 
 
 def evaluate(task: Task, libs: list[Path], baseline: Path, *, batch: int = 16, limit_s: float | None = None,
-             screen: bool = False, contexts: list[dict | None] | None = None
+             screen: bool = False, contexts: list[dict | None] | None = None, parity_only: bool = False
              ) -> Iterator[list[tuple[int, BatchItemResult]]]:
     """Parity then bench of each library in `libs`, `batch` per child, in order. With `screen`, only
-    a short timing of each alone (no parity, no baseline): a ranking hint for a huge space.
+    a short timing of each alone (no parity, no baseline): a ranking hint for a huge space. With
+    `parity_only`, no bench (`agent check --knobs`: is every allowed value right, not how fast).
     With `contexts` (one per library, agent.evaluate.Evaluator.launch_context), each library's own
     launch plan first gets the static launch check in the child, and a rejected one runs nothing.
 
@@ -45,18 +46,19 @@ def evaluate(task: Task, libs: list[Path], baseline: Path, *, batch: int = 16, l
     exactly once. `limit_s` bounds one library (default: the task's parity + bench timeouts, what
     the loop allows the two children it would run)."""
     limit = limit_s if limit_s is not None else task.spec.parity.timeout_s + task.spec.bench.timeout_s
+    flags = ["--screen"] if screen else ["--parity-only"] if parity_only else []
     for start in range(0, len(libs), max(1, batch)):
         todo = list(range(start, min(start + max(1, batch), len(libs))))
         while todo:
-            settled, todo = _run_child(task, libs, todo, baseline, limit, screen, contexts)
+            settled, todo = _run_child(task, libs, todo, baseline, limit, flags, contexts)
             yield settled
 
 
-def _run_child(task: Task, libs: list[Path], todo: list[int], baseline: Path, limit: float, screen: bool,
+def _run_child(task: Task, libs: list[Path], todo: list[int], baseline: Path, limit: float, flags: list[str],
                contexts: list[dict | None] | None = None) -> tuple[list[tuple[int, BatchItemResult]], list[int]]:
     """One child over `todo`; returns what it settled and what is left for a fresh child."""
     argv = [sys.executable, "-m", CHILD, "--task", str(task.root), "--baseline-lib", str(Path(baseline).resolve()),
-            "--limit-s", str(limit), *(["--screen"] if screen else [])]
+            "--limit-s", str(limit), *flags]
     with tempfile.TemporaryDirectory(prefix="agent-batch-") as tmp:
         if contexts is not None:
             path = Path(tmp) / "contexts.json"

@@ -7,6 +7,7 @@ reader who must act on it (the proposer or the user).
 from __future__ import annotations
 
 from enum import Enum
+from typing import Literal
 
 from pydantic import BaseModel, Field
 
@@ -235,6 +236,25 @@ class BatchItemResult(BaseModel):
     seconds: float = 0.0
 
 
+KnobWhich = Literal["each", "all"]
+
+
+class KnobFailure(BaseModel):
+    knobs: dict[str, int]        # the whole configuration
+    moved: dict[str, int]        # the knobs whose value differs from the committed one
+    outcome: str                 # compile_failed | launch_rejected | parity_failed | crashed | timeout
+    reason: str
+
+
+class KnobCheck(BaseModel):
+    """`agent check --knobs each|all` (agent/knobcheck.py): every other allowed value built and parity-checked."""
+    which: KnobWhich
+    committed: dict[str, int]
+    configurations: int          # checked besides the committed one
+    passed: int
+    failures: list[KnobFailure] = []
+
+
 class CheckSummary(BaseModel):
     """`agent check TASK`: the four instruments in order, stopping at the first failure."""
     schema_version: int = RESULT_SCHEMA
@@ -243,4 +263,5 @@ class CheckSummary(BaseModel):
     launch: LaunchResult | None = None
     parity: ParityResult | None = None
     bench: list[BenchResult] = Field(default_factory=list)
+    knobs: KnobCheck | None = None      # --knobs each|all: the other allowed values' build and parity
     ok: bool

@@ -8,6 +8,8 @@ import platform
 import shutil
 import subprocess
 import sys
+import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Literal
 
@@ -26,6 +28,9 @@ def register(subparsers) -> None:
                    "repository's kernels/ that fits this machine)")
     p.add_argument("--build-dir", type=Path, default=None)
     p.add_argument("--json", action="store_true", help="print the CheckSummary as JSON")
+    p.add_argument("--knobs", choices=["committed", "each", "all"], default="committed",
+                   help="which knob values get build and parity: the committed ones (default); each allowed value, "
+                        "one knob at a time; or every configuration the restrictions allow")
     p.set_defaults(func=cmd_check)
     d = subparsers.add_parser("doctor", help="what this machine has: GPU, compilers, ncu, torch, LLM endpoint")
     d.add_argument("--json", action="store_true")
@@ -53,10 +58,12 @@ def _ignore_runs(runs: Path) -> None:
         pass                 # no repository: nothing to keep clean
 
 
-def run_check(task_path: Path, build_dir: Path | None = None) -> tuple[CheckSummary, _Steps]:
+def run_check(task_path: Path, build_dir: Path | None = None, knobs: str = "committed",
+              say: Callable[[str], None] = lambda _: None) -> tuple[CheckSummary, _Steps]:
     """Build, then the pipeline every candidate goes through (Evaluator.evaluate_candidate: the static
     launch check, parity and the main-shape bench with the reference, in one child), then the dynamic
-    launch check where a GPU is visible. Stops at the first failure."""
+    launch check where a GPU is visible; then, with `knobs` each or all, the other allowed knob values
+    (agent/knobcheck.py). Stops at the first failure; `say` gets the progress of the knobs' builds."""
     from agent.attempt import Attempt
     from agent.evaluate import CompileFailed, Evaluator, IterationEnded
     from agent.review.show import throughput
@@ -128,6 +135,17 @@ def run_check(task_path: Path, build_dir: Path | None = None) -> tuple[CheckSumm
         if summary.launch is not a.launch:
             steps.add("launch (trace)", summary.launch.status.value, summary.launch.message)
     summary.ok = True
+    if task.spec.knobs and knobs in ("each", "all"):
+        from agent.knobcheck import check_knobs, summary_line
+        out = Path(tempfile.mkdtemp(prefix=".knobs-", dir=build_dir.parent))   # runs/_build: out of git status
+        summary.knobs = check_knobs(task, knobs, Path(b.lib_path), build_dir, out, say)   # type: ignore[arg-type]
+        summary.ok = not summary.knobs.failures
+        steps.add(f"knobs ({knobs})", "ok" if summary.ok else "failed", summary_line(summary.knobs))
+    elif task.spec.knobs:
+        from agent.knobcheck import configurations
+        n = {w: len(configurations(task, w)[1]) for w in ("each", "all")}   # type: ignore[arg-type]
+        steps.add("knobs", "note", f"only the committed values checked; --knobs each builds and checks each other "
+                  f"allowed value ({n['each']} configurations), --knobs all every configuration ({n['all']})")
     return summary, steps
 
 
@@ -139,7 +157,9 @@ def cmd_check(args) -> int:
         make_console(stderr=True).print(f"[red]error[/red]: {escape(str(e))}", highlight=False)
         return 2
     make_console(stderr=True).print(why, highlight=False, markup=False)
-    summary, steps = run_check(task_path, args.build_dir)
+    err = make_console(stderr=True)
+    summary, steps = run_check(task_path, args.build_dir, args.knobs,
+                               lambda line: err.print(line, highlight=False, markup=False))
     if args.json:
         print(summary.model_dump_json())
     else:
@@ -153,6 +173,14 @@ def cmd_check(args) -> int:
             # the detail quotes the compiler and the instruments: text, not markup (`xr[i]` kept its `[i]`)
             t.add_row(Text(step), Text(status, style=colors.get(status, "red")), Text(detail))
         out.print(t)
+        if summary.knobs is not None and summary.knobs.failures:
+            f = Table(title="knob values that fail")
+            for col in ("knobs (moved from the committed values)", "outcome", "reason"):
+                f.add_column(col, overflow="fold")
+            for x in summary.knobs.failures:
+                f.add_row(Text(", ".join(f"{k}={v}" for k, v in x.moved.items())), Text(x.outcome, style="red"),
+                          Text(x.reason))
+            out.print(f)
         missing = [step for step, status, _ in steps.rows if status == "not available"]
         if summary.ok:
             out.print("[green]all checks passed[/green]")
