@@ -18,6 +18,7 @@ from agent.runlog import RunConfig, RunState, StageTimes, write_json_atomic
 from agent.view import View
 from tools.profile.model import ProfileReport
 from tools.results import BenchResult, LaunchResult
+from tools.stats import ci_text
 from tools.task import shape_label
 
 
@@ -64,7 +65,8 @@ class Best:
         dump(self.run_dir / "initial" / "bench.json", bench)
         self.reprofile(self.run_dir / "initial")
         self.save()
-        vs_ref = f", reference {st.reference_ms * 1e3:.1f} us" if st.reference_ms else (
+        rci = bench.speedup_vs_reference_ci
+        vs_ref = f", reference {st.reference_ms * 1e3:.1f} us: {ci_text(rci)} vs reference" if st.reference_ms else (
             ", reference unstable: no figure against it (its rounds disagreed in two benches; initial/bench.json)"
             if ref else "")
         self.view.message(f"initial: {st.initial_ms * 1e3:.1f} us{vs_ref}")
@@ -150,6 +152,8 @@ class Best:
         st.confirmed_vs_reference = b.speedup_vs_reference
         rci = b.speedup_vs_reference_ci
         st.confirmed_vs_reference_low, st.confirmed_vs_reference_high = (rci.low, rci.high) if rci else (None, None)
+        st.confirmed_ms = {t.label: t.median_ms for t in b.timings
+                           if t.label != "reference" or b.speedup_vs_reference is not None}
         self.save()
 
 

@@ -82,6 +82,28 @@ def initial_vs_reference(st: RunState) -> float | None:
     return base if _finite(base) else None
 
 
+def us(ms: float | None) -> str:
+    """A time given in milliseconds, in the unit that reads best."""
+    if ms is None or not math.isfinite(ms):
+        return "-"
+    return f"{ms:.3f} ms" if ms >= 1.0 else f"{ms * 1e3:.1f} us"
+
+
+def times_line(st: RunState) -> str:
+    """The best's, the initial kernel's and the reference's medians, each group labelled with the
+    measurement it comes from: three medians from different benches minutes apart do not divide into
+    the figures beside them, and a reader will divide them."""
+    c = st.confirmed_ms if st.confirmed_sha and st.confirmed_sha == st.best_sha and st.best_iteration else None
+    if c and _finite(c.get("candidate")):
+        ref = us(c["reference"]) if "reference" in c else "unstable"
+        return f"{us(c['candidate'])} (initial {us(c.get('baseline'))}, reference {ref}; the confirmation bench)"
+    ref = us(st.reference_ms) if st.reference_ms is not None else "unstable or not timed"
+    if st.best_iteration is None:
+        return f"{us(st.best_ms)}, the initial kernel (reference {ref}; the setup bench)"
+    return (f"{us(st.best_ms)} (its keep's bench); initial {us(st.initial_ms)}, reference {ref} "
+            "(the setup bench, earlier: not comparable with the best's time)")
+
+
 def figures_line(st: RunState) -> str:
     """One line with both figures and their source, the same wherever a run's result is shown."""
     vi, vr = best_figure(st, "initial"), best_figure(st, "reference")

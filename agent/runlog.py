@@ -177,6 +177,9 @@ class RunState(BaseModel):
     confirmed_vs_reference: float | None = None
     confirmed_vs_reference_low: float | None = None
     confirmed_vs_reference_high: float | None = None
+    # that bench's medians by arm (candidate: the best, baseline: the initial kernel, reference where
+    # its figure was stable), so that the times shown beside the figures are the same measurement's
+    confirmed_ms: dict[str, float] | None = None
 
 
 # --- reading and writing ------------------------------------------------------------------

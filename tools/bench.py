@@ -37,7 +37,8 @@ from tools.probes import PROBES, Probe, wrong
 from tools.results import BenchResult, BenchStatus, DevicePeak, SpeedupCI
 from tools.roofline import spec_peak
 from tools.sandbox import ProcStatus, run_python_json
-from tools.stats import REF_SPREAD, ci_text, speedup_ci, spread, stats
+from tools.refcheck import settle
+from tools.stats import ci_text, speedup_ci, stats
 from tools.task import Task, load_task, shape_label
 
 
@@ -126,6 +127,12 @@ class LocalRuns:
         import torch
         return torch.get_num_threads()
 
+    def one_thread(self, fn, n: int) -> list[float]:
+        """`fn` timed n times with torch on one CPU thread (tools/refcheck.py: do its threads wait?)."""
+        from tools.clocks import one_torch_thread
+        with one_torch_thread():
+            return self.clock.run(fn, n)
+
 
 def device_info(task: Task) -> tuple[str, DevicePeak | None]:
     device_name = task.backend.device_name()
@@ -189,20 +196,9 @@ def _bench_shape(task, mod, runs, shape, with_reference, device_name="") -> Benc
             retimed = f"; timed twice, the first bench's clocks disagreed ({first})"
         else:
             clock_why += f" (the same in a second bench; the first: {first})"
-    unstable = ""
-    if spread(cis.get("reference")) > REF_SPREAD and clock_why is None and spot.why is None:
-        # The reference's rounds disagree by more than a machine's noise (torch's intra-op threads
-        # stalling on a loaded 2-core machine: its median 0.071 ms, its p90 6.8 ms; a newcomer's run
-        # printed 0.087x [0.085, 8.565] and, elsewhere, 7.98x for one kernel). Timed once more; a
-        # figure only from a bench where it is stable.
-        first = cis["reference"]
-        got2, cis2, clocks2 = _again(runs, arms, b, spot)
-        if clocks2 is None and spot.why is None and spread(cis2.get("reference")) <= REF_SPREAD:
-            got, cis = got2, cis2
-            retimed += f"; timed twice, the first bench's figure against the reference was unstable ({ci_text(first)})"
-        else:
-            unstable = (f", vs reference unstable: its rounds' ratios spanned {ci_text(first)} and "
-                        f"{ci_text(cis2.get('reference'))} in two benches (more than {REF_SPREAD:g}x apart): no figure")
+    got, cis, more, unstable = settle(runs, arms, b, spot, lambda: _again(runs, arms, b, spot), got, cis, clock_why,
+                                      task.backend.gpu)
+    retimed += more
     timings = [stats(label, got[label], flops, nbytes) for label, _ in arms]
     ci, ref_ci = cis.get("baseline"), (None if unstable else cis.get("reference"))
     cand_med = timings[0].median_ms
@@ -211,7 +207,7 @@ def _bench_shape(task, mod, runs, shape, with_reference, device_name="") -> Benc
     on = f" (on {threads} CPU thread{'s' * (threads != 1)})" if threads and not task.backend.gpu else ""
     status, msg = BenchStatus.ok, (f"{shape_label(shape)}: candidate median {cand_med:.4g} ms"
                                    + (f", {ci.median:.3f}x vs baseline (95% CI {ci.low:.3f}-{ci.high:.3f})" if ci else "")
-                                   + (f", {vs_ref:.3f}x vs reference{on}" if vs_ref else "") + unstable + retimed)
+                                   + (f", {ci_text(ref_ci)} vs reference{on}" if ref_ci else "") + unstable + retimed)
     why = clock_why or spot.why
     if why is not None:
         status, msg = BenchStatus.suspicious, why

@@ -92,3 +92,15 @@ def estimate_and_warm(clock, fn, warmup_ms: float) -> float:
     est = clock.rep_cost(fn)
     clock.run(fn, max(1, int(warmup_ms / max(est, 1e-4))))
     return clock.rep_cost(fn)
+
+
+@contextlib.contextmanager
+def one_torch_thread():
+    """torch's intra-op work on one CPU thread for the block, then back to the count it had."""
+    import torch
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)

@@ -181,6 +181,10 @@ class Host:
 
     def time(self, r: dict) -> dict:
         fn = self.timed["arms"][r["arm"]]
+        if r.get("one_thread"):   # the judge asks whether torch's threads wait (tools/refcheck.py)
+            from tools.clocks import one_torch_thread
+            with one_torch_thread():
+                return {"ok": True, "ms": self.timed["clock"].run(fn, int(r["n"]), offset=int(r["offset"]))}
         return {"ok": True, "ms": self.timed["clock"].run(fn, int(r["n"]), offset=int(r["offset"]))}
 
 

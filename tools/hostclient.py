@@ -246,11 +246,11 @@ class RemoteClock:
             raise HostFailed("error", f"the host answered a rep cost of {ms!r}")
         return float(ms)
 
-    def run(self, arm: str, n: int, offset: int = 0) -> list[float]:
+    def run(self, arm: str, n: int, offset: int = 0, one_thread: bool = False) -> list[float]:
         import math
         import time
         t0 = time.perf_counter()
-        ms = self.host.ask({"op": "time", "arm": arm, "n": n, "offset": offset}).get("ms")
+        ms = self.host.ask({"op": "time", "arm": arm, "n": n, "offset": offset, "one_thread": one_thread}).get("ms")
         outside = (time.perf_counter() - t0) * 1e3
         if (not isinstance(ms, list) or len(ms) != n
                 or not all(isinstance(x, (int, float)) and math.isfinite(x) and x >= 0 for x in ms)):
@@ -290,6 +290,10 @@ class HostRuns:
     def threads(self) -> int | None:
         """torch's CPU threads in the host, as it said when it started."""
         return self.remote.host.info.get("threads")
+
+    def one_thread(self, arm: str, n: int) -> list[float]:
+        """The arm timed n times in the host with torch on one CPU thread (tools/refcheck.py)."""
+        return self.clock.run(arm, n, one_thread=True)
 
     def poison_outs(self, outs: list) -> None:
         """Poison the timed output buffers in the host (SpotCheck: before every library arm's burst)."""

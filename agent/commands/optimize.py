@@ -11,7 +11,7 @@ from rich.text import Text
 
 from agent import gitops
 from agent.best import SetupFailed
-from agent.figures import figures_line
+from agent.figures import figures_line, times_line
 from agent.review.plot import shorten
 from agent.loop import Loop
 from agent.runlog import Decision, LogError, find_run, read_iterations
@@ -136,7 +136,7 @@ def _run_and_summarize(loop: Loop) -> int:
     kept = [r for r in recs if r.decision == Decision.kept]
     best = state.best_sha[:10]
     out.print(
-        f"best: {state.best_ms * 1e3:.2f} us; {figures_line(state)}\n"
+        f"best: {times_line(state)}\nspeedup: {figures_line(state)}\n"
         f"{len(kept)} kept of {len(recs)}; best commit {best} on branch {loop.cfg.branch}\n"
         + (f"review: agent show {loop.cfg.run_id}   cherry-pick: agent cherry-pick {loop.cfg.run_id} --best" if kept
            else f"nothing was kept: review with agent show {loop.cfg.run_id}; agent clean {loop.cfg.run_id} removes "

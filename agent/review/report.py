@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from agent.figures import figures_line
+from agent.figures import figures_line, times_line
 from agent.review.plot import PlotUnavailable, plot_roofline, plot_speedup
 from agent.review.runs import Run
 from agent.review.show import env_pairs, throughput, us, xs
@@ -76,8 +76,7 @@ def render(run: Run, plot_name: str | None, plot_note: str = "", roofline_name: 
     best = "the initial kernel" if st.best_iteration is None else f"iteration {st.best_iteration}"
     L = [f"# Run {cfg.run_id}: {cfg.task}", "",
          f"- **Result**: {figures_line(st)}; target {cfg.target:g}x vs {cfg.baseline}",
-         f"- **Best**: {best}, commit `{st.best_sha[:10]}` on branch `{cfg.branch}`: {us(st.best_ms)} "
-         f"(initial {us(st.initial_ms)}, reference {us(st.reference_ms)})",
+         f"- **Best**: {best}, commit `{st.best_sha[:10]}` on branch `{cfg.branch}`: {times_line(st)}",
          *_throughput_lines(run),
          f"- **Stopped**: {st.status}: {st.stop_reason or '-'}",
          f"- **Iterations**: {len(run.records)} of {cfg.iters}, {len(run.kept())} kept; proposer {cfg.proposer}"

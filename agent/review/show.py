@@ -13,7 +13,7 @@ from rich.syntax import Syntax
 from rich.table import Table
 from rich.text import Text
 
-from agent.figures import figures_line
+from agent.figures import figures_line, times_line, us
 from agent.review.plot import shorten
 from agent.review.runs import Run
 from agent.runlog import Decision, IterationRecord
@@ -22,13 +22,6 @@ from tools.task import shape_label
 
 DECISION_STYLE = {Decision.kept: "green", Decision.reverted: "red", Decision.skipped: "yellow",
                   Decision.interrupted: "magenta"}
-
-
-def us(ms: float | None) -> str:
-    """A time given in milliseconds, in the unit that reads best."""
-    if ms is None or not math.isfinite(ms):
-        return "-"
-    return f"{ms:.3f} ms" if ms >= 1.0 else f"{ms * 1e3:.1f} us"
 
 
 def xs(v: float | None) -> str:
@@ -81,8 +74,7 @@ def run_summary(run: Run) -> RenderableType:
         ("branch", f"{cfg.branch} (from {cfg.base_sha[:10]})"),
         ("started", cfg.started + (f", finished {st.finished}" if st.finished else "")),
         ("status", f"{st.status}: {st.stop_reason or '-'}"),
-        ("best", f"{best}, {st.best_sha[:10]}, {us(st.best_ms)} "
-                 f"(initial {us(st.initial_ms)}, reference {us(st.reference_ms)})"),
+        ("best", f"{best}, {st.best_sha[:10]}, {times_line(st)}"),
         ("speedup", figures_line(st)),
         ("time", stage_line(run)),
         ("usage", f"{st.usage.calls} LLM calls, {st.usage.prompt_tokens + st.usage.completion_tokens} tokens, "
