@@ -61,7 +61,7 @@ def task_error(task_dir: Path) -> str | None:
     try:
         load_task(task_dir)
     except TaskError as e:
-        return f"{e.field}: {e.message}"
+        return e.message if e.field == "-" else f"{e.field}: {e.message}"
     return None
 
 

@@ -61,7 +61,7 @@ def test_a_misspelt_key_elsewhere_is_answered_with_the_closest_known_key(tmp_pat
 
 def test_a_knob_is_named_by_its_name(tmp_path):
     msg = _load_error(_task(tmp_path, lambda t: _knob(t, "BLOCK_N", "default = 16", "default = 17")))
-    assert msg.endswith('task.toml: knobs "BLOCK_N": Value error, knob BLOCK_N: default 17 is not one of its '
+    assert msg.endswith('task.toml: knobs "BLOCK_N": knob BLOCK_N: default 17 is not one of its '
                         "values [16, 32, 64, 128, 256]"), msg
     assert "knobs.2" not in msg, msg
     msg = _load_error(_task(tmp_path / "role", lambda t: _knob(t, "BLOCK_K", 'role = "tile"', 'role = "tiles"')))
@@ -72,7 +72,7 @@ def test_shapes_with_different_keys_are_refused_at_load(tmp_path):
     # before, this loaded, and parity failed on the second shape with `KeyError: 'K'`
     msg = _load_error(_task(tmp_path, lambda t: t.replace("{ M = 96,  N = 160, K = 72 }",
                                                           "{ M = 96,  N = 160, dim = 72 }")))
-    assert msg.endswith("task.toml: shapes: Value error, shape 1 { M = 96, N = 160, dim = 72 } has the keys M, N, dim "
+    assert msg.endswith("task.toml: shapes: shape 1 { M = 96, N = 160, dim = 72 } has the keys M, N, dim "
                         "but shape 0 { M = 64, N = 64, K = 64 } has M, N, K: give every shape the same keys"), msg
     assert "KeyError" not in msg
 
@@ -109,3 +109,43 @@ def test_make_inputs_returning_a_bare_tensor_is_named_in_agent_check(tmp_path):
         "M=64,N=64,K=64 dist=normal: TypeError: task.py's make_inputs returned a Tensor (float32 [64, 64]); it must "
         "return a tuple or list of the inputs (tensors): return a, b; or return (x,) for one"), parity["message"]
     assert "positional arguments" not in parity["message"], parity["message"]
+
+
+def test_make_inputs_returning_a_bare_tensor_is_named_by_the_bench_too(tmp_path):
+    """The bench (and the probes, the profiler's target, the launch tracer) call make_inputs themselves:
+    `python -m tools.bench` on its own gets the same message, not `empty_output() takes 2 positional
+    arguments but 64 were given`."""
+    if not (find_cxx() and find_ninja()):
+        pytest.skip("no C++ compiler or ninja here: the task cannot be built")
+    import subprocess
+    import sys
+    d = _task(tmp_path)
+    py = d / "task.py"
+    py.write_text(py.read_text().replace("return a.to(device).contiguous(), b.to(device).contiguous()",
+                                         "return a.to(device).contiguous()"))
+    res = subprocess.run([sys.executable, "-m", "tools.bench", str(d), "--json"], cwd=REPO, capture_output=True,
+                         text=True, timeout=300)
+    assert res.returncode == 1 and "Traceback" not in res.stderr, res.stdout + res.stderr
+    [r] = json.loads(res.stdout)
+    assert r["status"] == "error" and re.search(r"task.py's make_inputs returned a Tensor \(float32 \[\d+, \d+\]\); "
+                                                r"it must return a tuple", r["message"]), r
+    assert "positional arguments" not in r["message"], r["message"]
+
+
+def test_hidden_shapes_without_a_key_of_the_shapes_are_named_in_agent_check(tmp_path):
+    """A hidden shape lacking a key failed as `KeyError: 'K'` inside the kernel's run; now parity says
+    which function returned what."""
+    if not (find_cxx() and find_ninja()):
+        pytest.skip("no C++ compiler or ninja here: the task cannot be built")
+    root = make_user_repo(tmp_path / "user")
+    py = root / "kernels" / "matmul_cpu" / "task.py"
+    old = '"K": rng.randint(17, 150)}'
+    assert old in py.read_text()
+    py.write_text(py.read_text().replace(old, '"k": rng.randint(17, 150)}'))
+    res = agent(root, "check", "kernels/matmul_cpu", "--json", timeout=300)
+    assert res.returncode == 1 and "Traceback" not in res.stderr, res.stdout + res.stderr
+    parity = json.loads(res.stdout)["parity"]
+    assert parity["status"] == "error", parity
+    assert re.fullmatch(r"task.py's hidden_shapes returned \{ M = \d+, N = \d+, k = \d+ \} with the keys M, N, k, "
+                        r"but task.toml's shapes have M, N, K: give hidden shapes the same keys", parity["message"]), \
+        parity["message"]

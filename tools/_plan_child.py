@@ -61,10 +61,11 @@ def trace(task_dir: str, lib_path: str, shape: dict, dist: str) -> dict:
     import torch
     from torch.profiler import ProfilerActivity, profile
 
+    from tools.task_messages import make_inputs
     if not torch.cuda.is_available():
         return {"ok": False, "error": "no CUDA device visible to torch"}
     mod, lib, _ = _load(task_dir, lib_path)
-    inputs = mod.make_inputs(shape, 0, "cuda", dist)
+    inputs = make_inputs(mod, shape, 0, "cuda", dist)
     out = mod.empty_output(shape, *inputs)
     mod.run(lib, shape, out, *inputs)        # warm-up: module load, cudaFuncSetAttribute, ...
     torch.cuda.synchronize()

@@ -34,12 +34,13 @@ from pathlib import Path
 
 from tools.clocks import estimate_and_warm, reps
 from tools.probes import PROBES, Probe, wrong
+from tools.refcheck import settle
 from tools.results import BenchResult, BenchStatus, DevicePeak, SpeedupCI
 from tools.roofline import spec_peak
 from tools.sandbox import ProcStatus, run_python_json
-from tools.refcheck import settle
 from tools.stats import ci_text, speedup_ci, stats
 from tools.task import Task, load_task, shape_label
+from tools.task_messages import make_inputs
 
 
 
@@ -178,7 +179,7 @@ def _bench_shape(task, mod, runs, shape, with_reference, device_name="") -> Benc
     device = task.backend.torch_device
     sysrng = random.SystemRandom()
     dist = spec.distributions[0]
-    sets = [tuple(mod.make_inputs(shape, sysrng.getrandbits(31), device, dist)) for _ in range(b.input_sets)]
+    sets = [make_inputs(mod, shape, sysrng.getrandbits(31), device, dist) for _ in range(b.input_sets)]
     outs = [mod.empty_output(shape, *s) for s in sets]
     arms = runs.arms(sets, outs, with_reference)
     flops, nbytes = spec.flops(shape), spec.bytes(shape)

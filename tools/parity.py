@@ -31,7 +31,7 @@ from tools.compare import bits_equal, compare, describe, disagree, poison_, pois
 from tools.results import ParityResult, ParityStatus, ShapeCheck
 from tools.sandbox import ProcStatus, run_python_json
 from tools.task import Task, load_task, shape_label
-from tools.task_messages import make_inputs
+from tools.task_messages import hidden_keys_differ, make_inputs
 
 GUARD_BYTES = 64 * 1024
 
@@ -151,7 +151,9 @@ def check(task: Task, mod, lib, *, seed: int, hidden: bool = True, run=None) -> 
     seeds = [rng.getrandbits(31) for _ in range(spec.parity.seeds)]
     shapes: list[tuple[dict, bool]] = [(dict(s), False) for s in spec.shapes]
     if hidden and spec.parity.hidden_shapes and hasattr(mod, "hidden_shapes"):
-        extra = mod.hidden_shapes(random.Random(rng.getrandbits(32)))[:spec.parity.hidden_shapes]
+        extra = list(mod.hidden_shapes(random.Random(rng.getrandbits(32))))[:spec.parity.hidden_shapes]
+        if (why := hidden_keys_differ([shapes[0][0]], extra)) is not None:
+            return ParityResult(status=ParityStatus.error, message=why)
         shapes += [(dict(s), True) for s in extra]
     sync = backend.sync
     checks: list[ShapeCheck] = []

@@ -29,6 +29,7 @@ from typing import Any, Callable
 from tools.compare import compare, describe, dtype_name, poison_, tolerance_for
 from tools.roofline import floor_ms
 from tools.task import Task, shape_label
+from tools.task_messages import make_inputs
 
 SIDE_STREAM_MIN_WALL_MS = 0.05
 BURST = 3
@@ -63,7 +64,7 @@ class Probe:
     rng: random.SystemRandom = field(default_factory=random.SystemRandom)
 
     def inputs(self, dist: str) -> tuple:
-        return tuple(self.mod.make_inputs(self.shape, self.rng.getrandbits(31), self.device, dist))
+        return make_inputs(self.mod, self.shape, self.rng.getrandbits(31), self.device, dist)
 
     def wrong(self, out, inputs: tuple, dist: str, exp=None) -> str | None:
         """Why `out` is not the reference's answer for `inputs` (`exp`, where computed before the call),

@@ -32,7 +32,8 @@ class TaskError(Exception):
 
     def __init__(self, path: Path | str, field: str, message: str):
         self.path, self.field, self.message = str(path), field, message
-        super().__init__(f"{path}: {field}: {message}")
+        # "-": the file as a whole, or a rule across fields (section 3.1 of docs/TASKS.md): no field to name
+        super().__init__(f"{path}: {message}" if field == "-" else f"{path}: {field}: {message}")
 
 
 class _Strict(BaseModel):

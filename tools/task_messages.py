@@ -20,8 +20,8 @@ def validation_message(e: ValidationError, raw: dict, model: type[BaseModel]) ->
     # a misspelt key also leaves the key it meant missing: the typo is the cause, report it first
     err = next((x for x in errors if x["type"] == "extra_forbidden"), errors[0])
     loc = err["loc"]
-    if err["type"] != "extra_forbidden":
-        return _field(loc, raw), err["msg"]
+    if err["type"] != "extra_forbidden":   # our validators' messages, without pydantic's "Value error, "
+        return _field(loc, raw), err["msg"].removeprefix("Value error, ")
     known = list(_model_at(model, loc[:-1]).model_fields)
     table = _value_at(raw, loc[:-1])
     unset = [k for k in known if not (isinstance(table, dict) and k in table)]
@@ -77,6 +77,19 @@ def shape_keys_differ(shapes: list[dict]) -> str | None:
         if set(s) != set(first):
             return (f"shape {i} {_toml(s)} has the keys {', '.join(s)} but shape 0 {_toml(shapes[0])} has "
                     f"{', '.join(first)}: give every shape the same keys")
+    return None
+
+
+def hidden_keys_differ(shapes: list[dict], hidden: list) -> str | None:
+    """Why a shape task.py's hidden_shapes returned is not one the task can run (checked as parity
+    draws them: they are made at random, never in task.toml)."""
+    first = list(shapes[0])
+    for s in hidden:
+        if not isinstance(s, dict):
+            return f"task.py's hidden_shapes returned {type(s).__name__} {str(s)[:80]!r} among its shapes: each is a dict"
+        if set(s) != set(first):
+            return (f"task.py's hidden_shapes returned {_toml(s)} with the keys {', '.join(map(str, s))}, but "
+                    f"task.toml's shapes have {', '.join(first)}: give hidden shapes the same keys")
     return None
 
 

@@ -55,6 +55,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
     from tools.task import load_task
+    from tools.task_messages import make_inputs
 
     task = load_task(a.task)
     spec = task.spec
@@ -62,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     mod = task.module()
     backend = task.backend
     lib = backend.load(a.lib)
-    inputs = mod.make_inputs(shape, 0, backend.torch_device, spec.distributions[0])
+    inputs = make_inputs(mod, shape, 0, backend.torch_device, spec.distributions[0])
     out = mod.empty_output(shape, *inputs)
     sync = backend.sync
 
