@@ -94,12 +94,12 @@ class Evaluator:
         # an earlier build of the task whose objects of non-editable sources may be linked as they are
         # (the sweep: a torch extension's binding compiled once, not per configuration)
         self.reuse_objects: Path | list[Path] | None = None
-        # each child that loads a candidate runs in a directory of its own under here (tools/scratch.py)
+        # each child that loads a candidate runs in a directory of its own under here (tools/isolation/scratch.py)
         self.scratch_root = scratch_root or Path(build_dir).parent / "scratch"
-        # the user's checkout: file modes compared around each candidate child (tools/checkout.py)
+        # the user's checkout: file modes compared around each candidate child (tools/isolation/checkout.py)
         self.watch = None
         if checkout is not None:
-            from tools.checkout import CheckoutWatch
+            from tools.isolation.checkout import CheckoutWatch
             self.watch = CheckoutWatch(checkout)
 
     def _modes(self) -> dict | None:

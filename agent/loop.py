@@ -27,7 +27,7 @@ from agent.runlog import (Decision, IterationRecord, LogError, Outcome, RunConfi
                           read_config, read_iterations, read_state)
 from agent.signals import DeferSigint
 from agent.view import View
-from tools import scratch
+from tools.isolation import scratch
 from tools.device import task_limits
 from tools.profile.compact import profile_summary
 from tools.task import load_task

@@ -45,7 +45,7 @@ class Outcome(str, Enum):
     bench_failed = "bench_failed"
     not_faster = "not_faster"
     implausible = "implausible"     # speedup failed re-verification
-    touched_checkout = "touched_checkout"   # changed a file mode in the user's checkout (tools/checkout.py)
+    touched_checkout = "touched_checkout"   # changed a file mode in the user's checkout (tools/isolation/checkout.py)
     interrupted = "interrupted"
     budget_exhausted = "budget_exhausted"
 

@@ -1,4 +1,4 @@
-"""The fork server (tools/forkserver.py): a judge forked from a warm parent keeps what run_isolated
+"""The fork server (tools/isolation/forkserver.py): a judge forked from a warm parent keeps what run_isolated
 promises a child started afresh: its own session, its own directory and environment, only its own
 pipes, a typed outcome with the real exit status, the group killed on timeout, and death with the agent."""
 
@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from tools.forkserver import forkserver
-from tools.sandbox import ProcStatus, _finish, python_env
+from tools.isolation.forkserver import forkserver
+from tools.isolation.sandbox import ProcStatus, _finish, python_env
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="needs Linux")
 PROBE = "tests.fixtures.forkprobe"
@@ -88,8 +88,8 @@ def test_the_server_and_its_children_die_with_the_agent(tmp_path):
     script = textwrap.dedent(f"""
         import json, os, sys, time
         sys.path.insert(0, {str(Path(__file__).resolve().parent.parent)!r})
-        from tools.forkserver import forkserver
-        from tools.sandbox import python_env
+        from tools.isolation.forkserver import forkserver
+        from tools.isolation.sandbox import python_env
         s = forkserver(python_env())
         env = {{"PATH": os.environ["PATH"], "PYTHONPATH": s.env["PYTHONPATH"]}}
         p = s.spawn({PROBE!r}, ["sleep", "120"], {str(tmp_path)!r}, env, False)

@@ -1,4 +1,4 @@
-"""tools.sandbox: a child that times out or finishes takes everything it started with it. Real processes."""
+"""tools.isolation.sandbox: a child that times out or finishes takes everything it started with it. Real processes."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tools.sandbox import ProcStatus, run_isolated
+from tools.isolation.sandbox import ProcStatus, run_isolated
 
 pytestmark = pytest.mark.skipif(not Path("/proc/self").exists(), reason="needs /proc")
 
@@ -79,8 +79,8 @@ def test_a_child_writes_only_into_its_scratch_directory_which_is_listed_and_remo
     working directory (the user's checkout); what it wrote is listed with sizes, then removed."""
     import json
 
-    from tools import scratch
-    from tools.sandbox import prestart_python, run_python_json
+    from tools.isolation import scratch
+    from tools.isolation.sandbox import prestart_python, run_python_json
     checkout = tmp_path / "checkout"
     checkout.mkdir()
     monkeypatch.chdir(checkout)
@@ -105,12 +105,12 @@ def test_a_child_writes_only_into_its_scratch_directory_which_is_listed_and_remo
 
 
 def test_the_fence_lets_a_process_write_only_in_its_scratch_directory(tmp_path):
-    """tools.confine.fence_scratch (Landlock): after it, creating or writing a file outside the scratch
+    """tools.isolation.confine.fence_scratch (Landlock): after it, creating or writing a file outside the scratch
     directory fails with EACCES, inside it works, and so does everything the process starts."""
     import json
     import subprocess
 
-    from tools.confine import landlock_abi
+    from tools.isolation.confine import landlock_abi
     if landlock_abi() == 0:
         pytest.skip("no Landlock on this kernel")
     inside, outside = tmp_path / "scratch", tmp_path / "checkout"
@@ -119,7 +119,7 @@ def test_the_fence_lets_a_process_write_only_in_its_scratch_directory(tmp_path):
     (outside / "tracked.txt").write_text("user's work\n")
     code = f"""
 import json, os, subprocess, sys
-from tools.confine import fence_scratch
+from tools.isolation.confine import fence_scratch
 assert fence_scratch({str(inside)!r})
 got = {{}}
 for name, path in (("inside", {str(inside / 'a.log')!r}), ("outside", {str(outside / 'b.log')!r}),

@@ -17,7 +17,7 @@ from tests.userrepo import agent, make_user_repo, snapshot
 from tools import batch
 from tools.build import build
 from tools.results import BatchStatus
-from tools.sandbox import ProcResult, ProcStatus
+from tools.isolation.sandbox import ProcResult, ProcStatus
 from tools.task import load_task
 
 BODY = "int M, int N, int K) {\n"

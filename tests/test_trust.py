@@ -32,7 +32,7 @@ from agent.runlog import Decision, IterationRecord, read_iterations, read_state
 from tests.fixtures.cheats.trust import FORGERIES, GOOD, TRUST_CASES, WRITE_RELATIVE, WRITES, proposal
 from tests.test_verification import verification_repo
 from tests.userrepo import agent, git, snapshot
-from tools.confine import landlock_abi
+from tools.isolation.confine import landlock_abi
 
 # the real improvement first: it is judged against the task's own kernel (its LOOP_ORDER edit applies
 # there); the writers are fast honest kernels judged on merit, so they may be kept after it

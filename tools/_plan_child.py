@@ -107,6 +107,6 @@ def main(argv: list[str]) -> int:
 
 if __name__ == "__main__":
     # before any candidate code is loaded: writes only in this process's scratch directory
-    from tools.confine import fence_scratch
+    from tools.isolation.confine import fence_scratch
     fence_scratch()
     sys.exit(main(sys.argv[1:]))

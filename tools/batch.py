@@ -22,8 +22,8 @@ from pathlib import Path
 
 from tools.parity import child_failure
 from tools.results import BatchItemResult, BatchStatus
-from tools.sandbox import ProcResult, ProcStatus, python_env, run_isolated
-from tools.scratch import Scratch
+from tools.isolation.sandbox import ProcResult, ProcStatus, python_env, run_isolated
+from tools.isolation.scratch import Scratch
 from tools.task import Task
 
 CHILD = "tools._batch_child"

@@ -37,7 +37,7 @@ from tools.probes import PROBES, Probe, wrong
 from tools.refcheck import settle
 from tools.results import BenchResult, BenchStatus, DevicePeak, SpeedupCI
 from tools.roofline import spec_peak
-from tools.sandbox import ProcStatus, run_python_json
+from tools.isolation.sandbox import ProcStatus, run_python_json
 from tools.stats import ci_text, speedup_ci, stats
 from tools.task import Task, load_task, shape_label
 from tools.task_messages import make_inputs

@@ -23,7 +23,7 @@ from tools.pch import ensure as ensure_pch, pch_flags, pch_sources
 from tools.toolchain import cuda_home, demangle, find_cxx, find_ninja, find_nvcc, toolchain_hint
 from tools.results import BuildResult, BuildStatus, KernelResources
 from tools.reuse import reusable_from, reusable_halves
-from tools.sandbox import ProcStatus, run_isolated
+from tools.isolation.sandbox import ProcStatus, run_isolated
 from tools.task import Task, TaskError, load_task
 
 CXX_EXT = {".cpp", ".cc", ".cxx", ".c"}

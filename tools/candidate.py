@@ -12,7 +12,7 @@ from typing import NamedTuple
 from tools.bench import failed_bench
 from tools.parity import child_failure, child_status
 from tools.results import BenchResult, LaunchResult, LaunchStatus, ParityResult, ParityStatus
-from tools.sandbox import STAGE_MARK, Prestarted, ProcStatus, child_json, prestart_python
+from tools.isolation.sandbox import STAGE_MARK, Prestarted, ProcStatus, child_json, prestart_python
 from tools.task import Task
 
 

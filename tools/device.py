@@ -179,7 +179,7 @@ def ncu_counter_probe(timeout_s: float = 120) -> CounterProbe:
         return CounterProbe(status="ncu_missing", message="ncu not found")
     if not torch_cuda_available():
         return CounterProbe(status="no_gpu", message="no CUDA GPU visible to torch")
-    from tools.sandbox import run_isolated
+    from tools.isolation.sandbox import run_isolated
     with tempfile.TemporaryDirectory() as tmp:
         res = run_isolated([ncu, "--metrics", "sm__cycles_elapsed.avg", "--launch-count", "1", "--target-processes",
                             "all", sys.executable, "-c", _PROBE], timeout_s, cwd=tmp)

@@ -1,6 +1,6 @@
 """The kernel host: `python -m tools.host`, the only process that loads a candidate's code.
 
-It is started by the judge (tools/judge.py), fenced to its scratch directory (tools/confine.py)
+It is started by the judge (tools/judge.py), fenced to its scratch directory (tools/isolation/confine.py)
 before anything is loaded, and takes requests as JSON lines on stdin. It answers each with one JSON
 line on a private copy of its original stdout (fd 1 is pointed at stderr first, so a kernel's printf
 lands on stderr). It computes no verdict: it loads libraries, fills the buffers the judge describes
@@ -210,6 +210,6 @@ def main() -> int:
 
 if __name__ == "__main__":
     # before any candidate code is loaded: writes only in this process's scratch directory
-    from tools.confine import fence_scratch
+    from tools.isolation.confine import fence_scratch
     fence_scratch()
     sys.exit(main())

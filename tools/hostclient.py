@@ -16,9 +16,9 @@ import time
 import weakref
 from pathlib import Path
 
-from tools.forkserver import become_child, die_with_parent, exit_with
+from tools.isolation.forkserver import become_child, die_with_parent, exit_with
 from tools.host import load_into, save
-from tools.scratch import Scratch
+from tools.isolation.scratch import Scratch
 from tools.stats import outside_check
 
 MAX_ANSWER = 16 << 20
@@ -52,7 +52,7 @@ def _fork_host(cwd: Path, env: dict[str, str]) -> _Forked | None:
     if pid == 0:   # the host; never returns into the judge's code
         def body() -> int:
             become_child(parent, [req_r, ans_w, 2], str(cwd), env, replace_env=False)
-            from tools.confine import fence_scratch
+            from tools.isolation.confine import fence_scratch
             from tools.host import main
             fence_scratch()
             return main()

@@ -35,7 +35,7 @@ from pathlib import Path
 
 from tools.hostclient import HostClient, HostFailed, HostRuns, Remote
 from tools.runner import private_stdout
-from tools.sandbox import STAGE_MARK
+from tools.isolation.sandbox import STAGE_MARK
 
 def mark(stage: str) -> None:
     """Say on stderr which stage starts: the agent charges a crash or timeout of this child to it."""

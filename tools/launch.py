@@ -21,7 +21,7 @@ from pathlib import Path
 
 from tools.results import (BuildResult, BuildStatus, DeviceLimits, KernelResources, Launch, LaunchResult,
                            LaunchStatus, LaunchViolation)
-from tools.sandbox import ProcStatus, run_python_json
+from tools.isolation.sandbox import ProcStatus, run_python_json
 from tools.task import Task
 
 CHILD = "tools._plan_child"

@@ -29,7 +29,7 @@ from typing import Any
 
 from tools.compare import bits_equal, compare, describe, disagree, poison_, poisoned_mask, tolerance_for
 from tools.results import ParityResult, ParityStatus, ShapeCheck
-from tools.sandbox import ProcStatus, run_python_json
+from tools.isolation.sandbox import ProcStatus, run_python_json
 from tools.task import Task, load_task, shape_label
 from tools.task_messages import hidden_keys_differ, make_inputs
 

@@ -136,7 +136,7 @@ def ensure(cxx: str, flags: list[str], timeout_s: float, make: bool = True) -> P
     """The precompiled header for these flags: from the cache, or built now (once, under a lock).
     `make` False: from the cache only (a file compiled once per task, a binding, is not worth 35 s and
     0.76 GB, but takes one an editable file of any task made: 13 s instead of 24 on 2 cores)."""
-    from tools.sandbox import ProcStatus, run_isolated
+    from tools.isolation.sandbox import ProcStatus, run_isolated
     if os.environ.get("AGENT_PCH") == "0":
         return Pch(None, "off (AGENT_PCH=0)")
     ident = _compiler_id(cxx)

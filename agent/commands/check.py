@@ -69,7 +69,7 @@ def run_check(task_path: Path, build_dir: Path | None = None, knobs: str = "comm
     from agent.review.show import throughput
     from agent.runlog import StageTimes
     from tools.build import default_build_dir
-    from tools.checkout import checkout_of
+    from tools.isolation.checkout import checkout_of
     from tools.task import load_task
 
     task = load_task(task_path)

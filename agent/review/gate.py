@@ -67,7 +67,7 @@ def _git(root: Path, *args: str) -> subprocess.CompletedProcess:
 
 
 def repo_root(path: Path) -> Path:
-    from tools.checkout import checkout_of
+    from tools.isolation.checkout import checkout_of
     root = checkout_of(path)
     if root is None:
         raise GateError(f"{path} is not inside a git repository: the gate compares against a recorded commit")
@@ -133,7 +133,7 @@ def gate(task_dir: Path, against: str | None, limit: float, runs_dir: Path | Non
     try:
         base_task = export_task(root, sha, task_rel, tmp / "baseline-src")
         limits = _limits(task)
-        cur = Evaluator(task, tmp / "build-current", limits, checkout=root)   # modes watched (tools/checkout.py)
+        cur = Evaluator(task, tmp / "build-current", limits, checkout=root)   # modes watched (tools/isolation/checkout.py)
         base = Evaluator(base_task, tmp / "build-baseline", limits, checkout=root)
         try:
             b = cur.build(times)

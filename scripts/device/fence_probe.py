@@ -1,7 +1,7 @@
-"""Does CUDA work in a process fenced by tools/confine.py? (run on the GPU machine, from the repository root)
+"""Does CUDA work in a process fenced by tools/isolation/confine.py? (run on the GPU machine, from the repository root)
 
 Each case starts a fresh Python with a scratch directory, applies a Landlock ruleset (None: no fence;
-"product": tools.confine.fence_scratch() as the candidate children do; a list: the scratch directory,
+"product": tools.isolation.confine.fence_scratch() as the candidate children do; a list: the scratch directory,
 the device files and these paths writable) and reports whether torch sees the GPU and can allocate.
 The H200 host needed writes beneath /proc/PID (cudaGetDeviceCount failed with error 304 without).
 """
@@ -18,7 +18,7 @@ CASES = {"none": None, "product": "product", "scratch+devices only": [], "+/proc
 CODE = r'''
 import json, os, sys
 extra = json.loads(sys.argv[1])
-from tools import confine
+from tools.isolation import confine
 if extra == "product":
     assert confine.fence_scratch()
 elif extra is not None:
@@ -32,7 +32,7 @@ except Exception as e:
     err = " ".join(str(e).split())[:160]
 print(json.dumps({"cuda": ok, "alloc_error": err}))
 '''
-print("fence:", __import__("tools.confine", fromlist=["describe"]).describe())
+print("fence:", __import__("tools.isolation.confine", fromlist=["describe"]).describe())
 for name, extra in CASES.items():
     d = tempfile.mkdtemp()
     env = {**os.environ, "AGENT_SCRATCH": d, "HOME": d, "TMPDIR": d,

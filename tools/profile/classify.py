@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 
 from tools.profile.model import Bottleneck, KernelProfile, ProfileStatus
-from tools.sandbox import ProcResult, ProcStatus
+from tools.isolation.sandbox import ProcResult, ProcStatus
 
 HINTS: dict[ProfileStatus, str] = {
     ProfileStatus.ncu_not_found: "install Nsight Compute and put `ncu` on PATH (or set NCU=/path/to/ncu)",

@@ -16,7 +16,7 @@ from pydantic import BaseModel
 from tools.profile.classify import HINTS, classify_bottleneck
 from tools.profile.model import KernelProfile, ProfileEnv, ProfileReport, ProfileStatus
 from tools.results import KernelResources
-from tools.sandbox import REPO_ROOT, python_env, run_isolated
+from tools.isolation.sandbox import REPO_ROOT, python_env, run_isolated
 from tools.task import Task
 
 

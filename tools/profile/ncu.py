@@ -29,7 +29,7 @@ from tools.profile.model import ProfileEnv, ProfileReport, ProfileStatus
 from tools.toolchain import find_ncu
 from tools.profile.reader import read_report_isolated as read_report
 from tools.profile.target import shape_index, target_argv
-from tools.sandbox import REPO_ROOT, ProcResult, python_env, run_isolated
+from tools.isolation.sandbox import REPO_ROOT, ProcResult, python_env, run_isolated
 from tools.task import Task
 
 TIER_SECTIONS = {

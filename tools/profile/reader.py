@@ -241,7 +241,7 @@ def read_report_isolated(path: str | Path, source: str = "report", timeout_s: fl
     """read_report in a child process: ncu_report is native code, and a crash in it (it can crash in a
     process that has torch and two ncu_report builds loaded) must not take the agent down. The child
     prints the report as one JSON line."""
-    from tools.sandbox import ProcStatus, run_python_json
+    from tools.isolation.sandbox import ProcStatus, run_python_json
     res, data = run_python_json("tools.profile.reader", [str(path), "--source", source], timeout_s)
     if data is not None:
         return ProfileReport.model_validate(data)

@@ -3,7 +3,7 @@
 `fence_scratch()` is called by each child that loads candidate code (the judge's host tools/host.py, the
 launch-plan and batch children) before it loads any: with Landlock (Linux >= 5.13, unprivileged, irrevocable,
 inherited by everything the process starts) the process may then create, write, truncate, rename or
-delete files only beneath its scratch directory ($AGENT_SCRATCH, tools/scratch.py) and write to a few
+delete files only beneath its scratch directory ($AGENT_SCRATCH, tools/isolation/scratch.py) and write to a few
 device files (/dev/null, the GPU's /dev/nvidia*). A write by absolute path into the user's checkout,
 beside the library or anywhere else fails with EACCES. Where the kernel has Landlock ABI 6, the
 process also cannot signal processes outside its own domain (the agent, the judge of its results).

@@ -5,7 +5,7 @@ afresh (1.3-1.6 s of CPU a check on a 2-core machine; the suite starts some 200 
     server = forkserver(python_env())            # started on first use, ended with this process
     child = server.spawn("tools.judge", args, cwd=..., env=..., stdin=True)   # a Popen-like child
 
-The child keeps run_isolated's guarantees (tools/sandbox.py): a session of its own, death with its
+The child keeps run_isolated's guarantees (tools/isolation/sandbox.py): a session of its own, death with its
 parent (the server, which dies with the agent), every descriptor closed but the three pipes given to
 it, its own working directory and environment, and the agent's typed outcome: its exit status comes
 back from the server, which reaps it. It is not the agent's child, so only the server can wait for it;
@@ -55,7 +55,7 @@ class ForkServer:
     def __init__(self, env: dict[str, str]) -> None:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self.env = env
-        self.proc = subprocess.Popen([sys.executable, "-m", "tools.forkserver", str(theirs.fileno())],
+        self.proc = subprocess.Popen([sys.executable, "-m", "tools.isolation.forkserver", str(theirs.fileno())],
                                      env={**os.environ, **self.env}, stdin=subprocess.DEVNULL,
                                      pass_fds=[theirs.fileno()], preexec_fn=die_with_parent, start_new_session=True)
         theirs.close()
@@ -115,7 +115,7 @@ class ForkServer:
 
 
 class ForkedChild:
-    """What tools.sandbox uses of subprocess.Popen, over a child of the fork server."""
+    """What tools.isolation.sandbox uses of subprocess.Popen, over a child of the fork server."""
 
     def __init__(self, server: ForkServer, pid: int, args: list[str], stdin_w, stdout_r: int, stderr_r: int):
         self.server, self.pid, self.args = server, pid, args

@@ -1,6 +1,6 @@
 """What a candidate may not change in the user's checkout and the fence cannot stop: file modes.
 
-Landlock (tools/confine.py) refuses every write outside a candidate's scratch directory, but not
+Landlock (tools/isolation/confine.py) refuses every write outside a candidate's scratch directory, but not
 chmod or utime: a kernel that finds the checkout (/proc/PID/cwd up the process tree) can change a
 user's file mode, which `git status` shows where core.fileMode is on. So the modes of the checkout's
 files (git's tracked and untracked-but-not-ignored ones, and their directories) are taken before

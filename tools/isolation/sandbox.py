@@ -22,10 +22,10 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
-from tools.proctree import KILL_WAIT_S, kill_tree
-from tools.scratch import Scratch
+from tools.isolation.proctree import KILL_WAIT_S, kill_tree
+from tools.isolation.scratch import Scratch
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]   # tools/isolation/sandbox.py -> the repository
 # a child that runs stages in turn writes this and the stage's name on stderr as it enters each, so that
 # the parent can charge a crash or a timeout to the stage the child was in
 STAGE_MARK = "@@agent-stage "
@@ -148,7 +148,7 @@ class Prestarted:
         self.close()
 
 
-# children started from the agent's fork server (tools/forkserver.py), not afresh: `python -m` of these
+# children started from the agent's fork server (tools/isolation/forkserver.py), not afresh: `python -m` of these
 FORKED = ("tools.judge",)
 
 
@@ -159,7 +159,7 @@ def _spawn(argv: list[str], cwd: Path | str | None, env: dict[str, str] | None,
     fork server instead, with the same guarantees, where the server can be had."""
     full_env = {**os.environ, **(env or {})}
     if len(argv) > 2 and argv[0] == sys.executable and argv[1] == "-m" and argv[2] in FORKED:
-        from tools.forkserver import forkserver
+        from tools.isolation.forkserver import forkserver
         server = forkserver(python_env())
         if server is not None and full_env.get("PYTHONPATH") == server.env["PYTHONPATH"]:
             try:
@@ -221,7 +221,7 @@ def _drain(proc: subprocess.Popen) -> tuple[str, str]:
     try:
         return proc.communicate(timeout=KILL_WAIT_S)
     except subprocess.TimeoutExpired as e:
-        if hasattr(proc, "close_pipes"):     # a fork server's child (tools/forkserver.py)
+        if hasattr(proc, "close_pipes"):     # a fork server's child (tools/isolation/forkserver.py)
             proc.close_pipes()
         for f in (getattr(proc, "stdout", None), getattr(proc, "stderr", None)):
             if f is not None and not isinstance(f, int):
@@ -242,7 +242,7 @@ def _hold_sigint() -> bool:
 def run_python_json(module: str, args: list[str], timeout_s: float, scratch_root: Path | str | None = None,
                     env: dict[str, str] | None = None) -> tuple[ProcResult, dict | None]:
     """Run `python -m module args...` isolated, in a scratch directory of its own under scratch_root
-    (tools/scratch.py); parse the last stdout line that is a JSON object.
+    (tools/isolation/scratch.py); parse the last stdout line that is a JSON object.
 
     The child prints its result as one JSON line last; anything a kernel printed before is kept
     in stdout but ignored. Returns (process outcome, parsed JSON or None).
@@ -278,7 +278,7 @@ def child_json(stdout: str) -> dict | None:
     data = last_json(stdout)
     if data is not None and isinstance(data.get("scratch_files"), list):
         from tools.results import ScratchFile
-        from tools.scratch import record
+        from tools.isolation.scratch import record
         try:
             record([ScratchFile.model_validate(f) for f in data.pop("scratch_files")])
         except ValueError:
