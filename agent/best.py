@@ -18,7 +18,7 @@ from agent.runlog import RunConfig, RunState, StageTimes, write_json_atomic
 from agent.view import View
 from tools.profile.model import ProfileReport
 from tools.results import BenchResult, LaunchResult
-from tools.stats import ci_text
+from tools.measure.stats import ci_text
 from tools.task import shape_label
 
 
@@ -56,7 +56,7 @@ class Best:
             raise SetupFailed(f"the initial kernel cannot be the starting point: {e.reason}") from None
         cand, ref = bench.timing("candidate"), bench.timing("reference")
         st.initial_ms = st.best_ms = cand.median_ms if cand else None
-        # the reference's time only where its figure stood (tools.bench: no figure from rounds that
+        # the reference's time only where its figure stood (tools.measure.bench: no figure from rounds that
         # disagree): agent/figures.py would otherwise make one of the two medians
         st.reference_ms = ref.median_ms if ref and bench.speedup_vs_reference is not None else None
         st.chain_vs_initial, st.initial_vs_reference = 1.0, bench.speedup_vs_reference

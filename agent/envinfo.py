@@ -1,6 +1,6 @@
 """The environment fingerprint written into run.json: what a number was measured on.
 
-The toolchain probes are the doctor's (tools/device.py), so a run records what `agent doctor` shows."""
+The toolchain probes are the doctor's (tools/backends/device.py), so a run records what `agent doctor` shows."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import subprocess
 from importlib import metadata
 
 from agent.runlog import EnvFingerprint
-from tools.device import driver_info, ncu_info, nvcc_info, torch_cuda_available
+from tools.backends.device import driver_info, ncu_info, nvcc_info, torch_cuda_available
 
 
 def _first_line(argv: list[str]) -> str | None:

@@ -114,7 +114,7 @@ class Evaluator:
                                   + (f" (+{len(changed) - 5} more)" if len(changed) > 5 else ""))
 
     def build(self, times: StageTimes) -> BuildResult:
-        from tools.build import build
+        from tools.build.build import build
         t0 = time.monotonic()
         res = build(self.task, self.build_dir, reuse=self.reuse_objects)
         times.build += time.monotonic() - t0
@@ -129,7 +129,7 @@ class Evaluator:
         only for a candidate about to be kept (it costs a fresh torch process, 12-15 s on an H200)."""
         if not self.task.backend.gpu or self.limits is None:
             return LaunchResult(status=LaunchStatus.not_applicable, message="CPU task: no launch geometry")
-        from tools import launch as launch_tool
+        from tools.measure import launch as launch_tool
         t0 = time.monotonic()
         try:
             res = launch_tool.static_check(self.task, build, self.limits, parent, scratch_root=self.scratch_root)
@@ -153,11 +153,11 @@ class Evaluator:
     def _dynamic(self, lib_path: str, static: LaunchResult) -> LaunchResult:
         if self.limits is None or self.limits.source != "device":
             return static   # compile-only machine: the static check is all there is
-        from tools import launch as launch_tool
+        from tools.measure import launch as launch_tool
         return launch_tool.dynamic_check(self.task, lib_path, self.limits, static, scratch_root=self.scratch_root)
 
     def parity(self, lib: Path, times: StageTimes, seed: int | None = None) -> ParityResult:
-        from tools.parity import run_parity
+        from tools.measure.parity import run_parity
         t0, before = time.monotonic(), self._modes()
         res = run_parity(self.task, lib, seed=seed, scratch_root=self.scratch_root)
         times.parity += time.monotonic() - t0
@@ -168,8 +168,9 @@ class Evaluator:
 
     def launch_context(self, build: BuildResult, parent: LaunchResult | None) -> dict | None:
         """What a child needs to run the static launch check on the plan of the library it loaded
-        (tools.judge and tools._batch_child: the host answers the plan, tools.launch judges it): the device limits, ptxas' resources, the parent's launch.
-        None for a CPU task or where no limits are known."""
+        (tools.judge.judge and tools.judge._batch_child: the host answers the plan, tools.measure.launch
+        judges it): the device limits, ptxas' resources, the parent's launch. None for a CPU task or
+        where no limits are known."""
         if not self.task.backend.gpu or self.limits is None:
             return None
         return {"limits": self.limits.model_dump(mode="json"),
@@ -178,11 +179,11 @@ class Evaluator:
 
     def prestart(self):
         """The candidate's evaluate child, started before its build so that the child's start-up
-        (torch, the CUDA context) runs while nvcc does: a tools.candidate.WarmChild for evaluate_candidate,
+        (torch, the CUDA context) runs while nvcc does: a tools.judge.candidate.WarmChild for evaluate_candidate,
         which the caller closes in any case. None when AGENT_NO_PRESTART=1 (one cold child instead)."""
         if os.environ.get("AGENT_NO_PRESTART") == "1":
             return None
-        from tools.candidate import prestart_candidate
+        from tools.judge.candidate import prestart_candidate
         return prestart_candidate(self.task, self.scratch_root)
 
     def evaluate_candidate(self, lib: Path, baseline: Path | None, times: StageTimes, *,
@@ -197,7 +198,7 @@ class Evaluator:
         Each result goes into the attempt (`into`, or a new one, returned) as soon as it exists; a
         failure raises the stage's IterationEnded with its typed result. The child's start-up, where
         a prestart() `warm` child does not hide it, is charged to parity."""
-        from tools.candidate import run_candidate
+        from tools.judge.candidate import run_candidate
         a = Attempt(iteration=0, run_id="", started="", parent_sha="") if into is None else into
         if launch_context is None:
             a.launch = LaunchResult(status=LaunchStatus.not_applicable,
@@ -233,7 +234,7 @@ class Evaluator:
 
     def bench(self, lib: Path, baseline: Path | None, times: StageTimes, with_reference: bool = False,
               shapes: list[dict] | None = None) -> list[BenchResult]:
-        from tools.bench import run_bench
+        from tools.measure.bench import run_bench
         t0, before = time.monotonic(), self._modes()
         res = run_bench(self.task, lib, baseline_lib=baseline, shapes=shapes, with_reference=with_reference,
                         scratch_root=self.scratch_root)

@@ -19,8 +19,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from agent.sweep import SweepPoint, build_configurations
-from tools import batch as batch_eval
-from tools.device import task_limits
+from tools.judge import batch as batch_eval
+from tools.backends.device import task_limits
 from tools.results import KnobCheck, KnobFailure
 from tools.results import KnobWhich as Which
 from tools.task import Task

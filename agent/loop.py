@@ -28,7 +28,7 @@ from agent.runlog import (Decision, IterationRecord, LogError, Outcome, RunConfi
 from agent.signals import DeferSigint
 from agent.view import View
 from tools.isolation import scratch
-from tools.device import task_limits
+from tools.backends.device import task_limits
 from tools.profile.compact import profile_summary
 from tools.task import load_task
 

@@ -20,7 +20,7 @@ from agent.proposers.retry import RetryFirst, is_retry, undecided
 from agent.evaluate import snapshot_lib
 from agent.runlog import Decision, RunConfig, StageTimes, hold_run, write_json_atomic
 from agent.view import View
-from tools.reuse import latest_builds
+from tools.build.reuse import latest_builds
 from tools.task import Task, first_fitting_task, load_task
 
 
@@ -82,7 +82,7 @@ def choose_task(arg: str | None, cwd: Path) -> tuple[Path, str]:
         if conf.get("task"):
             p = (root / conf["task"]) if "/" in conf["task"] else root / "kernels" / conf["task"]
             return p.resolve(), f"task {p.name} (from [tool.agent] in pyproject.toml)"
-    from tools.device import torch_cuda_available
+    from tools.backends.device import torch_cuda_available
     cuda = torch_cuda_available()
     chosen = first_fitting_task(root / "kernels", cuda)
     if chosen is None:
@@ -147,7 +147,7 @@ def default_proposer(repo_root: Path, overrides: dict) -> str:
 
 def link_earlier_builds(loop: Loop, run_dir: Path) -> None:
     """The latest earlier builds of the task (agent check's, earlier runs') offer their objects of
-    non-editable sources to this run's builds, linked where still valid (tools/reuse.py): a torch
+    non-editable sources to this run's builds, linked where still valid (tools/build/reuse.py): a torch
     extension's binding, 20-35 s, compiled once per machine rather than once per run."""
     loop.evaluator.reuse_objects = latest_builds(loop.task, run_dir.parent, exclude=run_dir / "build")
 

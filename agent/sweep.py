@@ -7,7 +7,7 @@ Fast, for hundreds of configurations:
    process);
 2. the static launch check (each library's own plan against ptxas' resources and the device's
    limits; no profiler trace), then parity and the interleaved bench against the initial, run in
-   batches, one throwaway child per batch (tools/batch.py): a crash or a hang costs one
+   batches, one throwaway child per batch (tools/judge/batch.py): a crash or a hang costs one
    configuration, never the sweep, and a rejected launch runs nothing;
    With --screen K, a short timing of each configuration alone (no parity) first ranks the space,
    and only the K fastest get the full checks; the rest are recorded as screened_out;
@@ -35,10 +35,10 @@ from pydantic import BaseModel
 
 from agent.evaluate import Evaluator, IterationEnded, snapshot_lib
 from agent.runlog import StageTimes
-from tools import batch as batch_eval
-from tools.device import task_limits
+from tools.judge import batch as batch_eval
+from tools.backends.device import task_limits
 from tools.results import BatchItemResult, BatchStatus, LaunchResult
-from tools.reuse import latest_builds
+from tools.build.reuse import latest_builds
 from tools.task import Task, knob_pattern, load_task, shape_label
 
 

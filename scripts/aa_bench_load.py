@@ -1,7 +1,7 @@
 """A/A benches of the CPU matmul under load: `python scripts/aa_bench_load.py RUNS BUSY`.
 
 Starts BUSY spinning processes, then times the test kernel against a separately loaded copy of itself
-and against torch's reference (tools.bench.run_bench, the judge and its host) RUNS times; prints each
+and against torch's reference (tools.measure.bench.run_bench, the judge and its host) RUNS times; prints each
 bench's status, its speedup over the copy (should be 1), the reference's median and the figure against
 it. BENCHMARKS.md quotes it (torch's CPU threads, issue 37)."""
 
@@ -15,7 +15,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from tests.fixtures.cpu_faults.faults import compile_lib, make_task, source  # noqa: E402
-from tools.bench import run_bench  # noqa: E402
+from tools.measure.bench import run_bench  # noqa: E402
 
 SHAPE = {"M": 48, "N": 48, "K": 48}
 

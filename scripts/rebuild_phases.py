@@ -6,7 +6,7 @@ cudafe++, cicc, ptxas, the host compiler).
 
 A cold build of the task into BUILD_DIR (removed first), FILE with one comment line added, then the
 commands of `ninja -n -v` (what the rebuild would run) one by one, each with its seconds; then the same
-rebuild through tools.build.build, whose seconds less the commands' are the tool's own share (ninja,
+rebuild through tools.build.build.build, whose seconds less the commands' are the tool's own share (ninja,
 the dependency log, demangling, the child's start). The edit is undone whatever happens.
 """
 
@@ -23,9 +23,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tools.build import build  # noqa: E402
+from tools.build.build import build  # noqa: E402
 from tools.task import load_task  # noqa: E402
-from tools.toolchain import find_ninja  # noqa: E402
+from tools.backends.toolchain import find_ninja  # noqa: E402
 
 
 def nvcc_phases(path: Path) -> str:
@@ -71,7 +71,7 @@ def main(argv: list[str]) -> int:
         print(f"  commands together {total:.2f}s")
         p.write_text("// edit 2\n" + src)
         r = build(task, bd)
-        print(f"  the same edit through tools.build: {r.status.value} {r.seconds:.2f}s, {r.steps_run} steps "
+        print(f"  the same edit through tools.build.build: {r.status.value} {r.seconds:.2f}s, {r.steps_run} steps "
               f"(the tool's own share about {r.seconds - total:.2f}s)")
     finally:
         p.write_text(src)

@@ -18,7 +18,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tools.build import build  # noqa: E402
+from tools.build.build import build  # noqa: E402
 from tools.task import load_task  # noqa: E402
 
 

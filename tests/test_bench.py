@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from tests.fixtures.cpu_faults.faults import compile_lib, make_task, source
-from tools.bench import run_bench
-from tools.stats import quantile, speedup_ci, stats
+from tools.measure.bench import run_bench
+from tools.measure.stats import quantile, speedup_ci, stats
 from tools.results import BenchStatus
 from tools.task import load_task
 
@@ -44,7 +44,7 @@ def test_statistics_and_bootstrap_interval():
 def test_a_timed_burst_runs_without_the_cyclic_collector_and_gives_it_back():
     import gc
 
-    from tools.clocks import CpuClock
+    from tools.backends.clocks import CpuClock
     seen = []
     assert gc.isenabled()
     ts = CpuClock().run(lambda i: seen.append(gc.isenabled()), 20)
@@ -99,7 +99,7 @@ def test_the_tasks_cpu_threads_are_set_in_the_host_and_for_the_kernels_runtimes(
     assert task.backend.threads == 3
     [r] = run_bench(task, lib, shapes=[SHAPE], with_reference=True)
     # 3 threads on a 2-core machine can wait on each other (a 48-cube matmul: 86 us a call, 4.5 us on
-    # one thread): no figure then (tools/refcheck.py), and the message says why
+    # one thread): no figure then (tools/measure/refcheck.py), and the message says why
     assert r.status == BenchStatus.ok and r.threads == 3, r.message
     if "on 3 CPU threads and" in r.message:
         few_cores = len(os.sched_getaffinity(0)) < 3
@@ -121,7 +121,7 @@ def test_the_tasks_cpu_threads_are_set_in_the_host_and_for_the_kernels_runtimes(
 def test_slowed_copy_is_slower_with_an_interval_below_one(tmp_path):
     task, lib = make_task(tmp_path, "correct")
     slow = compile_lib(source("slowed"), tmp_path / "slowed.so")
-    # with 8 rounds the 95% interval is the whole range of the rounds' ratios (tools/stats.py), so one
+    # with 8 rounds the 95% interval is the whole range of the rounds' ratios (tools/measure/stats.py), so one
     # round that a burst of load hit (a fresh clone's CI saw [0.397, 1.002], median 0.502) reaches
     # past 1; as in the A/A test, a second bench decides, and a kernel that is not slower fails both
     for _attempt in range(2):
@@ -175,7 +175,7 @@ def _crash_after(calls: int) -> str:
 
 @pytest.mark.parametrize("prestarted", [False, True], ids=["cold", "prestarted"])
 def test_candidate_checks_share_one_child_and_a_crash_is_charged_to_its_stage(tmp_path, prestarted):
-    from tools.candidate import prestart_candidate, run_candidate
+    from tools.judge.candidate import prestart_candidate, run_candidate
     from tools.results import ParityStatus
 
     def check(task, lib, base):
@@ -212,7 +212,7 @@ def test_a_prestarted_child_is_used_only_for_the_files_it_loaded_and_never_outli
     import os
     import time
 
-    from tools.candidate import prestart_candidate, run_candidate
+    from tools.judge.candidate import prestart_candidate, run_candidate
     from tools.results import ParityStatus
     task, lib = make_task(tmp_path, "correct", rounds=4)
     base = compile_lib(source("correct"), tmp_path / "base.so")
@@ -255,9 +255,9 @@ def test_the_cpu_matmul_is_timed_against_what_a_user_calls():
 
 
 def test_the_judges_clock_holds_the_hosts_timings_to_what_it_saw():
-    """tools.stats.outside_check on bursts as the judge records them: (arm, ms the host reported,
+    """tools.measure.stats.outside_check on bursts as the judge records them: (arm, ms the host reported,
     ms the judge measured around the request). Each forgery class, and the honest cases beside it."""
-    from tools.stats import outside_check
+    from tools.measure.stats import outside_check
 
     def rounds(cand, base, k=10, jitter=0.0):
         out = []

@@ -1,4 +1,4 @@
-"""tools.build with the real compilers: ninja, c++ and (compile-only) nvcc."""
+"""tools.build.build with the real compilers: ninja, c++ and (compile-only) nvcc."""
 
 import ctypes
 import json
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tools.build import build, find_nvcc, parse_ptxas
+from tools.build.build import build, find_nvcc, parse_ptxas
 from tools.results import BuildStatus
 from tools.task import load_task
 

@@ -1,4 +1,4 @@
-"""tools/cu_split.py: the seeds' one-file CUDA extension built as two halves, the kernels without
+"""tools/backends/cu_split.py: the seeds' one-file CUDA extension built as two halves, the kernels without
 torch's headers (nvcc, 1-2 s) and the torch code (the C++ compiler, again only when its text changes).
 
 Text tests run everywhere; the compile tests need nvcc (CPU CI has it); the GPU test (the halves
@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from tools.build import resolve_arch, write_ninja
-from tools.cu_split import NoSplit, Split, prepare, split
+from tools.build.build import resolve_arch, write_ninja
+from tools.backends.cu_split import NoSplit, Split, prepare, split
 from tools.task import load_task
-from tools.toolchain import find_cxx, find_ninja, find_nvcc
+from tools.backends.toolchain import find_cxx, find_ninja, find_nvcc
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURE = ROOT / "tests" / "fixtures" / "one_file_cu"
@@ -290,8 +290,8 @@ def test_another_build_links_the_torch_half_an_earlier_build_compiled_from_the_s
     """A sweep's configuration or a run after `agent check` builds in a folder of its own from a source
     folder of its own: it links the earlier torch half where the code is the same (a kernel edit, lines
     moved), and compiles its own where a macro the torch code reads changed."""
-    from tools.cu_split import same_code
-    from tools.reuse import reusable_halves
+    from tools.backends.cu_split import same_code
+    from tools.build.reuse import reusable_halves
     tools = {"ninja": find_ninja(), "c++": find_cxx(), "nvcc": find_nvcc()}
 
     def graph(task_dir: Path, out: Path):

@@ -132,7 +132,7 @@ def test_softmax_tolerance_passes_exact_rounding_and_catches_fp16_row_sums():
     rounding) passes every shape and distribution; row sums kept in fp16 pass the 4096-wide rows (their
     error is below fp16's own rounding there) but fail the 256k-wide rows (the device case
     low_precision in scripts/device/verify_gpu.py is this kernel)."""
-    from tools.compare import compare
+    from tools.measure.compare import compare
     t = load_task(SOFTMAX)
     mod = t.module()
     tol = t.spec.tolerance["float16"]

@@ -16,7 +16,7 @@ import pytest
 from pydantic import BaseModel
 
 from tools.task import TaskError, TaskSpec, load_task
-from tools.toolchain import find_cxx, find_ninja
+from tools.backends.toolchain import find_cxx, find_ninja
 
 ROOT = Path(__file__).resolve().parent.parent
 DOC = ROOT / "docs" / "TASKS.md"

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tools.build import find_nvcc
+from tools.build.build import find_nvcc
 
 ROOT = Path(__file__).resolve().parent.parent
 FIX = Path(__file__).resolve().parent / "fixtures"

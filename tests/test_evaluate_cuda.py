@@ -12,7 +12,7 @@ from agent.attempt import Attempt
 from agent.evaluate import Evaluator, LaunchRejected
 from agent.runlog import StageTimes, read_iterations, read_state
 from tests.userrepo import REPO, agent, git
-from tools.device import device_limits
+from tools.backends.device import device_limits
 from tools.results import LaunchStatus
 from tools.task import load_task
 

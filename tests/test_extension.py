@@ -1,4 +1,4 @@
-"""Kernels as the user has them: PyTorch C++ extensions (form = "torch_extension", tools/backend.py).
+"""Kernels as the user has them: PyTorch C++ extensions (form = "torch_extension", tools/backends/backend.py).
 
 Real builds with torch's headers (about 25 s per file that includes them, on one core), real judge
 and host processes, and, end to end, a user's own git repository outside this project holding a
@@ -18,8 +18,8 @@ import pytest
 
 from agent.runlog import Decision, read_iterations, read_state
 from tests.userrepo import REPO, agent, git, snapshot
-from tools.build import build
-from tools.parity import run_parity
+from tools.build.build import build
+from tools.measure.parity import run_parity
 from tools.results import BuildStatus, ParityStatus
 from tools.task import TaskError, load_task
 
@@ -61,7 +61,7 @@ def test_an_extension_without_a_pybind11_module_is_one_line_naming_the_fix(tmp_p
 
 
 def test_torchs_headers_in_an_editable_file_get_a_note_a_split_extension_none(tmp_path):
-    from tools.backend import slow_rebuild_note
+    from tools.backends.backend import slow_rebuild_note
     assert slow_rebuild_note(load_task(SHIPPED)) is None
     assert slow_rebuild_note(load_task(REPO / "kernels" / "attention_ext")) is None
     assert slow_rebuild_note(load_task(REPO / "kernels" / "matmul_cpu")) is None      # not an extension
@@ -102,8 +102,8 @@ def test_a_kernel_edit_recompiles_only_the_kernel_and_both_builds_load_side_by_s
     assert again.steps_run == 2, again.log        # matmul.cpp and the link; binding.cpp not recompiled
     assert "== binding.cpp (cached)" in again.log and "== matmul.cpp (compiled)" in again.log
     if torch_pch is not None:     # the binding (not editable) took the cached header: gcc read none of torch's
-        from tools.build import obj_name
-        from tools.toolchain import find_ninja
+        from tools.build.build import obj_name
+        from tools.backends.toolchain import find_ninja
         deps = subprocess.run([find_ninja(), "-C", str(build_dir), "-t", "deps", obj_name("binding.cpp")],
                               capture_output=True, text=True, timeout=60).stdout
         assert "(VALID)" in deps and "torch/" not in deps and f"pch = -I{torch_pch}" in \
@@ -136,9 +136,9 @@ def test_a_configuration_links_the_earlier_builds_binding_and_is_still_its_own(b
 
 @pytest.mark.slow
 def test_a_binding_that_includes_an_editable_file_is_never_reused(tmp_path, torch_pch):
-    from tools.build import obj_name
-    from tools.reuse import reusable_objects
-    from tools.toolchain import find_ninja
+    from tools.build.build import obj_name
+    from tools.build.reuse import reusable_objects
+    from tools.backends.toolchain import find_ninja
     src = _copy(tmp_path)
     (src / "tiles.h").write_text("#define TILE_NOTE 1\n")
     # included after torch's header, so that the binding still takes the run's precompiled one (12 s, not 25)

@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from tools.build import build, parse_ptxas, resolve_arch, write_ninja
+from tools.build.build import build, parse_ptxas, resolve_arch, write_ninja
 from tools.task import knob_pattern, load_task
-from tools.toolchain import find_cxx, find_ninja, find_nvcc
+from tools.backends.toolchain import find_cxx, find_ninja, find_nvcc
 
 ROOT = Path(__file__).resolve().parent.parent
 SHIPPED = ROOT / "kernels" / "attention_ext"
@@ -66,7 +66,7 @@ def test_a_cpu_torch_says_it_cannot_build_a_cuda_extension(tmp_path):
                                    {"BLOCK_M": 128, "NUM_WARPS": 8, "SMEM_PAD": 2}])
 def test_the_kernel_compiles_with_torchs_extension_flags(tmp_path, knobs):
     """Compile-only: the kernel object alone (linking needs torch's CUDA libraries, absent from a CPU
-    torch), through the build graph tools.build writes for this form."""
+    torch), through the build graph tools.build.build writes for this form."""
     task = load_task(_copy(tmp_path, **knobs))
     out = tmp_path / "build"
     out.mkdir()
@@ -87,9 +87,9 @@ def test_the_kernel_compiles_with_torchs_extension_flags(tmp_path, knobs):
 @pytest.mark.gpu
 @pytest.mark.skipif(not _gpu(), reason="needs a CUDA GPU")
 def test_on_the_gpu_the_extension_is_correct_its_launch_traced_and_an_edit_recompiles_the_kernel_alone(tmp_path):
-    from tools.device import device_limits
-    from tools.launch import dynamic_check, static_check
-    from tools.parity import run_parity
+    from tools.backends.device import device_limits
+    from tools.measure.launch import dynamic_check, static_check
+    from tools.measure.parity import run_parity
     from tools.results import BuildStatus, LaunchStatus, ParityStatus
 
     src = _copy(tmp_path)
@@ -137,9 +137,9 @@ def test_the_custom_op_fixture_loads_as_a_torch_library_task(tmp_path):
 def test_on_the_gpu_a_torch_library_op_is_judged_traced_and_loads_beside_another_build(tmp_path):
     import torch
 
-    from tools.device import device_limits
-    from tools.launch import dynamic_check, static_check
-    from tools.parity import run_parity
+    from tools.backends.device import device_limits
+    from tools.measure.launch import dynamic_check, static_check
+    from tools.measure.parity import run_parity
     from tools.results import BuildStatus, LaunchStatus, ParityStatus
 
     src = _ops_copy(tmp_path)
@@ -183,7 +183,7 @@ def test_on_the_gpu_a_one_file_cu_op_is_renamed_through_nvcc(tmp_path):
         res = build(task, tmp_path / f"b{i}")
         assert res.status == BuildStatus.ok, res.message
         assert "agent_torch_library.h" in " ".join(res.commands)
-        assert "one.cu: split (tools.cu_split)" in res.log and "built whole" not in res.log
+        assert "one.cu: split (tools.backends.cu_split)" in res.log and "built whole" not in res.log
         libs.append(task.backend.load(res.lib_path))
     q, k, v = (torch.randn(1, 2, 65, 64, device="cuda", dtype=torch.float16) for _ in range(3))
     want = torch.nn.functional.scaled_dot_product_attention(q, k, v)
@@ -202,14 +202,14 @@ def _load_copy(task, lib_path: str, tmp: Path, name: str):
 @pytest.mark.skipif(not _gpu(), reason="needs a CUDA GPU")
 def test_on_the_gpu_the_seeds_one_file_form_builds_in_halves_and_a_kernel_edit_leaves_the_torch_half(tmp_path):
     """tests/fixtures/one_file_cu: torch's headers, a template and a plain kernel, a launcher and
-    PYBIND11_MODULE in one .cu, built as two halves (tools.cu_split): correct in both dtypes and every
+    PYBIND11_MODULE in one .cu, built as two halves (tools.backends.cu_split): correct in both dtypes and every
     shape, its launches traced, a kernel edit compiles the kernels' half alone, a grid macro edit the
     torch half too, and a half that does not compile falls back to the file built whole."""
     import torch
 
-    from tools.device import device_limits
-    from tools.launch import dynamic_check, static_check
-    from tools.parity import run_parity
+    from tools.backends.device import device_limits
+    from tools.measure.launch import dynamic_check, static_check
+    from tools.measure.parity import run_parity
     from tools.results import BuildStatus, LaunchStatus, ParityStatus
     src = tmp_path / "task"
     shutil.copytree(ROOT / "tests" / "fixtures" / "one_file_cu", src)
@@ -217,7 +217,7 @@ def test_on_the_gpu_the_seeds_one_file_form_builds_in_halves_and_a_kernel_edit_l
     text = cu.read_text()
     first = build(task, tmp_path / "b")
     assert first.status == BuildStatus.ok, first.message
-    assert "scale.cu: split (tools.cu_split)" in first.log and "built whole" not in first.log, first.log[-3000:]
+    assert "scale.cu: split (tools.backends.cu_split)" in first.log and "built whole" not in first.log, first.log[-3000:]
     assert run_parity(task, Path(first.lib_path)).status == ParityStatus.ok
     lib = _load_copy(task, first.lib_path, tmp_path, "first")
     x = torch.randn(70001, device="cuda")

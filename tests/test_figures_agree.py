@@ -73,7 +73,7 @@ def test_every_figure_against_the_reference_agrees_from_check_to_the_commit(tmp_
     vi, lo, hi = _num(re.search(FIG + r" vs initial", summary).group(0))
     assert lo / 1.5 <= init_us / best_us <= hi * 1.5, (init_us / best_us, summary)
 
-    # where a figure is missing, the output says why (tools/bench.py: rounds that disagreed twice)
+    # where a figure is missing, the output says why (tools/measure/bench.py: rounds that disagreed twice)
     if check_ci is None:
         assert "vs reference unstable" in bench["message"], bench["message"]
     if setup is None:

@@ -1,4 +1,4 @@
-"""The host forked from the judge (tools/hostclient.py _fork_host): it starts without importing torch
+"""The host forked from the judge (tools/judge/hostclient.py _fork_host): it starts without importing torch
 again, and keeps none of the judge's descriptors, its private answer channel above all."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from tests.fixtures.cpu_faults.faults import make_task
-from tools.hostclient import HostClient
+from tools.judge.hostclient import HostClient
 
 pytestmark = pytest.mark.skipif(shutil.which("g++") is None or not sys.platform.startswith("linux"),
                                 reason="needs g++ and Linux")

@@ -1,4 +1,4 @@
-"""tools.launch: static checks from real nvcc output + the library's own plan (no GPU needed);
+"""tools.measure.launch: static checks from real nvcc output + the library's own plan (no GPU needed);
 the dynamic check (torch profiler trace) only where CUDA is available."""
 
 import shutil
@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from tools.build import build, find_nvcc
-from tools.device import device_limits, table_limits
-from tools.launch import block_registers, check_rules, dynamic_check, static_check
+from tools.build.build import build, find_nvcc
+from tools.backends.device import device_limits, table_limits
+from tools.measure.launch import block_registers, check_rules, dynamic_check, static_check
 from tools.results import BuildStatus, Launch, LaunchResult, LaunchStatus
 from tools.task import knob_pattern, load_task
 

@@ -14,8 +14,8 @@ import pytest
 import torch
 
 from tests.fixtures.cpu_faults.faults import compile_lib, make_task, source
-from tools.compare import compare, poison_, poisoned_mask
-from tools.parity import run_parity
+from tools.measure.compare import compare, poison_, poisoned_mask
+from tools.measure.parity import run_parity
 from tools.results import ParityStatus
 
 pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++")
@@ -123,7 +123,7 @@ def test_library_without_the_symbol_is_an_error_not_a_crash(tmp_path):
 
 
 def test_the_parent_imports_neither_torch_nor_the_task_module():
-    code = ("import sys, tools.parity, tools.bench; "
+    code = ("import sys, tools.measure.parity, tools.measure.bench; "
             "bad = [m for m in sys.modules if m == 'torch' or m.startswith('agent_task_')]; print(bad)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          cwd=Path(__file__).resolve().parent.parent)

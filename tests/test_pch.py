@@ -1,4 +1,4 @@
-"""The precompiled torch/extension.h of a one-file C++ extension (tools/pch.py): which files take it,
+"""The precompiled torch/extension.h of a one-file C++ extension (tools/backends/pch.py): which files take it,
 the cache and its lock, a header that does not compile, and (slow) a real extension built with it."""
 
 import subprocess
@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from tools.pch import cache_root, ensure, first_code_is_torch_extension, pch_sources
+from tools.backends.pch import cache_root, ensure, first_code_is_torch_extension, pch_sources
 from tools.task import load_task
-from tools.toolchain import find_cxx, find_ninja
+from tools.backends.toolchain import find_cxx, find_ninja
 
 
 def test_only_a_file_whose_first_code_is_the_torch_include_takes_it():
@@ -38,7 +38,7 @@ def test_the_files_that_take_it_are_editable_cpp_files_of_an_extension(tmp_path)
     body = "#include <torch/extension.h>\nPYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {}\n"
     assert pch_sources(_ext_task(tmp_path, body), tmp_path / "t") == ["one.cpp"]
     assert pch_sources(_ext_task(tmp_path, body, editable=False), tmp_path / "t") == []   # compiled once anyway
-    # ... but it takes a cached one (tools.build asks ensure(make=False) for these)
+    # ... but it takes a cached one (tools.build.build asks ensure(make=False) for these)
     assert pch_sources(_ext_task(tmp_path, body, editable=False), tmp_path / "t", editable=False) == ["one.cpp"]
     assert pch_sources(_ext_task(tmp_path, body), tmp_path / "t", editable=False) == []
     assert pch_sources(_ext_task(tmp_path, body, name="one.cu"), tmp_path / "t") == []    # nvcc: no gcc PCH
@@ -112,7 +112,7 @@ def test_a_one_file_extension_is_compiled_with_it_and_still_right(tmp_path):
     import torch
 
     from tests.test_extension import USER_EXT, USER_TASK_PY, USER_TOML
-    from tools.build import build, obj_name
+    from tools.build.build import build, obj_name
     d = tmp_path / "mymm"
     d.mkdir()
     (d / "mymm.cpp").write_text(USER_EXT)
@@ -131,7 +131,7 @@ def test_a_one_file_extension_is_compiled_with_it_and_still_right(tmp_path):
     deps = subprocess.run([find_ninja(), "-C", str(tmp_path / "b"), "-t", "deps", obj_name("mymm.cpp")],
                           capture_output=True, text=True, timeout=60).stdout
     assert "(VALID)" in deps and "mymm.cpp" in deps and len(deps.splitlines()) < 8, deps
-    # of torch's, only the two-line stub beside the .gch that the second include opened (tools.pch._stub)
+    # of torch's, only the two-line stub beside the .gch that the second include opened (tools.backends.pch._stub)
     assert all(Path(ln.strip()).is_relative_to(cache_root() / "pch") for ln in deps.splitlines() if "torch/" in ln), deps
     assert "-Winvalid-pch" in " ".join(second.commands) and "invalid" not in second.log.split("== pch ==")[0]
     mod = task.backend.load(second.lib_path)

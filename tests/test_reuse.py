@@ -1,4 +1,4 @@
-"""Linking an earlier build's objects (tools/reuse.py) when that build may be days old: only what
+"""Linking an earlier build's objects (tools/build/reuse.py) when that build may be days old: only what
 ninja itself would not rebuild (the same compilers and flags, no file read newer than the object) and
 only with the task's own files the same bytes. A CPU ctypes task whose non-editable file includes a
 header from outside the task, built in about a second; the run-level path is in test_extension.py."""
@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from tools.build import build, obj_name, write_ninja
+from tools.build.build import build, obj_name, write_ninja
 from tools.results import BuildStatus
-from tools.reuse import latest_builds, reusable_objects
+from tools.build.reuse import latest_builds, reusable_objects
 from tools.task import load_task
-from tools.toolchain import find_cxx, find_ninja
+from tools.backends.toolchain import find_cxx, find_ninja
 
 pytestmark = pytest.mark.skipif(find_cxx() is None or find_ninja() is None, reason="no C++ compiler or ninja")
 

@@ -189,8 +189,8 @@ def test_report_writes_markdown_and_a_real_png(run_repo, cli):
 
 # --- cherry-pick ------------------------------------------------------------------------------
 def test_cherry_pick_best_onto_the_users_branch_builds_and_passes_parity(run_repo, cli, tmp_path):
-    from tools.build import build
-    from tools.parity import run_parity
+    from tools.build.build import build
+    from tools.measure.parity import run_parity
     from tools.results import BuildStatus, ParityStatus
     from tools.task import load_task
 
@@ -410,7 +410,7 @@ def test_one_run_shows_the_same_figures_everywhere(run_repo, cli, monkeypatch):
 def test_a_known_gpu_gets_its_share_of_the_spec_sheet_peak_and_a_cpu_none():
     from agent.review.show import throughput
     from tools.results import DevicePeak, TimingStats
-    from tools.roofline import spec_peak
+    from tools.measure.roofline import spec_peak
     assert spec_peak("cpu", "float32") is None and spec_peak("cuda: Some Future GPU", "float16") is None
     tf, gb, label = spec_peak("cuda: NVIDIA H200", "float16")
     assert (tf, gb) == (990.0, 4800.0) and "H200" in label and "tensor" in label

@@ -14,8 +14,8 @@ import pytest
 
 from agent.sweep import SweepPoint, SweepResult, sweep, write_knobs
 from tests.userrepo import agent, make_user_repo, snapshot
-from tools import batch
-from tools.build import build
+from tools.judge import batch
+from tools.build.build import build
 from tools.results import BatchStatus
 from tools.isolation.sandbox import ProcResult, ProcStatus
 from tools.task import load_task
@@ -48,7 +48,7 @@ def _by_knobs(res: SweepResult) -> dict[tuple, SweepPoint]:
     return {tuple(p.knobs.values()): p for p in res.points}
 
 
-# not slow: the fast tier's one pass through agent/sweep.py, tools/batch.py and the batch child
+# not slow: the fast tier's one pass through agent/sweep.py, tools/judge/batch.py and the batch child
 def test_sample_is_measured_and_the_best_verified(tmp_path):
     task = load_task(_task(tmp_path))
     out = tmp_path / "sweep"
@@ -124,18 +124,18 @@ def test_a_best_that_fails_verification_is_marked_and_the_next_is_verified(tmp_p
 
 
 # A forgery planted in one configuration: on its first call it runs Python in whatever process loaded
-# it and makes every output comparison there pass (tools.parity's and the probes' `compare`, parity's
+# it and makes every output comparison there pass (tools.measure.parity's and the probes' `compare`, parity's
 # `disagree`), then computes only the first half of C's rows, about twice as fast as its honest sibling.
 FORGE_COMPARE = r'''#include <dlfcn.h>
 static const char* FORGE = R"PY(
 import sys
 def _ok(got, exp, atol, rtol):
     return {"status": "ok", "numel": got.numel(), "max_abs_err": 0.0, "max_rel_err": 0.0, "mismatches": 0}
-for _m in ("tools.parity", "tools.probes"):
+for _m in ("tools.measure.parity", "tools.measure.probes"):
     if _m in sys.modules:
         sys.modules[_m].compare = _ok
-if "tools.parity" in sys.modules:
-    sys.modules["tools.parity"].disagree = lambda *a, **k: None
+if "tools.measure.parity" in sys.modules:
+    sys.modules["tools.measure.parity"].disagree = lambda *a, **k: None
 )PY";
 static void forge_once() {
     static int done = 0;

@@ -16,7 +16,7 @@ import pytest
 
 from tests.userrepo import REPO, agent, make_user_repo
 from tools.task import TaskError, load_task
-from tools.toolchain import find_cxx, find_ninja
+from tools.backends.toolchain import find_cxx, find_ninja
 
 
 def _task(tmp_path: Path, toml_edit=None) -> Path:
@@ -113,7 +113,7 @@ def test_make_inputs_returning_a_bare_tensor_is_named_in_agent_check(tmp_path):
 
 def test_make_inputs_returning_a_bare_tensor_is_named_by_the_bench_too(tmp_path):
     """The bench (and the probes, the profiler's target, the launch tracer) call make_inputs themselves:
-    `python -m tools.bench` on its own gets the same message, not `empty_output() takes 2 positional
+    `python -m tools.measure.bench` on its own gets the same message, not `empty_output() takes 2 positional
     arguments but 64 were given`."""
     if not (find_cxx() and find_ninja()):
         pytest.skip("no C++ compiler or ninja here: the task cannot be built")
@@ -123,7 +123,7 @@ def test_make_inputs_returning_a_bare_tensor_is_named_by_the_bench_too(tmp_path)
     py = d / "task.py"
     py.write_text(py.read_text().replace("return a.to(device).contiguous(), b.to(device).contiguous()",
                                          "return a.to(device).contiguous()"))
-    res = subprocess.run([sys.executable, "-m", "tools.bench", str(d), "--json"], cwd=REPO, capture_output=True,
+    res = subprocess.run([sys.executable, "-m", "tools.measure.bench", str(d), "--json"], cwd=REPO, capture_output=True,
                          text=True, timeout=300)
     assert res.returncode == 1 and "Traceback" not in res.stderr, res.stdout + res.stderr
     [r] = json.loads(res.stdout)

@@ -1,4 +1,4 @@
-"""Extensions that register their op with TORCH_LIBRARY (entry = "ns::op"), tools/torch_library.py.
+"""Extensions that register their op with TORCH_LIBRARY (entry = "ns::op"), tools/backends/torch_library.py.
 
 The judge's host holds the best build and a candidate in one process; torch takes one TORCH_LIBRARY
 per namespace per process and aborts the process on a second. Each load therefore registers under a
@@ -18,11 +18,11 @@ import pytest
 
 from agent.runlog import Decision, read_iterations, read_state
 from tests.userrepo import REPO, agent, git, snapshot
-from tools.build import build
-from tools.parity import run_parity
+from tools.build.build import build
+from tools.measure.parity import run_parity
 from tools.results import BuildStatus, ParityStatus
 from tools.task import TaskError, load_task
-from tools.torch_library import namespaces, shim_text, uses_torch_library
+from tools.backends.torch_library import namespaces, shim_text, uses_torch_library
 
 SHIPPED = REPO / "kernels" / "matmul_ext_cpu"
 
@@ -207,9 +207,9 @@ def test_a_registration_that_throws_is_one_line_not_a_dead_host(tmp_path, torch_
 def test_a_binding_compiled_without_the_renaming_header_is_not_linked(built, tmp_path):
     """An earlier build whose binding edge had other per-source flags (an older tool, another torch's
     header) registers under the plain namespace: linking it would abort the host at the second load."""
-    from tools.build import obj_name
-    from tools.reuse import reusable_objects
-    from tools.toolchain import find_ninja
+    from tools.build.build import obj_name
+    from tools.build.reuse import reusable_objects
+    from tools.backends.toolchain import find_ninja
     src, first_dir, _ = built
     old = tmp_path / "old"
     shutil.copytree(first_dir, old)
@@ -227,12 +227,12 @@ def test_a_binding_compiled_without_the_renaming_header_is_not_linked(built, tmp
 @pytest.mark.slow
 def test_a_one_file_op_keeps_the_precompiled_header_and_loads_beside_its_edit(tmp_path):
     """The one-file form (torch/extension.h first, then the kernel and TORCH_LIBRARY): the renaming header
-    is forced in after torch/extension.h, so the precompiled header (tools.pch) still serves the file."""
+    is forced in after torch/extension.h, so the precompiled header (tools.backends.pch) still serves the file."""
     import torch
 
     from tests.test_extension import USER_EXT, USER_TASK_PY, USER_TOML
-    from tools.build import obj_name
-    from tools.toolchain import find_ninja
+    from tools.build.build import obj_name
+    from tools.backends.toolchain import find_ninja
     d = tmp_path / "mymm"
     d.mkdir()
     ext = USER_EXT.replace('PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) { m.def("forward", &forward, "A @ B"); }',

@@ -18,7 +18,7 @@ import pytest
 from agent.runlog import Decision, read_config, read_iterations, read_state
 from tests.fixtures.cheats.cheats import CASES, GOOD, proposal, source
 from tests.userrepo import agent, git, make_user_repo, snapshot
-from tools.roofline import floor_ms
+from tools.measure.roofline import floor_ms
 
 BUILD_TIMEOUT_S = 10     # the compile-timeout fault needs minutes; an honest build takes about a second
 # The infinite loop is killed at the evaluate child's budget, parity's plus the bench's (one child runs
@@ -141,7 +141,7 @@ def test_every_cpu_cheat_and_fault_is_rejected_and_the_loop_goes_on(tmp_path):
 
 # --- the new defences, at the instrument level (fast) ---------------------------------------------
 def test_roofline_floor_is_far_below_honest_kernels_and_names_its_basis():
-    from tools.roofline import floor_ms, peaks
+    from tools.measure.roofline import floor_ms, peaks
     # an honest single-core kernel at 256^3 runs in milliseconds; the floor on 2 cores is ~84 us
     fl = floor_ms(2 * 256 ** 3, 4 * 3 * 256 ** 2, "cpu", "float32", cores=2)
     assert 0.05 < fl.ms < 0.2 and "compute bound" in fl.basis and "2 core(s)" in fl.basis
@@ -160,8 +160,8 @@ def test_roofline_floor_is_far_below_honest_kernels_and_names_its_basis():
 def test_bench_flags_timing_loop_cheats_that_pass_parity(tmp_path):
     """The cheats that pass parity, straight through parity and bench (no loop)."""
     import subprocess
-    from tools.bench import run_bench
-    from tools.parity import run_parity
+    from tools.measure.bench import run_bench
+    from tools.measure.parity import run_parity
     from tools.task import load_task
     root = verification_repo(tmp_path / "user")
     task = load_task(root / "kernels" / "matmul_cpu")
@@ -202,10 +202,10 @@ def test_cuda_launch_faults_are_rejected_statically_without_a_gpu(tmp_path):
     against the sm_90 table limits) rejects the 2048-thread block and the 300 KiB of shared memory."""
     import importlib.util
     import shutil
-    from tools.build import build, find_nvcc
-    from tools.device import table_limits
-    from tools.candidate import run_candidate
-    from tools.launch import static_check
+    from tools.build.build import build, find_nvcc
+    from tools.backends.device import table_limits
+    from tools.judge.candidate import run_candidate
+    from tools.measure.launch import static_check
     from tools.task import load_task
     if find_nvcc() is None:
         pytest.skip("nvcc not installed")
@@ -214,8 +214,8 @@ def test_cuda_launch_faults_are_rejected_statically_without_a_gpu(tmp_path):
     vg = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(vg)
     from agent.evaluate import Evaluator
-    from tools import batch as batch_eval
-    from tools.candidate import prestart_candidate
+    from tools.judge import batch as batch_eval
+    from tools.judge.candidate import prestart_candidate
     cases = {c[0]: c for c in vg.CASES}
     limits = table_limits("sm_90")
     rejected = []

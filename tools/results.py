@@ -226,7 +226,7 @@ class BatchStatus(str, Enum):
 
 class BatchItemResult(BaseModel):
     """The static launch check, parity, then bench against the baseline, of one library in a batch
-    child (tools/batch.py)."""
+    child (tools/judge/batch.py)."""
     status: BatchStatus
     message: str = ""
     launch: LaunchResult | None = None        # the static check, where a launch context was given

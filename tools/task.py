@@ -125,7 +125,7 @@ class TaskSpec(_Strict):
     description: str = ""
     device: Literal["cuda", "cpu"]
     # how the kernel is called: "ctypes" (a shared library with extern "C" entry points, task.py's
-    # run(lib, ...)) or "torch_extension" (a pybind module built with torch's headers; tools/backend.py)
+    # run(lib, ...)) or "torch_extension" (a pybind module built with torch's headers; tools/backends/backend.py)
     form: Literal["ctypes", "torch_extension"] = "ctypes"
     extension: ExtensionSpec | None = None
     module: str = "task.py"
@@ -134,7 +134,7 @@ class TaskSpec(_Strict):
     kernel_regex: str | None = None     # the kernels to profile / launch-check (ncu -k regex:)
     baseline: Literal["reference", "initial"] = "reference"
     # CPU threads for torch, OpenMP and MKL where the kernel and the reference run; none: 1 on a CPU
-    # task, torch's own on a GPU task (tools/backend.py backend_for, warm_up; BENCHMARKS.md says why)
+    # task, torch's own on a GPU task (tools/backends/backend.py backend_for, warm_up; BENCHMARKS.md says why)
     cpu_threads: int | None = Field(default=None, ge=1)
     dtypes: list[str] = Field(default=["float32"], min_length=1)
     distributions: list[str] = Field(default=["normal", "uniform"], min_length=1)
@@ -235,8 +235,8 @@ class Task:
 
     @property
     def backend(self):
-        """What differs between kernel forms and devices (tools/backend.py)."""
-        from tools.backend import backend_for
+        """What differs between kernel forms and devices (tools/backends/backend.py)."""
+        from tools.backends.backend import backend_for
         return backend_for(self)
 
     def module(self) -> ModuleType:
@@ -289,7 +289,7 @@ def load_task(path: str | Path) -> Task:
 def _has_binding(toml_path: Path, root: Path, sources: list[str], ext: ExtensionSpec) -> None:
     """A torch extension is called through its pybind11 module's entry function, or through an op it
     registers with TORCH_LIBRARY (entry = "ns::op"): a source must define what the entry names."""
-    from tools.torch_library import namespaces
+    from tools.backends.torch_library import namespaces
     texts = {f: (root / f).read_text(errors="replace") for f in sources}
     found: dict[str, str] = {}          # namespace -> the file that registers it
     for f, t in texts.items():

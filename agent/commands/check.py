@@ -68,7 +68,7 @@ def run_check(task_path: Path, build_dir: Path | None = None, knobs: str = "comm
     from agent.evaluate import CompileFailed, Evaluator, IterationEnded
     from agent.review.show import throughput
     from agent.runlog import StageTimes
-    from tools.build import default_build_dir
+    from tools.build.build import default_build_dir
     from tools.isolation.checkout import checkout_of
     from tools.task import load_task
 
@@ -86,7 +86,7 @@ def run_check(task_path: Path, build_dir: Path | None = None, knobs: str = "comm
     kern = "; ".join(f"{k.name.split('(')[0]}: {k.registers} regs, {k.spill_stores_bytes} B spilled, "
                      f"{k.smem_static_bytes} B smem" for k in b.kernels)
     steps.add("build", b.status.value, b.message or f"{b.steps_run} steps, {b.seconds:.1f}s" + (f"; {kern}" if kern else ""))
-    from tools.backend import slow_rebuild_note
+    from tools.backends.backend import slow_rebuild_note
     note = slow_rebuild_note(task)
     if note:
         steps.add("rebuild", "note", note)
@@ -215,8 +215,8 @@ def _first_line(argv: list[str]) -> str:
 
 
 def doctor(probe: bool = True) -> DoctorReport:
-    from tools import device
-    from tools.toolchain import find_cxx, find_ninja, toolchain_hint
+    from tools.backends import device
+    from tools.backends.toolchain import find_cxx, find_ninja, toolchain_hint
 
     rows: list[DoctorRow] = []
     py_ok = sys.version_info >= (3, 11)

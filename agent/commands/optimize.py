@@ -19,7 +19,7 @@ from agent.settings import SettingsError
 from agent.session import (UsageError, check_limits, choose_task, default_proposer, parse_target, repo_root_of,
                            resume_run, start_run)
 from agent.view import make_view
-from tools.backend import slow_rebuild_note
+from tools.backends.backend import slow_rebuild_note
 from tools.console import make_console
 from tools.task import load_task
 
@@ -148,7 +148,7 @@ def _run_and_summarize(loop: Loop) -> int:
 def cmd_sweep(args) -> int:
     from agent.evaluate import IterationEnded
     from agent.sweep import describe, sweep
-    from tools.batch import BatchError
+    from tools.judge.batch import BatchError
     console = make_console(stderr=True)
     try:
         task_dir, why = choose_task(args.task, Path.cwd())

@@ -24,7 +24,7 @@ def _lib_for(args) -> str | None:
         return args.lib
     from tools.task import load_task
     try:
-        from tools.build import build
+        from tools.build.build import build
     except ImportError:
         make_console(stderr=True).print("[red]no build tool in this checkout[/red]: pass --lib PATH to the compiled "
                                         "library")

@@ -12,7 +12,7 @@ reached the bench (compile, parity, patch failures) along the bottom edge.
 roofline.png (`plot_roofline`), where the task declares FLOP and byte formulas (bench timings then
 carry TFLOP/s and GB/s): arithmetic intensity against achieved TFLOP/s, log-log, for the initial
 kernel, the reference and each kept iteration, under the device's memory and compute roofs when the
-GPU is in tools/roofline.py's table of peaks (a CPU, or a GPU not in the table: no roofs, and the
+GPU is in tools/measure/roofline.py's table of peaks (a CPU, or a GPU not in the table: no roofs, and the
 title says "device peaks unknown"; the CPU figures there are deliberately generous bounds, not peaks).
 
 matplotlib is a default dependency; it is imported lazily and used through `Figure` alone (no pyplot,
@@ -30,7 +30,7 @@ from agent.figures import initial_vs_reference
 from agent.review.runs import Run
 from agent.runlog import Decision, IterationRecord
 from tools.results import BenchResult, TimingStats
-from tools.roofline import GPU_PEAKS, gpu_key
+from tools.measure.roofline import GPU_PEAKS, gpu_key
 from tools.task import shape_label
 
 INSTALL_HINT = "matplotlib is not installed: pip install matplotlib"
@@ -245,7 +245,7 @@ def task_dtype(run: Run) -> str | None:
 
 
 def device_roofs(device: str, dtype: str | None) -> Roofs | None:
-    """The GPU's HBM bandwidth and compute peaks from tools/roofline.py's table; None for a CPU or a GPU
+    """The GPU's HBM bandwidth and compute peaks from tools/measure/roofline.py's table; None for a CPU or a GPU
     the table does not name (its UNKNOWN_GPU and CPU figures are bounds for a sanity check, not peaks)."""
     key = gpu_key(device)
     if key is None:

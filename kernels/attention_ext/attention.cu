@@ -305,7 +305,7 @@ attention_fwd_combine(const float* __restrict__ ws_o, const float* __restrict__ 
 
 // ---- called from binding.cpp ---------------------------------------------------------------------
 // flags: bit 0 = causal. There is no launch_plan: the launch check reads the geometry from a
-// profiler trace of one call (tools/launch.py).
+// profiler trace of one call (tools/measure/launch.py).
 
 // Launch geometry, 7 ints per launch (grid xyz, block xyz, dynamic smem bytes) in launch order.
 // Returns the number of launches (writes at most `cap`), or -1 for unsupported dimensions.

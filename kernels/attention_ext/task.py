@@ -1,6 +1,6 @@
 """attention_ext: the attention kernel as a PyTorch CUDA extension (binding.cpp's forward(q, k, v,
 is_causal)). Inputs and references as kernels/attention_fwd. No launch_plan: the launch check takes the
-geometry from a profiler trace of one call (tools/launch.py)."""
+geometry from a profiler trace of one call (tools/measure/launch.py)."""
 
 import random
 

@@ -1,5 +1,5 @@
 """matmul_ext_cpu: inputs and reference. No `run`: the extension's forward(A, B) is called and its
-answer checked and copied into the output (tools/backend.py)."""
+answer checked and copied into the output (tools/backends/backend.py)."""
 
 import random
 

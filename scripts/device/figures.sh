@@ -23,7 +23,7 @@
 #   opt_ext      the same section: attention_ext (the torch extension, no launch_plan) to 1.5x
 #   check_opt_ext  opt_ext after `agent check` in a fresh repository (the run links check's binding)
 #   opt_one      the same section: attention_ext in the seeds' form (kernel and binding in one .cu, the
-#                file the agent edits), built as two halves (tools/cu_split.py), to 1.5x
+#                file the agent edits), built as two halves (tools/backends/cu_split.py), to 1.5x
 #   opt_ops      the same section: attention_ext with its binding registered as a TORCH_LIBRARY custom
 #                op (tests/fixtures/attention_ops), `agent check` and then to 1.5x
 #                (opt_* also give that section's table of seconds per iteration, from `agent show`)
@@ -144,7 +144,7 @@ baseline() {
   if [ -z "$lib" ]; then
     echo "build failed: $(tail -3 "$W/build_baseline.err")" >> "$S"
   else
-    timeout 150 python3 -m tools.bench kernels/attention_fwd --lib "$lib" --all-shapes --json \
+    timeout 150 python3 -m tools.measure.bench kernels/attention_fwd --lib "$lib" --all-shapes --json \
         > "$W/bench_all.json" 2> "$W/bench_all.err"; echo "rc=$?" >> "$S"
     python3 - "$W/bench_all.json" >> "$S" 2>&1 <<'PY'
 import json, sys
@@ -165,7 +165,7 @@ PY
 }
 
 rebuild() {
-  # tools.build on attention.cu: one cold build (compile + link), then the same file with one comment
+  # tools.build.build on attention.cu: one cold build (compile + link), then the same file with one comment
   # line added, three times; the target is at most 3 s. The edit is undone whatever happens.
   echo "== rebuild of attention_fwd after a one-line edit" >> "$S"
   rm -rf "${BLD:?}/rebuild"
@@ -173,7 +173,7 @@ rebuild() {
 import sys
 from pathlib import Path
 from tools.task import load_task
-from tools.build import build
+from tools.build.build import build
 t = load_task("kernels/attention_fwd"); bd = Path(sys.argv[1])
 r = build(t, bd); print("cold", r.status.value, f"{r.seconds:.2f}s", r.steps_run)
 p = Path("kernels/attention_fwd/attention.cu"); src = p.read_text()
@@ -192,7 +192,7 @@ rebuild_ext() {
   echo "== rebuild of attention_ext (torch extension) after a one-line kernel edit" >> "$S"
   python3 scripts/rebuild_time.py kernels/attention_ext attention.cu "$BLD/rebuild_ext" >> "$S" 2>&1
   # the seeds' form: binding and kernel in one .cu (torch's headers in the file the agent edits), built
-  # in halves (tools/cu_split.py), three edits; then built whole as nvcc takes it (AGENT_CU_SPLIT=0), one
+  # in halves (tools/backends/cu_split.py), three edits; then built whole as nvcc takes it (AGENT_CU_SPLIT=0), one
   echo "== the same kernel in the seeds' form: one .cu with the binding, built in halves" >> "$S"
   local one; one=$(seeds_form rebuild_ext)
   python3 scripts/rebuild_time.py "$one" one.cu "$BLD/rebuild_one" 3 >> "$S" 2>&1
@@ -228,7 +228,7 @@ repeat() {
   local lib i; lib=$(build_attention repeat)
   [ -n "$lib" ] || { echo "build failed: $(tail -3 "$W/build_repeat.err")" >> "$S"; return; }
   for i in 1 2 3 4 5; do
-    timeout 100 python3 -m tools.bench kernels/attention_fwd --lib "$lib" --no-reference --json \
+    timeout 100 python3 -m tools.measure.bench kernels/attention_fwd --lib "$lib" --no-reference --json \
         > "$W/bench_rep$i.json" 2> "$W/bench_rep$i.err"; echo "rc=$?" >> "$S"
   done
   python3 - "$W" >> "$S" 2>&1 <<'PY'
@@ -307,7 +307,7 @@ opt_ext() {
 
 check_opt_ext() {
   # opt_ext after `agent check` in a repository of its own: the run links the binding check compiled
-  # (tools/reuse.py) instead of compiling it again. Run after opt_ext to compare their walls.
+  # (tools/build/reuse.py) instead of compiling it again. Run after opt_ext to compare their walls.
   local u=$U; U=/tmp/user_check; rm -rf "$U"; mkdir -p "$U"; cp -r "$u/kernels" "$u/pyproject.toml" "$U"/
   (cd "$U" && git init -q -b main && git add -A && git -c user.name=u -c user.email=u@x commit -qm init) || { U=$u; return; }
   echo "== agent check kernels/attention_ext (a fresh repository)" >> "$S"
@@ -334,7 +334,7 @@ opt_one() {
   rm -rf "$t"; cp -r "$(seeds_form opt_one)" "$t"; rm -rf "$t/__pycache__"
   sed -i 's/^name = "attention_ext"/name = "attention_one"/' "$t/task.toml"
   (cd "$U" && git add -A && git -c user.name=u -c user.email=u@x commit -qm one) || return
-  # `agent check` first: the run links the torch half check compiled (tools/reuse.py reusable_halves)
+  # `agent check` first: the run links the torch half check compiled (tools/build/reuse.py reusable_halves)
   check_task kernels/attention_one
   optimize one kernels/attention_one "${ITERS:-20}" 240 300 --target 1.5x
   grep -h "cu_split\|built whole\|reused" "$U"/runs/one/build/build.log | head -3 >> "$S"
@@ -343,7 +343,7 @@ opt_one() {
 opt_ops() {
   # attention_ext's kernel behind a TORCH_LIBRARY op (torch.ops.myattn.forward) instead of a pybind11
   # module: the host holds the best and each candidate at once, each load under a namespace of its own
-  # (tools/torch_library.py). `agent check` first (it compiles the binding the run then links).
+  # (tools/backends/torch_library.py). `agent check` first (it compiles the binding the run then links).
   local t=$U/kernels/attention_ops
   rm -rf "$t"; cp -r "$R/kernels/attention_ext" "$t"; rm -rf "$t/__pycache__"
   cp "$R/tests/fixtures/attention_ops/binding.cpp" "$t/binding.cpp"
@@ -369,7 +369,7 @@ sweep_attn() {
 
 sweep_ext() {
   # 32 attention_ext configurations drawn with seed 1, the 8 fastest fully checked: every
-  # configuration links the initial build's binding object (tools.reuse.reusable_objects).
+  # configuration links the initial build's binding object (tools.build.reuse.reusable_objects).
   sweep ext kernels/attention_ext 300 --limit 32 --seed 1 --screen 8
 }
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# GPU check of tools.build / tools.launch / agent doctor, in one go. Run from the repo root:
+# GPU check of tools.build.build / tools.measure.launch / agent doctor, in one go. Run from the repo root:
 #   bash scripts/device/launch_check.sh
 # Writes under $OUT (default ./runs/_device_out): launch_ok.json, launch_liar.json, trace_child.json,
 # doctor.json, pytest.txt; prints a short summary last.
@@ -11,17 +11,17 @@ WORK="$(mktemp -d)"
 trap 'rm -rf "$WORK"' EXIT
 
 # 1. the fixture as committed: build (sm_XX of this GPU), static + dynamic (trace) check
-python -m tools.launch tests/fixtures/cuda_launch --build-dir "$WORK/ok" --json > "$OUT/launch_ok.json" 2> "$WORK/ok.err"
+python -m tools.measure.launch tests/fixtures/cuda_launch --build-dir "$WORK/ok" --json > "$OUT/launch_ok.json" 2> "$WORK/ok.err"
 echo "launch_ok rc=$?" >> "$WORK/rc"
 
 # 2. a plan that lies (reports another grid than the launcher uses): the dynamic check must reject it
 cp -r tests/fixtures/cuda_launch "$WORK/liar_src"
 sed -i 's/^#define PLAN_LIES 0/#define PLAN_LIES 1/' "$WORK/liar_src/scale.cu"
-python -m tools.launch "$WORK/liar_src" --build-dir "$WORK/liar" --json > "$OUT/launch_liar.json" 2> "$WORK/liar.err"
+python -m tools.measure.launch "$WORK/liar_src" --build-dir "$WORK/liar" --json > "$OUT/launch_liar.json" 2> "$WORK/liar.err"
 echo "launch_liar rc=$?" >> "$WORK/rc"
 
 # 3. the raw trace child output (kineto args: does 'shared memory' include static smem?)
-python -m tools._plan_child trace tests/fixtures/cuda_launch/task.py "$WORK/ok/libcuda_launch.so" '{"n": 1048576}' normal \
+python -m tools.judge._plan_child trace tests/fixtures/cuda_launch/task.py "$WORK/ok/libcuda_launch.so" '{"n": 1048576}' normal \
   > "$OUT/trace_child.json" 2> "$WORK/trace.err"
 
 # 4. doctor with the ncu counter probe

@@ -1,4 +1,4 @@
-"""GPU validation of tools/parity.py and tools/bench.py, in one go (run from the repo root on the GPU box):
+"""GPU validation of tools/measure/parity.py and tools/measure/bench.py, in one go (run from the repo root on the GPU box):
 
     python scripts/device/parity_bench_gpu.py
 
@@ -25,8 +25,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from tools.bench import run_bench      # noqa: E402
-from tools.parity import run_parity    # noqa: E402
+from tools.measure.bench import run_bench      # noqa: E402
+from tools.measure.parity import run_parity    # noqa: E402
 from tools.task import load_task       # noqa: E402
 
 TOML = """

@@ -79,7 +79,7 @@ if [ -f kernels/attention_fwd/task.toml ]; then
 import tempfile
 from tools.task import load_task
 try:
-    from tools.build import build
+    from tools.build.build import build
     r = build(load_task("kernels/attention_fwd"), tempfile.mkdtemp())
     print(r.lib_path or "")
 except Exception as e:

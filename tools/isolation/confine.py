@@ -1,6 +1,6 @@
 """A fence around a process that loads a candidate: it may write only in its scratch directory.
 
-`fence_scratch()` is called by each child that loads candidate code (the judge's host tools/host.py, the
+`fence_scratch()` is called by each child that loads candidate code (the judge's host tools/judge/host.py, the
 launch-plan and batch children) before it loads any: with Landlock (Linux >= 5.13, unprivileged, irrevocable,
 inherited by everything the process starts) the process may then create, write, truncate, rename or
 delete files only beneath its scratch directory ($AGENT_SCRATCH, tools/isolation/scratch.py) and write to a few

@@ -3,7 +3,7 @@ once, and forks each judge child from itself, so that a check does not start Pyt
 afresh (1.3-1.6 s of CPU a check on a 2-core machine; the suite starts some 200 judges).
 
     server = forkserver(python_env())            # started on first use, ended with this process
-    child = server.spawn("tools.judge", args, cwd=..., env=..., stdin=True)   # a Popen-like child
+    child = server.spawn("tools.judge.judge", args, cwd=..., env=..., stdin=True)   # a Popen-like child
 
 The child keeps run_isolated's guarantees (tools/isolation/sandbox.py): a session of its own, death with its
 parent (the server, which dies with the agent), every descriptor closed but the three pipes given to
@@ -33,8 +33,9 @@ import time
 
 _SERVER: ForkServer | None = None
 _LOCK = threading.Lock()
-# imported once in the server: what every judge imports (not tools.judge itself: runpy runs it afresh)
-WARM = ("torch", "tools.hostclient", "tools.bench", "tools.parity", "tools.launch", "tools.probes", "tools.task")
+# imported once in the server: what every judge imports (not tools.judge.judge itself: runpy runs it afresh)
+WARM = ("torch", "tools.judge.hostclient", "tools.measure.bench", "tools.measure.parity", "tools.measure.launch",
+        "tools.measure.probes", "tools.task")
 
 
 def forkserver(env: dict[str, str]) -> ForkServer | None:

@@ -149,13 +149,13 @@ class Prestarted:
 
 
 # children started from the agent's fork server (tools/isolation/forkserver.py), not afresh: `python -m` of these
-FORKED = ("tools.judge",)
+FORKED = ("tools.judge.judge",)
 
 
 def _spawn(argv: list[str], cwd: Path | str | None, env: dict[str, str] | None,
            pipe_stdin: bool) -> subprocess.Popen | ProcResult:
     """Popen in a new session that dies with the agent; a ProcResult (not_started) if argv[0] is missing.
-    A judge (`python -m tools.judge`, with this repository's Python path) is forked from the agent's
+    A judge (`python -m tools.judge.judge`, with this repository's Python path) is forked from the agent's
     fork server instead, with the same guarantees, where the server can be had."""
     full_env = {**os.environ, **(env or {})}
     if len(argv) > 2 and argv[0] == sys.executable and argv[1] == "-m" and argv[2] in FORKED:

@@ -26,7 +26,7 @@ from pathlib import Path
 
 from tools.profile.classify import HINTS, classify_failure, missing_metric
 from tools.profile.model import ProfileEnv, ProfileReport, ProfileStatus
-from tools.toolchain import find_ncu
+from tools.backends.toolchain import find_ncu
 from tools.profile.reader import read_report_isolated as read_report
 from tools.profile.target import shape_index, target_argv
 from tools.isolation.sandbox import REPO_ROOT, ProcResult, python_env, run_isolated

@@ -14,7 +14,7 @@ from types import ModuleType
 
 from tools.profile.classify import HINTS, classify_bottleneck
 from tools.profile.model import KernelProfile, ProfileEnv, ProfileReport, ProfileStatus, RuleResult, Stall
-from tools.toolchain import ncu_python_dirs
+from tools.backends.toolchain import ncu_python_dirs
 
 # --- where ncu_report comes from -----------------------------------------------------------
 _MODULE: ModuleType | None = None

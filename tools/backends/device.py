@@ -19,7 +19,7 @@ from pathlib import Path
 from pydantic import BaseModel
 
 from tools.results import DeviceLimits
-from tools.toolchain import find_ncu, find_nvcc, ncu_python_dirs
+from tools.backends.toolchain import find_ncu, find_nvcc, ncu_python_dirs
 
 # opt-in shared memory per block (bytes), SMs, registers per SM: the usual part for each arch
 _TABLE: dict[str, dict] = {

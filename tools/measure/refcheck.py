@@ -1,4 +1,4 @@
-"""When a bench's figure against the reference is one (tools/bench.py's last word on it).
+"""When a bench's figure against the reference is one (tools/measure/bench.py's last word on it).
 
 The reference is torch, and torch on a CPU is the arm a busy machine hurts most: its intra-op
 threads wait for each other, and one thread descheduled by another process holds up the rest. Two
@@ -22,7 +22,7 @@ from __future__ import annotations
 import os
 import statistics
 
-from tools.stats import REF_SPREAD, ci_text, spread
+from tools.measure.stats import REF_SPREAD, ci_text, spread
 
 STALL = 1.5
 
@@ -30,7 +30,7 @@ STALL = 1.5
 def settle(runs, arms, b, spot, again, got: dict, cis: dict, clock_why: str | None, gpu: bool
            ) -> tuple[dict, dict, str, str]:
     """The bench's times and intervals after the rules above (`again()` times the whole bench once
-    more: tools.bench._again), the text that says why there is no figure ("" where there is one) and
+    more: tools.measure.bench._again), the text that says why there is no figure ("" where there is one) and
     the one that says it was timed twice."""
     if "reference" not in cis or clock_why is not None or spot.why is not None:
         return got, cis, "", ""

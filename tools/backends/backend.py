@@ -22,19 +22,19 @@ tests/test_architecture.py fails on such a branch outside this module.
     .runnable()        why the task cannot run here, or None
     .warm_up()         what a job pays first (torch; a CUDA task's context)
     .sync()            wait for the device (nothing on the CPU)
-    .clock()           the per-rep clock of the bench (tools.clocks)
+    .clock()           the per-rep clock of the bench (tools.backends.clocks)
     .limits(arch)      DeviceLimits for the launch check, None where there is no launch geometry
-    .build_flags()     what tools.build adds to its compile and link lines for this form
+    .build_flags()     what tools.build.build adds to its compile and link lines for this form
     .source_flags(text)  what it adds to one source's compile (a TORCH_LIBRARY source's renaming header)
     .unbuildable()     why this machine cannot build the form (a CUDA extension on a CPU torch), or None
     .load(path)        the built artifact, loaded (in the host process only)
     .complete(mod)     task.py, with what the form supplies (a torch extension's default `run`)
     slow_rebuild_note(task)   why each candidate's build will be slow (torch's headers in an editable file;
-                              tools/pch.py eases a C++ one)
+                              tools/backends/pch.py eases a C++ one)
 
 A new form (a Triton kernel, say) is a new class here and one line in backend_for; see
-docs/ARCHITECTURE.md. The module sits near the bottom of tools/: it imports tools.device,
-tools.clocks, tools.toolchain and tools.pch only inside its methods, and nothing above them.
+docs/ARCHITECTURE.md. The module sits near the bottom of tools/: it imports tools.backends.device,
+tools.backends.clocks, tools.backends.toolchain and tools.backends.pch only inside its methods, and nothing above them.
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ from pathlib import Path
 
 @dataclass(frozen=True)
 class BuildFlags:
-    """A form's additions to tools.build's command lines."""
+    """A form's additions to tools.build.build's command lines."""
     cxx: list[str] = field(default_factory=list)     # compile flags, C++ and (forwarded) nvcc
     nvcc: list[str] = field(default_factory=list)    # nvcc only
     link: list[str] = field(default_factory=list)    # after the objects
@@ -104,7 +104,7 @@ class _Device:
             torch.cuda.synchronize()
 
     def clock(self):
-        from tools.clocks import CpuClock, CudaClock
+        from tools.backends.clocks import CpuClock, CudaClock
         if self.gpu:
             import torch
             return CudaClock(torch)
@@ -115,7 +115,7 @@ class _Device:
         on the CPU, which has no launch geometry."""
         if not self.gpu:
             return None
-        from tools.device import device_limits
+        from tools.backends.device import device_limits
         return device_limits(arch)
 
 
@@ -147,7 +147,7 @@ _LOADED = itertools.count()
 
 
 class TorchExtensionBackend(_Device):
-    """A PyTorch C++/CUDA extension (pybind11), built by tools.build with torch's own flags."""
+    """A PyTorch C++/CUDA extension (pybind11), built by tools.build.build with torch's own flags."""
 
     form = "torch_extension"
 
@@ -182,11 +182,11 @@ class TorchExtensionBackend(_Device):
 
     def source_flags(self, text: str) -> list[str]:
         """A source that registers ops with TORCH_LIBRARY is compiled with the header that renames its
-        namespace per load (tools/torch_library.py), after torch/extension.h where the file starts with
-        that (so that a precompiled one, tools.pch, is still the first thing the compile reads).
+        namespace per load (tools/backends/torch_library.py), after torch/extension.h where the file starts with
+        that (so that a precompiled one, tools.backends.pch, is still the first thing the compile reads).
         Raises ValueError where this torch's macros cannot be renamed."""
-        from tools.pch import first_code_is_torch_extension
-        from tools.torch_library import ensure_shim, uses_torch_library
+        from tools.backends.pch import first_code_is_torch_extension
+        from tools.backends.torch_library import ensure_shim, uses_torch_library
         if not uses_torch_library(text):
             return []
         first = ["-include", "torch/extension.h"] if first_code_is_torch_extension(text) else []
@@ -228,7 +228,7 @@ class TorchExtensionBackend(_Device):
 
         import torch
 
-        from tools.torch_library import ENV
+        from tools.backends.torch_library import ENV
         suffix = f"agent{os.getpid()}_{next(_LOADED)}"
         os.environ[ENV] = suffix
         try:
@@ -287,7 +287,7 @@ class TorchExtensionBackend(_Device):
 def _torch_paths(gpu: bool) -> tuple[list[str], list[str], int]:
     """torch's include and library folders and its C++ ABI, as torch.utils.cpp_extension gives them
     to its own builds (and the interpreter's include folder, for pybind11). The CUDA folders come from
-    the nvcc tools.toolchain found (torch's own lookup wants CUDA_HOME or nvcc on PATH)."""
+    the nvcc tools.backends.toolchain found (torch's own lookup wants CUDA_HOME or nvcc on PATH)."""
     import sysconfig
 
     import torch
@@ -295,7 +295,7 @@ def _torch_paths(gpu: bool) -> tuple[list[str], list[str], int]:
     inc = list(include_paths("cpu")) + [sysconfig.get_paths()["include"]]
     libs = list(library_paths("cpu"))
     if gpu:
-        from tools.toolchain import cuda_home, find_nvcc
+        from tools.backends.toolchain import cuda_home, find_nvcc
         home = cuda_home(find_nvcc())
         if home is None:
             raise OSError("no CUDA toolkit found for the extension's CUDA headers and libraries: put nvcc on "
@@ -313,16 +313,16 @@ _TORCH_INCLUDE = re.compile(r'^[ \t]*#[ \t]*include[ \t]*[<"](torch/|ATen/|c10/|
 def slow_rebuild_note(task) -> str | None:
     """A torch extension whose editable file includes torch's headers recompiles them for every
     candidate (11-45 s instead of 1-2 s): one line naming the files, what the build does about it
-    (a precompiled torch/extension.h for a C++ file, tools.pch; nothing reaches nvcc) and the fix, else None."""
+    (a precompiled torch/extension.h for a C++ file, tools.backends.pch; nothing reaches nvcc) and the fix, else None."""
     if task.spec.form != "torch_extension":
         return None
     heavy = [f for f in task.spec.editable if _TORCH_INCLUDE.search(task.path(f).read_text(errors="replace"))]
-    from tools.cu_split import prepare_note
-    split, why = prepare_note(task, heavy)       # a .cu the build splits is not slow (tools.cu_split)
+    from tools.backends.cu_split import prepare_note
+    split, why = prepare_note(task, heavy)       # a .cu the build splits is not slow (tools.backends.cu_split)
     heavy = [f for f in heavy if f not in split]
     if not heavy:
         return None
-    from tools.pch import pch_sources
+    from tools.backends.pch import pch_sources
     eased = set(pch_sources(task, task.root))
     cost = ("25-45 s a build, not 1-2 s" if not eased else
             "about 11 s a build on 2 cores with the precompiled torch/extension.h the build makes once (0.76 GB, "

@@ -1,13 +1,13 @@
 """Child process of the launch check: loads a task module and its library, prints one JSON line.
 
-    python -m tools._plan_child plan  TASK_DIR LIB SHAPE_JSON
-    python -m tools._plan_child trace TASK_DIR LIB SHAPE_JSON DIST
+    python -m tools.judge._plan_child plan  TASK_DIR LIB SHAPE_JSON
+    python -m tools.judge._plan_child trace TASK_DIR LIB SHAPE_JSON DIST
 
 `plan` calls the module's launch_plan(lib, shape) (no GPU needed: the library links cudart
 statically); a task without one (a torch extension as its author wrote it) answers no launches and
 `planned: false`, and its geometry comes from `trace` alone. `trace` runs the shape once on the GPU
 under torch.profiler and reports every kernel launch with the geometry the driver saw. The library is
-loaded by the task's backend (tools/backend.py). The parent never imports generated code.
+loaded by the task's backend (tools/backends/backend.py). The parent never imports generated code.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Bench (DESIGN step 7): how fast is the candidate, against the current best and the reference?
 
-After triton's do_bench (tools/clocks.py): warm-up and repetitions are time budgets spent on whole
+After triton's do_bench (tools/backends/clocks.py): warm-up and repetitions are time budgets spent on whole
 reps, the L2 flushed before each CUDA rep; median, p10, p90, mean. Inputs rotate among
 `bench.input_sets` fresh sets.
 
@@ -17,9 +17,9 @@ their bursts, and after the candidate's burst of a round the judge decides (abou
 at least one, drawn after the burst) whether to fetch those buffers and compare them with the
 reference. Whatever a kernel counts or watches, it cannot know which timed burst will be looked at,
 so doing less work in any stretch of the timing (and leaving the buffers as they were) fails here.
-After the timing, the probes (tools/probes.py) cross-check that the timed calls did the work; a
-probe that fails marks the result `suspicious`. Statistics are in tools/stats.py, the clocks in
-tools/clocks.py, the one-child candidate check (launch plan, parity, bench) in tools/candidate.py.
+After the timing, the probes (tools/measure/probes.py) cross-check that the timed calls did the work; a
+probe that fails marks the result `suspicious`. Statistics are in tools/measure/stats.py, the clocks in
+tools/backends/clocks.py, the one-child candidate check (launch plan, parity, bench) in tools/judge/candidate.py.
 """
 
 from __future__ import annotations
@@ -32,13 +32,13 @@ import sys
 import time
 from pathlib import Path
 
-from tools.clocks import estimate_and_warm, reps
-from tools.probes import PROBES, Probe, wrong
-from tools.refcheck import settle
+from tools.backends.clocks import estimate_and_warm, reps
+from tools.measure.probes import PROBES, Probe, wrong
+from tools.measure.refcheck import settle
 from tools.results import BenchResult, BenchStatus, DevicePeak, SpeedupCI
-from tools.roofline import spec_peak
+from tools.measure.roofline import spec_peak
 from tools.isolation.sandbox import ProcStatus, run_python_json
-from tools.stats import ci_text, speedup_ci, stats
+from tools.measure.stats import ci_text, speedup_ci, stats
 from tools.task import Task, load_task, shape_label
 from tools.task_messages import make_inputs
 
@@ -57,7 +57,7 @@ def run_bench(task: Task, lib_path: Path, *, baseline_lib: Path | None = None, s
         args.append("--no-reference")
     timeout = timeout_s if timeout_s is not None else task.spec.bench.timeout_s
     t0 = time.monotonic()
-    proc, data = run_python_json("tools.judge", args, timeout, scratch_root)
+    proc, data = run_python_json("tools.judge.judge", args, timeout, scratch_root)
     dt = time.monotonic() - t0
     if proc.status == ProcStatus.ok and data is not None:
         try:
@@ -70,7 +70,7 @@ def run_bench(task: Task, lib_path: Path, *, baseline_lib: Path | None = None, s
 
 def failed_bench(proc, data: dict | None, shapes: list[dict], dt: float) -> list[BenchResult]:
     """A bench child that did not answer: one typed result per shape."""
-    from tools.parity import child_failure
+    from tools.measure.parity import child_failure
     status = {ProcStatus.timeout: BenchStatus.timeout, ProcStatus.crashed: BenchStatus.crashed}.get(
         proc.status, BenchStatus.error)
     msg = child_failure("bench", proc, data)
@@ -79,7 +79,7 @@ def failed_bench(proc, data: dict | None, shapes: list[dict], dt: float) -> list
 
 # --- child side -------------------------------------------------------------------------------
 class LocalRuns:
-    """The candidate, its baseline and the reference timed in this process (the sweep's batch child): the clock's word is taken. The judge's HostRuns (tools/judge.py) is the
+    """The candidate, its baseline and the reference timed in this process (the sweep's batch child): the clock's word is taken. The judge's HostRuns (tools/judge/judge.py) is the
     same interface over a host process, with the judge's own clock around each burst."""
 
     def __init__(self, mod, lib, baseline, shape: dict, backend):
@@ -110,7 +110,7 @@ class LocalRuns:
         return self.clock.run(lambda i: self.mod.run(self.lib, self.shape, outs[i % k], *sets[i % k]), n)
 
     def poison_outs(self, outs: list) -> None:
-        from tools.compare import poison_
+        from tools.measure.compare import poison_
         for o in outs:
             poison_(o)
         self.clock.sync()
@@ -129,8 +129,8 @@ class LocalRuns:
         return torch.get_num_threads()
 
     def one_thread(self, fn, n: int) -> list[float]:
-        """`fn` timed n times with torch on one CPU thread (tools/refcheck.py: do its threads wait?)."""
-        from tools.clocks import one_torch_thread
+        """`fn` timed n times with torch on one CPU thread (tools/measure/refcheck.py: do its threads wait?)."""
+        from tools.backends.clocks import one_torch_thread
         with one_torch_thread():
             return self.clock.run(fn, n)
 
@@ -302,8 +302,8 @@ def _interleaved(clock, arms, b, before=lambda label: None, after=lambda label, 
 
 # --- CLI ----------------------------------------------------------------------------------
 def main(argv: list[str] | None = None) -> int:
-    from tools.parity import build_if_needed
-    ap = argparse.ArgumentParser(prog="python -m tools.bench", description="Time a kernel library: against a "
+    from tools.measure.parity import build_if_needed
+    ap = argparse.ArgumentParser(prog="python -m tools.measure.bench", description="Time a kernel library: against a "
                                  "baseline library (interleaved, with a 95% CI) and the task's reference.")
     ap.add_argument("task", help="task folder, e.g. kernels/matmul_cpu")
     ap.add_argument("--lib", help="the compiled library (default: build the task's sources)")

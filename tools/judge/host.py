@@ -1,6 +1,6 @@
-"""The kernel host: `python -m tools.host`, the only process that loads a candidate's code.
+"""The kernel host: `python -m tools.judge.host`, the only process that loads a candidate's code.
 
-It is started by the judge (tools/judge.py), fenced to its scratch directory (tools/isolation/confine.py)
+It is started by the judge (tools/judge/judge.py), fenced to its scratch directory (tools/isolation/confine.py)
 before anything is loaded, and takes requests as JSON lines on stdin. It answers each with one JSON
 line on a private copy of its original stdout (fd 1 is pointed at stderr first, so a kernel's printf
 lands on stderr). It computes no verdict: it loads libraries, fills the buffers the judge describes
@@ -20,7 +20,7 @@ Requests (each answered {"ok": true, ...} or {"ok": false, "error": "..."}):
                                                calls and to finish, and the changed inputs' keys
     arms  {shape, sets, outs, arms}            the bench's arms (a library, or null: the reference) over
                                                buffers already here
-    cost  {arm} / time {arm, n, offset}        tools.clocks' rep cost / n timed reps (ms each)
+    cost  {arm} / time {arm, n, offset}        tools.backends.clocks' rep cost / n timed reps (ms each)
 
 A buffer is named by a key (the same key, the same memory: a kernel that caches on its pointers sees
 its pointers again); its bytes travel in io/KEY.bin, written by the judge or by this process. A call
@@ -34,7 +34,7 @@ import json
 import os
 import sys
 
-from tools.runner import private_stdout
+from tools.judge.runner import private_stdout
 
 
 def save(t, path: str) -> None:
@@ -85,7 +85,7 @@ class Host:
         return {"ok": True}
 
     def plan(self, r: dict) -> dict:
-        from tools._plan_child import plan_from
+        from tools.judge._plan_child import plan_from
         main = {k: (v if isinstance(v, bool) else int(v)) for k, v in self.task.spec.main.items()}
         try:
             return {"ok": True, "plan": plan_from(self.mod, self.libs[r["lib"]], main, self.task.spec.module)}
@@ -117,10 +117,10 @@ class Host:
 
     def _alloc(self, d: dict):
         """An output's flat buffer (the judge names its dtype and size), poisoned here with the harness's
-        poison (tools.compare): the judge does not send an output it would only overwrite."""
+        poison (tools.measure.compare): the judge does not send an output it would only overwrite."""
         import torch
 
-        from tools.compare import poison_
+        from tools.measure.compare import poison_
         dtype = getattr(torch, d["dtype"])
         have = self.bufs.get(d["key"])
         if have is None or have.numel() != d["flat_numel"] or have.dtype != dtype:
@@ -181,8 +181,8 @@ class Host:
 
     def time(self, r: dict) -> dict:
         fn = self.timed["arms"][r["arm"]]
-        if r.get("one_thread"):   # the judge asks whether torch's threads wait (tools/refcheck.py)
-            from tools.clocks import one_torch_thread
+        if r.get("one_thread"):   # the judge asks whether torch's threads wait (tools/measure/refcheck.py)
+            from tools.backends.clocks import one_torch_thread
             with one_torch_thread():
                 return {"ok": True, "ms": self.timed["clock"].run(fn, int(r["n"]), offset=int(r["offset"]))}
         return {"ok": True, "ms": self.timed["clock"].run(fn, int(r["n"]), offset=int(r["offset"]))}

@@ -1,5 +1,5 @@
 """Parity and bench of many libraries, a batch per throwaway child (the parent side of
-tools/_batch_child.py). `agent sweep` measures hundreds of knob configurations this way.
+tools/judge/_batch_child.py). `agent sweep` measures hundreds of knob configurations this way.
 
 Each library gets the loop's checks (parity with hidden shapes and a fresh seed; if it passes, the
 interleaved bench against the baseline on the main shape), but a batch shares one process: the
@@ -20,13 +20,13 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-from tools.parity import child_failure
+from tools.measure.parity import child_failure
 from tools.results import BatchItemResult, BatchStatus
 from tools.isolation.sandbox import ProcResult, ProcStatus, python_env, run_isolated
 from tools.isolation.scratch import Scratch
 from tools.task import Task
 
-CHILD = "tools._batch_child"
+CHILD = "tools.judge._batch_child"
 
 
 class BatchError(Exception):

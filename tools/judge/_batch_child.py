@@ -1,20 +1,20 @@
-"""Child of tools/batch.py: parity, then bench, of several libraries, judged here, run in a host.
+"""Child of tools/judge/batch.py: parity, then bench, of several libraries, judged here, run in a host.
 
-    python -m tools._batch_child --task DIR --baseline-lib PATH --limit-s S [--screen | --parity-only] [--contexts JSON_FILE] LIB ...
+    python -m tools.judge._batch_child --task DIR --baseline-lib PATH --limit-s S [--screen | --parity-only] [--contexts JSON_FILE] LIB ...
 
-A judge for a batch, as tools/judge.py is for one candidate: this process loads the task module (the
-reference) but never a library under test. It starts one host (tools/host.py: fenced to its own
+A judge for a batch, as tools/judge/judge.py is for one candidate: this process loads the task module (the
+reference) but never a library under test. It starts one host (tools/judge/host.py: fenced to its own
 scratch directory, the only process that loads the libraries), has it load the baseline once, then for
 each library in turn has it load the library and runs here what the loop's judge runs: parity
-(`tools.parity.check`, hidden shapes, a fresh seed; the inputs made here, the outputs compared here)
-and, if it passes, the interleaved bench against the baseline on the main shape (`tools.bench.measure`
+(`tools.measure.parity.check`, hidden shapes, a fresh seed; the inputs made here, the outputs compared here)
+and, if it passes, the interleaved bench against the baseline on the main shape (`tools.measure.bench.measure`
 over the host's runs, each burst timed here from outside). What a library does in the host cannot
 reach the comparison, the probes, the statistics or the line this process writes.
 With --screen: only a short timing of each library alone on the main shape (the bench's own output
 spot checks included, no parity), to rank a huge space before the full checks of the fastest.
 With --parity-only: parity of each library, no bench (`agent check --knobs`).
 With --contexts (a JSON list, one launch context or null per library): first the static launch
-check of the library's own plan (the host answers the plan as data, tools.launch judges it here);
+check of the library's own plan (the host answers the plan as data, tools.measure.launch judges it here);
 a library it rejects runs nothing.
 
 Output: one JSON line per library on a private copy of stdout, flushed at once, so the parent keeps
@@ -40,8 +40,8 @@ import threading
 import time
 from pathlib import Path
 
-from tools.hostclient import HostClient, HostFailed, HostRuns, Remote
-from tools.runner import private_stdout
+from tools.judge.hostclient import HostClient, HostFailed, HostRuns, Remote
+from tools.judge.runner import private_stdout
 
 # failures after which the process is not trusted with the next library
 UNSAFE_PARITY = {"error", "crashed", "timeout", "out_of_bounds"}
@@ -91,8 +91,8 @@ class _Reporter:
 
 def _launch(task, remote: Remote, ctx: dict | None, t0: float) -> tuple[dict, dict | None]:
     """The static launch check where a context was given: ({"launch": ...} or {}, the row that ends
-    this library, or None to go on). The host answers the plan as data; tools.launch judges it here."""
-    from tools.launch import from_context
+    this library, or None to go on). The host answers the plan as data; tools.measure.launch judges it here."""
+    from tools.measure.launch import from_context
     if ctx is None:
         return {}, None
     try:
@@ -124,8 +124,8 @@ def _load(remote: Remote, lib_path: str, t0: float, what: str) -> dict | None:
 
 
 def _one(task, mod, remote: Remote, lib_path: str, ctx: dict | None = None, timed: bool = True) -> dict:
-    from tools.bench import measure
-    from tools.parity import check
+    from tools.measure.bench import measure
+    from tools.measure.parity import check
     from tools.results import ParityStatus
     t0 = time.monotonic()
     seed = secrets.randbits(31)
@@ -155,7 +155,7 @@ def _one(task, mod, remote: Remote, lib_path: str, ctx: dict | None = None, time
 
 def _screen(task, mod, remote: Remote, lib_path: str, ctx: dict | None = None) -> dict:
     """A short timing alone on the main shape: a ranking hint, never a reported result."""
-    from tools.bench import measure
+    from tools.measure.bench import measure
     from tools.task import Task
     t0 = time.monotonic()
     b = task.spec.bench
@@ -177,7 +177,7 @@ def _screen(task, mod, remote: Remote, lib_path: str, ctx: dict | None = None) -
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m tools._batch_child")
+    ap = argparse.ArgumentParser(prog="python -m tools.judge._batch_child")
     ap.add_argument("--task", required=True)
     ap.add_argument("--baseline-lib", required=True)
     ap.add_argument("--limit-s", type=float, required=True, help="parity + bench of one library at most")

@@ -9,8 +9,8 @@ import time
 from pathlib import Path
 from typing import NamedTuple
 
-from tools.bench import failed_bench
-from tools.parity import child_failure, child_status
+from tools.measure.bench import failed_bench
+from tools.measure.parity import child_failure, child_status
 from tools.results import BenchResult, LaunchResult, LaunchStatus, ParityResult, ParityStatus
 from tools.isolation.sandbox import STAGE_MARK, Prestarted, ProcStatus, child_json, prestart_python
 from tools.task import Task
@@ -28,7 +28,7 @@ def prestart_candidate(task: Task, scratch_root: Path | None = None) -> WarmChil
     """The evaluate child of run_candidate, started now (in a scratch directory of its own under
     scratch_root): its torch import and CUDA context overlap the candidate's build. Pass it to
     run_candidate, and close() it if the candidate never gets there."""
-    return WarmChild(task, prestart_python("tools.judge", ["evaluate", "--task", str(task.root), "--job-stdin"],
+    return WarmChild(task, prestart_python("tools.judge.judge", ["evaluate", "--task", str(task.root), "--job-stdin"],
                                            scratch_root))
 
 
@@ -63,9 +63,9 @@ def run_candidate(task: Task, lib_path: Path, baseline_lib: Path | None, *, seed
                   warm: WarmChild | None = None, with_reference: bool = False,
                   scratch_root: Path | None = None) -> CandidateChecks:
     """The loop's candidate check in ONE child process: with `launch_context` ({limits, kernels,
-    parent}: see tools.launch.from_plan) the static launch check of the library's own plan, and
+    parent}: see tools.measure.launch.from_plan) the static launch check of the library's own plan, and
     nothing runs if it fails; then parity; then, only if it passed, the bench against the baseline.
-    The same checks as tools.launch.static_check + run_parity + run_bench, two torch starts and two
+    The same checks as tools.measure.launch.static_check + run_parity + run_bench, two torch starts and two
     CUDA contexts fewer per iteration. A crash or timeout is charged to the stage the child had
     entered (it says so on stderr). `warm` (prestart_candidate) is used if it still serves this
     task's files, else a child is started here; either way it is spent."""

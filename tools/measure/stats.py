@@ -56,7 +56,7 @@ def order_stat_interval(xs: list[float], confidence: float) -> tuple[float, floa
     return xs[k - 1], xs[n - k]
 
 
-# the judge's clock (tools/judge.py) against the host's: allowances for two clocks that do not tick alike
+# the judge's clock (tools/judge/judge.py) against the host's: allowances for two clocks that do not tick alike
 CONTAIN_REL, CONTAIN_MS = 0.01, 0.5
 UNSEEN_FLOOR = 0.02         # of the other arm's burst, on the judge's clock
 UNSEEN_SHARE = 0.1          # of the claimed saving
@@ -98,7 +98,7 @@ def outside_check(bursts: list[tuple[str, float, float]], first: str = "candidat
 
 
 # A figure against the reference whose interval's ends are further apart than this is not a figure
-# (tools.bench). An honest 8-round interval on a busy 2-core machine spans well under 2x (the A/A benches
+# (tools.measure.bench). An honest 8-round interval on a busy 2-core machine spans well under 2x (the A/A benches
 # of scripts/aa_bench_load.py: medians 0.987-1.007x beside 0-2 busy processes); the newcomer's was 100x.
 REF_SPREAD = 4.0
 

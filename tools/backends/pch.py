@@ -9,7 +9,7 @@ does (which writes it into torch's install; this one goes to a cache of its own)
 - Which files: an editable .cpp/.cc/.cxx of a torch extension whose first line of code is
   `#include <torch/extension.h>` (comments, blank lines and `#pragma once` before it are fine), and
   such a file that is not editable (a split extension's binding, compiled once per task and then
-  linked by later builds, tools.reuse) where the cache already holds the header: never made for one. gcc can
+  linked by later builds, tools.build.reuse) where the cache already holds the header: never made for one. gcc can
   only use a precompiled header included before any other code, and the build does not force the
   include to the top (`-include`): that would change what a file that defines macros first means.
 - How: the header is compiled once per compiler, flags and torch install into
@@ -117,7 +117,7 @@ def pch_flags(cxx_flags: list[str], src_dir: Path) -> list[str]:
 def _stub(gch: Path) -> bool:
     """The header beside the .gch: gcc names the header it loaded from a .gch by the path the .gch was
     found at, so a second `#include <torch/extension.h>` (a header of the user's that includes it again,
-    or the forced include of tools.torch_library before the file's own) opens that path, and needs a file
+    or the forced include of tools.backends.torch_library before the file's own) opens that path, and needs a file
     there; this one hands over to the real header (#include_next), which #pragma once then skips. It is
     also what a compile that cannot use the .gch (-Winvalid-pch) reads."""
     path = gch.with_suffix("")

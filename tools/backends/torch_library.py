@@ -6,13 +6,13 @@ calls `torch.ops.myops.forward`. The judge's host loads the best build and a can
 one process, and torch's dispatcher takes one TORCH_LIBRARY per namespace per process: the second load
 would fail in its static initializer (and take the process down). So each build registers under
 `myops_<suffix>`, the suffix chosen by the loader at load time, not at compile time: the binding object
-is compiled once and linked into every candidate (tools.reuse), so the name cannot be baked into it.
+is compiled once and linked into every candidate (tools.build.reuse), so the name cannot be baked into it.
 
 How: the compile of a source that uses those macros gets `-include` of a header made here from the
 installed torch/library.h: it includes that header, then redefines the macros whose namespace
 argument is turned into a string (`#ns`, `C10_STRINGIZE(ns)`) so that the string goes through
 `agent_torch_library::ns_of`, which appends `_` and $AGENT_TORCH_OPS_SUFFIX when the variable is set
-(tools.backend sets it around the dlopen only) and returns the name unchanged otherwise (the same
+(tools.backends.backend sets it around the dlopen only) and returns the name unchanged otherwise (the same
 library loaded by the user's own code registers `myops`). The catch-all namespace `_` (fallbacks) is
 left alone. The header is content-addressed under $AGENT_CACHE/torch_library/KEY/: every build with
 the same torch shares its path, so a compile line does not change between builds. The redefined macros
@@ -31,7 +31,7 @@ import os
 import re
 from pathlib import Path
 
-from tools.pch import cache_root, strip_comments
+from tools.backends.pch import cache_root, strip_comments
 
 ENV = "AGENT_TORCH_OPS_SUFFIX"
 HEADER_NAME = "agent_torch_library.h"
@@ -72,7 +72,7 @@ def shim_text(library_h: str) -> str:
         raise ValueError("torch/library.h defines no TORCH_LIBRARY and TORCH_LIBRARY_IMPL that name their namespace "
                          "with #ns: this torch's extensions cannot be renamed per build")
     return "\n".join([
-        "// Made by kernel-agent (tools/torch_library.py) from this torch's torch/library.h: the same macros,",
+        "// Made by kernel-agent (tools/backends/torch_library.py) from this torch's torch/library.h: the same macros,",
         f"// with the namespace string passed through ns_of, which appends _${ENV} while the agent loads a build.",
         "#pragma once",
         "#include <torch/library.h>",

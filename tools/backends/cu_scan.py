@@ -1,4 +1,4 @@
-"""A C/C++/CUDA file's top-level items, read without a compiler: enough for tools.cu_split.
+"""A C/C++/CUDA file's top-level items, read without a compiler: enough for tools.backends.cu_split.
 
 The file is read with its comments and literals blanked (same length, line breaks kept), then cut
 into directives and top-level declarations or definitions, each up to its `;` or closing brace; only

@@ -1,23 +1,23 @@
-"""The judge: `python -m tools.judge`, the candidate checks whose verdict the kernel cannot reach.
+"""The judge: `python -m tools.judge.judge`, the candidate checks whose verdict the kernel cannot reach.
 
-    python -m tools.judge evaluate --task DIR --job-stdin      (the options come as one JSON line on stdin)
-    python -m tools.judge parity   --task DIR --lib PATH [--seed N] [--no-hidden]
-    python -m tools.judge bench    --task DIR --lib PATH [--baseline-lib PATH] [--shapes JSON] [--no-reference]
+    python -m tools.judge.judge evaluate --task DIR --job-stdin      (the options come as one JSON line on stdin)
+    python -m tools.judge.judge parity   --task DIR --lib PATH [--seed N] [--no-hidden]
+    python -m tools.judge.judge bench    --task DIR --lib PATH [--baseline-lib PATH] [--shapes JSON] [--no-reference]
 
 `evaluate` is the loop's candidate check (launch plan, parity, bench, each only if the one before
-passed; pre-started while the candidate builds); `parity` and `bench` are tools.parity's run_parity
-and tools.bench's run_bench (the initial kernel, fresh-seed parity, the confirmation bench, the CLIs).
+passed; pre-started while the candidate builds); `parity` and `bench` are tools.measure.parity's run_parity
+and tools.measure.bench's run_bench (the initial kernel, fresh-seed parity, the confirmation bench, the CLIs).
 
-The judge never loads candidate code. It starts a host (tools/host.py: fenced to a scratch directory
+The judge never loads candidate code. It starts a host (tools/judge/host.py: fenced to a scratch directory
 of its own inside the judge's, its own process, no setsid so that it dies with the judge's tree), and
 asks it to load the candidate and its baseline. Then, in this process:
-- the static launch check: the host answers the library's plan as data, tools.launch judges it;
-- parity (tools.parity.check, unchanged): the inputs are made here, shipped to the host as files, the
+- the static launch check: the host answers the library's plan as data, tools.measure.launch judges it;
+- parity (tools.measure.parity.check, unchanged): the inputs are made here, shipped to the host as files, the
   host's output buffer (poisoned here, guards included) and inputs come back as files, and the
   reference, the comparison, the guard and input checks and the verdict are computed here;
-- the bench (tools.bench.measure over HostRuns): the input sets are made here and sent; the host runs
+- the bench (tools.measure.bench.measure over HostRuns): the input sets are made here and sent; the host runs
   the arms' bursts and answers per-rep times; this process times each burst request itself and holds
-  the host's times to what it saw (tools.stats.outside_check); the probes' outputs come back here.
+  the host's times to what it saw (tools.measure.stats.outside_check); the probes' outputs come back here.
 
 A host that crashes, exits or answers garbage fails the stage it was in with that reason; what the
 host says about correctness counts for nothing. The answer to the agent is one JSON line, on a
@@ -33,8 +33,8 @@ import os
 import sys
 from pathlib import Path
 
-from tools.hostclient import HostClient, HostFailed, HostRuns, Remote
-from tools.runner import private_stdout
+from tools.judge.hostclient import HostClient, HostFailed, HostRuns, Remote
+from tools.judge.runner import private_stdout
 from tools.isolation.sandbox import STAGE_MARK
 
 def mark(stage: str) -> None:
@@ -54,7 +54,7 @@ def failed(mode: str, msg: str, status: str, shapes: list[dict]) -> dict:
 
 
 def bench(task, mod, remote: Remote, job: dict, shapes: list[dict]) -> list[dict]:
-    from tools.bench import measure
+    from tools.measure.bench import measure
     res = measure(task, mod, None, shapes=shapes, with_reference=not job.get("no_reference"),
                   runs_for=lambda shape: HostRuns(remote, shape, bool(job.get("baseline_lib"))))
     return [r.model_dump(mode="json") for r in res]
@@ -64,8 +64,8 @@ def evaluate(task, mod, remote: Remote, job: dict, shapes: list[dict]) -> dict:
     """The launch check, parity, then the bench, each only if the one before passed."""
     import time
 
-    from tools.launch import from_context
-    from tools.parity import check
+    from tools.measure.launch import from_context
+    from tools.measure.parity import check
     from tools.results import ParityStatus
     launch = None
     ctx = job.get("launch_context")
@@ -91,7 +91,7 @@ def evaluate(task, mod, remote: Remote, job: dict, shapes: list[dict]) -> dict:
 
 
 def run(mode: str, task, mod, host: HostClient, job: dict, shapes: list[dict]) -> dict:
-    from tools.parity import check
+    from tools.measure.parity import check
     if not job.get("lib"):
         raise ValueError("no library given")
     host.ask({"op": "load", "id": "candidate", "path": job["lib"]})
@@ -107,7 +107,7 @@ def run(mode: str, task, mod, host: HostClient, job: dict, shapes: list[dict]) -
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m tools.judge")
+    ap = argparse.ArgumentParser(prog="python -m tools.judge.judge")
     ap.add_argument("mode", choices=["evaluate", "parity", "bench"])
     ap.add_argument("--task", required=True)
     ap.add_argument("--job-stdin", action="store_true", help="wait for the job (the options below, as one "

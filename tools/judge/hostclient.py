@@ -1,4 +1,4 @@
-"""The judge's side of its host (tools/host.py): start it, ask it, move the judge's tensors to it and
+"""The judge's side of its host (tools/judge/host.py): start it, ask it, move the judge's tensors to it and
 back (Remote), and time its bench bursts from outside (RemoteClock, HostRuns). Imported by the judge
 only; nothing here loads candidate code.
 """
@@ -17,9 +17,9 @@ import weakref
 from pathlib import Path
 
 from tools.isolation.forkserver import become_child, die_with_parent, exit_with
-from tools.host import load_into, save
+from tools.judge.host import load_into, save
 from tools.isolation.scratch import Scratch
-from tools.stats import outside_check
+from tools.measure.stats import outside_check
 
 MAX_ANSWER = 16 << 20
 
@@ -53,7 +53,7 @@ def _fork_host(cwd: Path, env: dict[str, str]) -> _Forked | None:
         def body() -> int:
             become_child(parent, [req_r, ans_w, 2], str(cwd), env, replace_env=False)
             from tools.isolation.confine import fence_scratch
-            from tools.host import main
+            from tools.judge.host import main
             fence_scratch()
             return main()
         exit_with(body)
@@ -80,7 +80,7 @@ class _Forked:
         deadline = None if timeout is None else time.monotonic() + timeout
         while self.poll() is None:
             if deadline is not None and time.monotonic() > deadline:
-                raise subprocess.TimeoutExpired(["tools.host (forked)"], timeout)
+                raise subprocess.TimeoutExpired(["tools.judge.host (forked)"], timeout)
             time.sleep(0.005)
         return self.returncode
 
@@ -98,7 +98,7 @@ class HostClient:
         self.io.mkdir()
         env = {**self.scratch.env(), "PYTHONUNBUFFERED": "1"}
         self.proc = _fork_host(self.scratch.dir, env) or subprocess.Popen(
-            [sys.executable, "-m", "tools.host"], cwd=self.scratch.dir, env={**os.environ, **env},
+            [sys.executable, "-m", "tools.judge.host"], cwd=self.scratch.dir, env={**os.environ, **env},
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, preexec_fn=die_with_parent)
         self._send({"op": "init", "task": str(task_root), "io": str(self.io)})
         self.started = False
@@ -229,12 +229,12 @@ class Remote:
         return (min(float(issue) / 1e3, total) if isinstance(issue, (int, float)) else total), total
 
     def run(self, lib: str, shape: dict, out, *inputs) -> None:
-        """tools.parity's `run`: one call."""
+        """tools.measure.parity's `run`: one call."""
         self.calls(lib, shape, [(out, inputs)])
 
 
 class RemoteClock:
-    """tools.clocks' interface over the host's clock, each burst also timed here, from outside."""
+    """tools.backends.clocks' interface over the host's clock, each burst also timed here, from outside."""
 
     def __init__(self, host: HostClient):
         self.host = host
@@ -263,7 +263,7 @@ class RemoteClock:
 
 
 class HostRuns:
-    """tools.bench's runs (see LocalRuns) in the host: the candidate and, if loaded, the baseline."""
+    """tools.measure.bench's runs (see LocalRuns) in the host: the candidate and, if loaded, the baseline."""
 
     def __init__(self, remote: Remote, shape: dict, baseline: bool):
         self.remote, self.shape, self.baseline = remote, shape, baseline
@@ -292,7 +292,7 @@ class HostRuns:
         return self.remote.host.info.get("threads")
 
     def one_thread(self, arm: str, n: int) -> list[float]:
-        """The arm timed n times in the host with torch on one CPU thread (tools/refcheck.py)."""
+        """The arm timed n times in the host with torch on one CPU thread (tools/measure/refcheck.py)."""
         return self.clock.run(arm, n, one_thread=True)
 
     def poison_outs(self, outs: list) -> None:

@@ -6,7 +6,7 @@ marks the bench `suspicious` (the candidate is rejected with it).
   on its input pointers or skips repeated calls is wrong here;
 - burst: BURST calls back to back, as the timing loop makes them, each on fresh inputs into its own
   poisoned buffer: a kernel that detects a timing loop by the spacing or count of calls is wrong here;
-- roofline (tools/roofline.py): a median below the floor that the task's FLOP and byte formulas and the
+- roofline (tools/measure/roofline.py): a median below the floor that the task's FLOP and byte formulas and the
   device's peaks allow;
 - side_stream (CUDA): N back-to-back calls timed by wall clock with a device-wide sync; if the events
   say the kernel is over 2x faster than that (and a call takes over 50 us of wall time, above launch
@@ -26,8 +26,8 @@ import random
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from tools.compare import compare, describe, dtype_name, poison_, tolerance_for
-from tools.roofline import floor_ms
+from tools.measure.compare import compare, describe, dtype_name, poison_, tolerance_for
+from tools.measure.roofline import floor_ms
 from tools.task import Task, shape_label
 from tools.task_messages import make_inputs
 
@@ -45,8 +45,8 @@ class Probe:
     """What the probes see of one shape's bench: the task module (inputs, reference), the timed input
     sets and output buffers, the candidate's measured median, and `calls(pairs, transfer=True)`, which
     runs the candidate on each (out, inputs) pair back to back and returns (seconds to issue them,
-    seconds until the device was idle again): in this process (tools.bench.LocalRuns) or in the judge's
-    host (tools.judge.HostRuns; `transfer` False: the buffers are already there, as the timed sets are);
+    seconds until the device was idle again): in this process (tools.measure.bench.LocalRuns) or in the judge's
+    host (tools.judge.judge.HostRuns; `transfer` False: the buffers are already there, as the timed sets are);
     and `time_pairs(sets, outs, n)`, the per-call milliseconds of n candidate calls on (outs[i % k],
     sets[i % k]), each timed as the bench times a rep (the same clock, the L2 flushed on CUDA)."""
     task: Task

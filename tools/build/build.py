@@ -17,12 +17,12 @@ import sys
 import time
 from pathlib import Path
 
-from tools.device import gpu_arch
-from tools.cu_split import prepare as prepare_split, same_code
-from tools.pch import ensure as ensure_pch, pch_flags, pch_sources
-from tools.toolchain import cuda_home, demangle, find_cxx, find_ninja, find_nvcc, toolchain_hint
+from tools.backends.device import gpu_arch
+from tools.backends.cu_split import prepare as prepare_split, same_code
+from tools.backends.pch import ensure as ensure_pch, pch_flags, pch_sources
+from tools.backends.toolchain import cuda_home, demangle, find_cxx, find_ninja, find_nvcc, toolchain_hint
 from tools.results import BuildResult, BuildStatus, KernelResources
-from tools.reuse import reusable_from, reusable_halves
+from tools.build.reuse import reusable_from, reusable_halves
 from tools.isolation.sandbox import ProcStatus, run_isolated
 from tools.task import Task, TaskError, load_task
 
@@ -61,7 +61,7 @@ def _forwardable(flag: str) -> bool:
 
 
 def cxx_flags_of(task: Task, src_dir: Path, nvcc: str | None) -> list[str]:
-    """The C++ compiler's flags for the task's .cpp files (and a precompiled header's, tools.pch)."""
+    """The C++ compiler's flags for the task's .cpp files (and a precompiled header's, tools.backends.pch)."""
     flags = list(task.spec.build.flags)
     cuda = task.backend.gpu
     out = CXX_FLAGS + ["-I" + str(src_dir)] + task.backend.build_flags().cxx \
@@ -77,8 +77,8 @@ def write_ninja(task: Task, build_dir: Path, src_dir: Path, tools: dict[str, str
     """Write build.ninja; return [(source rel path, object path)] of the compile edges, and each
     compile and link command as a person would type it (for the review: which flags built this).
     `prebuilt` maps a source to an object built earlier (reusable_objects): linked, not compiled.
-    `pch`: (the folder holding torch/extension.h.gch, the sources compiled with it) (tools.pch).
-    `split`: a one-file CUDA extension's halves by source (tools.cu_split.prepare), compiled apart."""
+    `pch`: (the folder holding torch/extension.h.gch, the sources compiled with it) (tools.backends.pch).
+    `split`: a one-file CUDA extension's halves by source (tools.backends.cu_split.prepare), compiled apart."""
     prebuilt = prebuilt or {}
     cuda = task.backend.gpu
     form = task.backend.build_flags()      # what the kernel's form adds (torch's headers and libraries)
@@ -127,10 +127,10 @@ def write_ninja(task: Task, build_dir: Path, src_dir: Path, tools: dict[str, str
         ext = Path(rel).suffix
         if ext not in CXX_EXT | CU_EXT or rel in prebuilt:
             continue  # headers: inputs through the depfiles, not edges
-        if rel in (split or {}):       # tools.cu_split: the kernels by nvcc, the torch code by c++
+        if rel in (split or {}):       # tools.backends.cu_split: the kernels by nvcc, the torch code by c++
             here = ["-I" + str((src_dir / rel).parent.resolve())]
             edge(f"{rel}.kernels.cu", split[rel].kernels, "nvcc", here)  # type: ignore[index]
-            if f"{rel}.host.cpp" not in prebuilt:      # an earlier build's object of the same code (tools.reuse)
+            if f"{rel}.host.cpp" not in prebuilt:      # an earlier build's object of the same code (tools.build.reuse)
                 edge(f"{rel}.host.cpp", split[rel].host, "cxx", here)  # type: ignore[index]
             continue
         edge(rel, src_dir / rel, "nvcc" if ext in CU_EXT else "cxx", [])
@@ -209,8 +209,8 @@ def build(task: Task, build_dir: Path, src_dir: Path | None = None, timeout_s: f
           reuse: Path | list[Path] | None = None, whole: bool = False) -> BuildResult:
     """Build task's sources (from src_dir, default task.root) in build_dir. Never raises for bad code.
     `reuse`: earlier build folders of the same task whose objects of non-editable sources are linked
-    instead of compiled where still valid (tools.reuse). A one-file CUDA extension is built in two halves
-    (tools.cu_split) unless `whole`; where the halves do not build, the file is built whole."""
+    instead of compiled where still valid (tools.build.reuse). A one-file CUDA extension is built in two halves
+    (tools.backends.cu_split) unless `whole`; where the halves do not build, the file is built whole."""
     t0 = time.monotonic()
     build_dir = Path(build_dir).resolve()
     src_dir = Path(src_dir or task.root).resolve()
@@ -265,7 +265,7 @@ def build(task: Task, build_dir: Path, src_dir: Path | None = None, timeout_s: f
     (build_dir / "build.log").write_text(log)
     if split and proc.status == ProcStatus.failed:     # a split the compilers refuse: the file as it is
         res = build(task, build_dir, src_dir, max(1.0, timeout_s - (time.monotonic() - t0)), reuse, whole=True)
-        res.log = f"== the halves (tools.cu_split) did not build; built whole ==\n{log}\n{res.log}"
+        res.log = f"== the halves (tools.backends.cu_split) did not build; built whole ==\n{log}\n{res.log}"
         res.seconds = time.monotonic() - t0
         return res
     if proc.status == ProcStatus.timeout:

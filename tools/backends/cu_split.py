@@ -13,16 +13,16 @@ agent edits and commits; the build compiles two files made from it instead:
   PYBIND11_ macros), a declaration of each kernel it launches, and copies of what else it names (types,
   constexpr values, inline functions, the #defines it reads). Each `k<<<grid, block, smem, stream>>>(args)`
   becomes a call of cudaLaunchKernel with the kernel's address and the arguments converted to the
-  kernel's parameter types, what nvcc's own launch stub does. g++ compiles it with tools.pch's
+  kernel's parameter types, what nvcc's own launch stub does. g++ compiles it with tools.backends.pch's
   precompiled torch/extension.h where the file starts with that include; its object is kept by the
-  text that made it (tools.build), so a candidate that leaves the torch code and the macros it reads
+  text that made it (tools.build.build), so a candidate that leaves the torch code and the macros it reads
   alone does not compile it again.
 
 `#line` directives keep the user's file and line numbers in every error. The split is refused (and
 the file built whole, as before) where it could change what the program means: device code naming
 torch, a non-inline function or a variable that both halves use, a kernel named other than in a
 launch where only the launch can reach it. A split that does not compile is built whole too
-(tools.build), so the worst case is today's 42 s, never a wrong build.
+(tools.build.build), so the worst case is today's 42 s, never a wrong build.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from tools.cu_scan import IDENT, TORCH_INCLUDE, Item, Launch, directive, duplicable, launches_in, scan
+from tools.backends.cu_scan import IDENT, TORCH_INCLUDE, Item, Launch, directive, duplicable, launches_in, scan
 
 # headers only nvcc's device pass wants: the torch code never needs them, and kept in the host half
 # they would drag the knobs that guard them (`#if USE_TENSOR_CORES`) into its text
@@ -253,7 +253,7 @@ def _emit(items, host, declared, copied, moved, need, launches, path) -> Split:
     first = next((i for i, (it, _) in enumerate(seq) if TORCH_INCLUDE.match(it.text)), None)
     if first is not None and re.match(r"#\s*include\s*<torch/extension\.h>", seq[first][0].text) \
             and all(re.match(r"#\s*include\b", it.text) for it, _ in seq[:first]):
-        seq.insert(0, seq.pop(first))     # first, so that tools.pch's precompiled header serves it
+        seq.insert(0, seq.pop(first))     # first, so that tools.backends.pch's precompiled header serves it
     sites: list[Launch] = [ln for it, _ in seq if id(it) in launches for ln in launches[id(it)]]
     h, n, prologue_done = [], 0, False
     for it, role in seq:
@@ -290,7 +290,7 @@ def _emit(items, host, declared, copied, moved, need, launches, path) -> Split:
 class Halves:
     kernels: Path                  # the build folder's split/X.kernels.cu
     host: Path                     # split/X.host.cpp
-    pch: bool                      # the host half starts with torch/extension.h (tools.pch can serve it)
+    pch: bool                      # the host half starts with torch/extension.h (tools.backends.pch can serve it)
 
 
 def _write(path: Path, text: str, same=lambda a, b: a == b) -> Path:
@@ -332,14 +332,14 @@ def prepare(task, src_dir: Path, build_dir: Path) -> tuple[dict[str, Halves], st
         out[rel] = Halves(_write(folder / f"{stem}.kernels.cu", got.kernels),
                           _write(folder / f"{stem}.host.cpp", got.host, same_code),
                           bool(re.match(r'#line \d+ "[^"]*"\n#\s*include\s*<torch/extension\.h>', got.host)))
-        notes.append(f"{rel}: split (tools.cu_split): the kernels by nvcc without torch's headers, the torch code "
+        notes.append(f"{rel}: split (tools.backends.cu_split): the kernels by nvcc without torch's headers, the torch code "
                      f"({got.launches} launch site(s) rewritten) by the C++ compiler, again only when its code changes")
     return out, "\n".join(notes)
 
 
 def prepare_note(task, files: list[str]) -> tuple[set[str], str]:
     """Which of `files` (editable, including torch's headers) the build splits, and why the first .cu
-    among the others is built whole (for tools.backend.slow_rebuild_note)."""
+    among the others is built whole (for tools.backends.backend.slow_rebuild_note)."""
     done, why = set(), ""
     for rel in files if os.environ.get("AGENT_CU_SPLIT", "1") != "0" and task.backend.gpu else []:
         if Path(rel).suffix == ".cu" and rel in task.spec.sources:

@@ -7,7 +7,7 @@ plan (a plan that lies is rejected). A task without launch_plan (a torch extensi
 wrote it) passes the static check with no launches, and the trace alone is checked, the parent's CTA
 count included; on a machine without a GPU its launch is not checked, and the result says so.
 
-    python -m tools.launch kernels/TASK [--json] [--build-dir D] [--static-only]
+    python -m tools.measure.launch kernels/TASK [--json] [--build-dir D] [--static-only]
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from tools.results import (BuildResult, BuildStatus, DeviceLimits, KernelResourc
 from tools.isolation.sandbox import ProcStatus, run_python_json
 from tools.task import Task
 
-CHILD = "tools._plan_child"
+CHILD = "tools.judge._plan_child"
 REG_ALLOC_UNIT = 256        # registers are allocated per warp in units of 256
 
 
@@ -218,7 +218,7 @@ def dynamic_check(task: Task, lib_path: str, limits: DeviceLimits, plan: LaunchR
     if not task.backend.gpu:
         return LaunchResult(status=LaunchStatus.not_applicable, mode="dynamic", limits=limits,
                             message="CPU task: no launch geometry")
-    from tools.device import cuda_present
+    from tools.backends.device import cuda_present
     if not cuda_present():
         return LaunchResult(status=LaunchStatus.not_applicable, mode="dynamic", limits=limits,
                             message="no CUDA GPU here: only the static check ran")
@@ -279,11 +279,11 @@ def render(results: list[LaunchResult]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from tools.build import build, default_build_dir
-    from tools.device import device_limits
+    from tools.build.build import build, default_build_dir
+    from tools.backends.device import device_limits
     from tools.task import TaskError, load_task
 
-    ap = argparse.ArgumentParser(prog="python -m tools.launch", description="Build a task, then check its launches.")
+    ap = argparse.ArgumentParser(prog="python -m tools.measure.launch", description="Build a task, then check its launches.")
     ap.add_argument("task")
     ap.add_argument("--build-dir", type=Path, default=None)
     ap.add_argument("--static-only", action="store_true", help="skip the GPU trace even when a GPU is present")

@@ -13,7 +13,7 @@ Adversarial by construction; a fast wrong kernel must not pass:
 - inputs compared bitwise with clones after each call.
 
 The parent (`run_parity`) imports no torch and no candidate code: the work runs in
-`python -m tools.judge parity` (tools/judge.py), which calls `check()` below with the candidate's
+`python -m tools.judge.judge parity` (tools/judge/judge.py), which calls `check()` below with the candidate's
 calls made in its host; the sweep's batch child calls it in-process.
 """
 
@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tools.compare import bits_equal, compare, describe, disagree, poison_, poisoned_mask, tolerance_for
+from tools.measure.compare import bits_equal, compare, describe, disagree, poison_, poisoned_mask, tolerance_for
 from tools.results import ParityResult, ParityStatus, ShapeCheck
 from tools.isolation.sandbox import ProcStatus, run_python_json
 from tools.task import Task, load_task, shape_label
@@ -46,7 +46,7 @@ def run_parity(task: Task, lib_path: Path, *, timeout_s: float | None = None, hi
     if not hidden:
         args.append("--no-hidden")
     t0 = time.monotonic()
-    proc, data = run_python_json("tools.judge", args, timeout, scratch_root)
+    proc, data = run_python_json("tools.judge.judge", args, timeout, scratch_root)
     dt = time.monotonic() - t0
     if proc.status == ProcStatus.ok and data is not None:
         try:
@@ -138,7 +138,7 @@ class _Buffers:
 def check(task: Task, mod, lib, *, seed: int, hidden: bool = True, run=None) -> ParityResult:
     """Run parity in this process (the child). Never raises for a fault of the candidate. `run(lib,
     shape, out, *inputs)` makes one call (default the task's own `run`, in this process; the judge
-    passes one that makes it in the kernel's host, tools/judge.py). An exception with a `status`
+    passes one that makes it in the kernel's host, tools/judge/judge.py). An exception with a `status`
     (the host died) ends parity with that status."""
     import torch
     t0 = time.monotonic()
@@ -246,9 +246,9 @@ def build_if_needed(task: Task, lib: str | None) -> Path:
         return Path(lib)
     import tempfile
     try:
-        from tools.build import build   # imported only when no --lib is given
+        from tools.build.build import build   # imported only when no --lib is given
     except ImportError:
-        raise SystemExit("tools.build is not available in this checkout: pass --lib PATH") from None
+        raise SystemExit("tools.build.build is not available in this checkout: pass --lib PATH") from None
     res = build(task, Path(tempfile.mkdtemp(prefix=f"build-{task.name}-")))
     if res.status != "ok" or not res.lib_path:
         raise SystemExit(f"build failed ({res.status}): {res.message}")
@@ -256,7 +256,7 @@ def build_if_needed(task: Task, lib: str | None) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m tools.parity", description="Check a kernel library against the "
+    ap = argparse.ArgumentParser(prog="python -m tools.measure.parity", description="Check a kernel library against the "
                                  "task's reference (every shape, distribution and fresh seeds).")
     ap.add_argument("task", help="task folder, e.g. kernels/matmul_cpu")
     ap.add_argument("--lib", help="the compiled library (default: build the task's sources)")

@@ -1,6 +1,6 @@
 """Which objects of an earlier build of a task a new build may link instead of compiling.
 
-tools.build takes them through `reuse`: the sweep builds every configuration with its initial build's
+tools.build.build takes them through `reuse`: the sweep builds every configuration with its initial build's
 objects of the non-editable sources (a torch extension's binding: 15-25 s of torch's headers, once
 per sweep instead of once per configuration), and a new run of `agent optimize` or `agent sweep`
 starts from the latest earlier builds of the same task (`agent check`'s, earlier runs'), so that the
@@ -46,7 +46,7 @@ def reusable_objects(task: Task, earlier: Path, ninja: str, objects: dict[str, s
     linked as they are: compiled from the same bytes, the same for every file of the task they
     included (ninja's dependency log says which), none of them editable, no file they read newer than
     the object, and (given `ours`, the new build's build.ninja) by the same compilers with the same
-    flags. `objects`: each compiled source's object path inside a build folder (tools.build's naming)."""
+    flags. `objects`: each compiled source's object path inside a build folder (tools.build.build's naming)."""
     out: dict[str, Path] = {}
     src_dir = Path(src_dir or task.root).resolve()
     for rel, name in objects.items():
@@ -67,7 +67,7 @@ def reusable_objects(task: Task, earlier: Path, ninja: str, objects: dict[str, s
             continue          # other compilers or flags (torch's, the task's build.flags, the arch)
         if ours is not None and [ln.replace(str(root), str(src_dir)) for ln in _edge(Path(earlier) / "build.ninja", name)] \
                 != _edge(ours, name):
-            continue          # the source's own flags differ (tools.torch_library's header, another torch's)
+            continue          # the source's own flags differ (tools.backends.torch_library's header, another torch's)
         made = obj.stat().st_mtime_ns
         try:
             if any(d.stat().st_mtime_ns > made for d in deps if not d.is_relative_to(root)):
@@ -115,7 +115,7 @@ def _deps(ninja: str, folder: Path, name: str) -> list[Path]:
 
 def reusable_halves(earlier: Path | list[Path], ninja: str, halves: dict[str, tuple[str, Path]], src_dir: Path,
                     ours: Path, same) -> dict[str, Path]:
-    """Objects of a file the build writes (tools.cu_split's torch half of a one-file .cu) from earlier
+    """Objects of a file the build writes (tools.backends.cu_split's torch half of a one-file .cu) from earlier
     builds of the task (a sweep's initial build, `agent check`'s): linked where an earlier build compiled
     the same code (`same`: its #line numbers aside) by the same rules and edge, no file it read is newer
     than it, and each file of the task it read has the same bytes here. `halves`: the edge's name (X.cu.host.cpp)

@@ -1,0 +1,11 @@
+"""Build: a task's sources into lib<task>.so with ninja, and which objects of an earlier build a new one
+may link.
+
+Entry points:
+- build.build(task, build_dir) -> BuildResult (ninja over the backend's compile and link lines,
+  ptxas' resources per kernel); build.default_build_dir(task); `python -m tools.build` (__main__).
+- reuse.latest_builds, reusable_from, reusable_halves: which objects of earlier builds a new one
+  links (the binding compiled once per sweep, per machine).
+
+May import: the task (tools.task) and the floors below it (tools.backends, tools.isolation, tools.results).
+"""
