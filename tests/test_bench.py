@@ -373,9 +373,15 @@ import torch as _torch
 
 def timing_reference(shape, a, b):
     """torch's matmul as threads that wait on a busy machine make it look: slower by 3 ms on every
-    call while torch runs more than one thread, itself on one."""
-    out = reference(shape, a, b)
-    if _torch.get_num_threads() > 1:
+    call while torch is set to more than one thread, itself on one. The product itself on one thread:
+    real threads spinning here would slow the suite's other worker's timings on 2 cores."""
+    n = _torch.get_num_threads()
+    _torch.set_num_threads(1)
+    try:
+        out = reference(shape, a, b)
+    finally:
+        _torch.set_num_threads(n)
+    if n > 1:
         _time.sleep(0.003)
     return out
 '''

@@ -1,5 +1,6 @@
-"""`python -m tools.profile TASK --lib PATH [--tier 1|2] [--shape I]` or
-`python -m tools.profile --from-report FILE.ncu-rep`: prints the ProfileReport JSON.
+"""`python -m tools.profile TASK [--lib PATH] [--tier 1|2] [--shape I] [--json]` or
+`python -m tools.profile --from-report FILE.ncu-rep`: prints the ProfileReport JSON (without --lib, the
+task is built first, as the other instruments do).
 Exit code 0 for ok/fallback, 1 for a failure status (the JSON says which), 2 for bad arguments."""
 
 from __future__ import annotations
@@ -42,14 +43,18 @@ def ok(report) -> bool:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m tools.profile", description=__doc__)
-    add_arguments(p, lib_required=True)
+    add_arguments(p, lib_required=False)
+    # JSON is what this prints anyway; taken as the other instruments take it (`agent profile` has its own)
+    p.add_argument("--json", action="store_true", help="print JSON (the default here)")
     args = p.parse_args(argv)
-    if not args.from_report and not (args.task and args.lib):
-        p.error("give TASK and --lib, or --from-report FILE")
+    if not args.from_report and not args.task:
+        p.error("give TASK (and --lib, or it is built), or --from-report FILE")
+    from tools.measure.parity import build_if_needed
     from tools.profile.ncu import report_json
-    from tools.task import TaskError
+    from tools.task import TaskError, load_task
     try:
-        report = run(args, args.lib)
+        lib = args.lib if args.from_report else str(build_if_needed(load_task(args.task), args.lib))
+        report = run(args, lib)
     except (TaskError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
