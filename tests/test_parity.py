@@ -80,8 +80,9 @@ def test_correct_kernel_passes_every_shape_with_hidden_shapes_and_errors_reporte
     ("oob", ParityStatus.out_of_bounds, "outside its output"),
     ("segv", ParityStatus.crashed, "SIGSEGV"),
     ("counter", ParityStatus.nondeterministic, "first call matched"),
-    ("ptrcache", ParityStatus.unwritten, "never written"),
+    ("ptrcache", ParityStatus.output_state, "before the call"),   # "the result is already there"
     ("inptrcache", ParityStatus.mismatch, "outside atol"),
+    ("zerofill", ParityStatus.output_state, "before the call"),   # right into the poison, not into values
 ])
 def test_faulty_kernel_is_caught(tmp_path, kernel, status, words):
     task, lib = make_task(tmp_path, kernel)
@@ -146,3 +147,35 @@ def test_cuda_faults_are_caught(tmp_path):
         overrides, expect = g.VARIANTS[name]
         res = run_parity(task, g.build(tmp_path, name, overrides))
         assert res.status.value in expect.split("|"), (name, res.message)
+
+
+def test_the_output_state_call_fails_when_its_call_is_replaced_by_a_no_op(tmp_path):
+    """Ghost replay of the output-state check (issue 39): with the kernel's third call replaced by a
+    no-op, the check must fail, for each state it puts in the output (an earlier call's result, zeros,
+    random values); with the real call it passes. A check that passed here would be reading something
+    the kernel did not compute."""
+    from tools.measure.parity import STATES, check
+    task, lib = make_task(tmp_path, "correct", hidden=0)
+    mod = task.module()
+    handle = task.backend.load(str(lib))
+    seen = set()
+    for seed in range(4):   # checks rotate through the states: every one of them fails as a ghost
+        res = check(task, mod, handle, seed=seed, hidden=False, run=mod.run, run_kept=lambda *a: None)
+        assert res.status == ParityStatus.output_state, res.message
+        assert "before the call" in res.message and "it must not depend on what the output holds" in res.message
+        seen.add(res.message.split(" before the call")[0].removeprefix("into an output that held "))
+    assert seen == {"random values"}, seen   # the first check of a shape: no earlier result, so random
+    ghost_states = []
+    for n in range(len(STATES) + 1):   # the n-th check's state, as a ghost: run the first n checks for real
+        real = iter(range(n))
+
+        def kept(lib, shape, out, *inputs):
+            if next(real, None) is not None:
+                mod.run(lib, shape, out, *inputs)
+        res = check(task, mod, handle, seed=11, hidden=False, run=mod.run, run_kept=kept)
+        if res.status == ParityStatus.ok:
+            continue   # fewer checks than n on this task
+        assert res.status == ParityStatus.output_state, res.message
+        ghost_states.append(res.message.split(" before the call")[0].removeprefix("into an output that held "))
+    assert {"zeros", "random values", "an earlier call's result on other inputs"} <= set(ghost_states), ghost_states
+    assert check(task, mod, handle, seed=11, hidden=False).status == ParityStatus.ok

@@ -158,7 +158,9 @@ def test_roofline_floor_is_far_below_honest_kernels_and_names_its_basis():
 
 @pytest.mark.slow
 def test_bench_flags_timing_loop_cheats_that_pass_parity(tmp_path):
-    """The cheats that pass parity, straight through parity and bench (no loop)."""
+    """The cheats that pass parity, straight through parity and bench (no loop). window_partial no longer
+    passes parity (its window opens at parity's output-state call, issue 39: a repeat into an output that
+    holds other values, of which it recomputes a quarter); the bench's timed-round check still catches it."""
     import subprocess
     from tools.measure.bench import run_bench
     from tools.measure.parity import run_parity
@@ -172,7 +174,8 @@ def test_bench_flags_timing_loop_cheats_that_pass_parity(tmp_path):
         lib = tmp_path / f"lib{name}.so"
         subprocess.run(["g++", "-O3", "-march=native", "-std=c++17", "-shared", "-fPIC", "-o", str(lib), str(cpp)],
                        check=True, capture_output=True)
-        assert run_parity(task, lib).status.value == "ok", f"{name} is built to pass parity"
+        want = "output_state" if name == "window_partial" else "ok"
+        assert run_parity(task, lib).status.value == want, f"{name}: parity {want} expected"
         b = run_bench(task, lib, with_reference=False)[0]
         assert b.status.value == "suspicious" and re.search(needle, b.message), b.message
         assert re.search(r"\d", b.message)

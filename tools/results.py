@@ -117,6 +117,7 @@ class ParityStatus(str, Enum):
     input_mutated = "input_mutated"
     out_of_bounds = "out_of_bounds"        # wrote into the guard bytes around the output tensor
     nondeterministic = "nondeterministic"  # repeated calls disagree beyond tolerance
+    output_state = "output_state"          # the result depended on what the output held before the call
     crashed = "crashed"
     timeout = "timeout"
     error = "error"                        # the harness could not run (bad lib, missing symbol, ...)

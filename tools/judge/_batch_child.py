@@ -135,7 +135,7 @@ def _one(task, mod, remote: Remote, lib_path: str, ctx: dict | None = None, time
     launch, rejected = _launch(task, remote, ctx, t0)
     if rejected is not None:
         return rejected
-    parity = check(task, mod, "candidate", seed=seed, hidden=True, run=remote.run)
+    parity = check(task, mod, "candidate", seed=seed, hidden=True, run=remote.run, run_kept=remote.run_kept)
     row = {**launch, "seed": seed, "parity": parity.model_dump(mode="json", exclude={"checks"})}
     if parity.status != ParityStatus.ok:
         return {**row, "status": "crashed" if parity.status == ParityStatus.crashed else "parity_failed",

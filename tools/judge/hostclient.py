@@ -201,20 +201,23 @@ class Remote:
         load_into(t, self._file(key))
         self.synced[key] = (weakref.ref(t), t._version)
 
-    def calls(self, lib: str, shape: dict, pairs: list[tuple], transfer: bool = True) -> tuple[float, float]:
+    def calls(self, lib: str, shape: dict, pairs: list[tuple], transfer: bool = True,
+              keep_outs: bool = False) -> tuple[float, float]:
         """Run lib on each (out, inputs) back to back in the host. With `transfer`, changed inputs go there
         first, each output is poisoned there and comes back after, and so does any input a call changed
-        (without: the buffers are already there, as the bench's are). Returns (seconds to issue the
-        calls, seconds in all on the judge's clock)."""
+        (without: the buffers are already there, as the bench's are); with `keep_outs`, each output goes
+        there as it is here instead of poisoned (parity's output-state check). Returns (seconds to issue
+        the calls, seconds in all on the judge's clock)."""
         import time
         calls, outs, ins = [], {}, {}
         for out, inputs in pairs:
             flat, o = self._out(out)
-            calls.append({"lib": lib, "out": {**o, "poison": transfer},
+            calls.append({"lib": lib, "out": {**o, "poison": transfer and not keep_outs},
                           "inputs": [{"key": self._key(t, "i"), "shape": list(t.shape)} for t in inputs]})
             outs[o["key"]] = flat
             ins.update({self._key(t, "i"): t for t in inputs})
-        put = self.put([(t, "i") for t in ins.values()]) if transfer else []
+        put = self.put([(t, "i") for t in ins.values()] + [(t, "o") for t in outs.values() if keep_outs]) \
+            if transfer else []
         t0 = time.perf_counter()
         ans = self.host.ask({"op": "call", "shape": shape, "put": put, "calls": calls,
                              "get": list(outs) if transfer else [], "check": transfer})
@@ -231,6 +234,10 @@ class Remote:
     def run(self, lib: str, shape: dict, out, *inputs) -> None:
         """tools.measure.parity's `run`: one call."""
         self.calls(lib, shape, [(out, inputs)])
+
+    def run_kept(self, lib: str, shape: dict, out, *inputs) -> None:
+        """One call into `out` holding what it holds here (parity's output-state check), not the poison."""
+        self.calls(lib, shape, [(out, inputs)], keep_outs=True)
 
 
 class RemoteClock:

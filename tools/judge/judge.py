@@ -83,7 +83,7 @@ def evaluate(task, mod, remote: Remote, job: dict, shapes: list[dict]) -> dict:
             return {"launch": launch, "parity": None, "bench": None}
     mark("parity")
     par = check(task, mod, "candidate", seed=int(job.get("seed") or 0), hidden=not job.get("no_hidden"),
-                run=remote.run)
+                run=remote.run, run_kept=remote.run_kept)
     if par.status != ParityStatus.ok:
         return {"launch": launch, "parity": par.model_dump(mode="json"), "bench": None}
     mark("bench")
@@ -100,7 +100,7 @@ def run(mode: str, task, mod, host: HostClient, job: dict, shapes: list[dict]) -
     remote = Remote(host)
     if mode == "parity":
         return check(task, mod, "candidate", seed=int(job.get("seed") or 0), hidden=not job.get("no_hidden"),
-                     run=remote.run).model_dump(mode="json")
+                     run=remote.run, run_kept=remote.run_kept).model_dump(mode="json")
     if mode == "bench":
         return {"results": bench(task, mod, remote, job, shapes)}
     return evaluate(task, mod, remote, job, shapes)

@@ -78,6 +78,10 @@ def child_failure(stage: str, proc, data: dict | None) -> str:
     return f"{stage} child printed no JSON result (exit code {proc.returncode}){tail}"
 
 
+# what an output holds before the output-state call, in turn (tools/measure/parity.py _one)
+STATES = ("stale", "zeros", "random")
+
+
 class _Buffers:
     """Per-shape input and output buffers, reused across seeds (pointer-keyed caches go stale)."""
 
@@ -86,6 +90,8 @@ class _Buffers:
         self.inputs: tuple | None = None
         self.outs: dict[int, tuple] = {}   # slot -> (guarded flat buffer, view, guard elems)
         self.last = 1                       # the slot the latest call wrote
+        self.calls = 0                      # checks so far: the output state rotates with them
+        self.stale = None                   # the previous check's expected output (another call's result)
 
     def order(self) -> tuple[int, int]:
         """Slots for this seed's two calls: the first reuses the buffer the previous call wrote (with new
@@ -120,6 +126,25 @@ class _Buffers:
         poison_(have[0])
         return have[1]
 
+    def fill_state(self, view) -> str:
+        """Put into `view` what an output may hold before a call (the guards stay poisoned): an earlier
+        call's result on other inputs, zeros or random values, in turn. Returns what it put there."""
+        t = self.torch
+        state = STATES[self.calls % len(STATES)]
+        self.calls += 1
+        if state == "stale" and (self.stale is None or self.stale.shape != view.shape or self.stale.dtype != view.dtype):
+            state = "random"
+        if state == "stale":
+            view.copy_(self.stale)
+        elif state == "zeros":
+            view.zero_()
+        elif view.dtype.is_floating_point:
+            view.copy_(t.rand(view.shape, device=view.device).mul_(2).sub_(1))
+        else:
+            view.copy_(t.randint(-100, 100, view.shape, device=view.device))
+        return {"stale": "an earlier call's result on other inputs", "zeros": "zeros",
+                "random": "random values"}[state]
+
     def guard_hit(self, slot: int) -> int | None:
         """Offset (in elements, negative = before the start) of a write into the guard, or None."""
         flat, view, g = self.outs[slot]
@@ -135,11 +160,12 @@ class _Buffers:
         return None
 
 
-def check(task: Task, mod, lib, *, seed: int, hidden: bool = True, run=None) -> ParityResult:
+def check(task: Task, mod, lib, *, seed: int, hidden: bool = True, run=None, run_kept=None) -> ParityResult:
     """Run parity in this process (the child). Never raises for a fault of the candidate. `run(lib,
     shape, out, *inputs)` makes one call (default the task's own `run`, in this process; the judge
-    passes one that makes it in the kernel's host, tools/judge/judge.py). An exception with a `status`
-    (the host died) ends parity with that status."""
+    passes one that makes it in the kernel's host, tools/judge/judge.py); `run_kept` the same into an
+    output holding what it holds here (the host's poisons it otherwise; in this process `run` does).
+    An exception with a `status` (the host died) ends parity with that status."""
     import torch
     t0 = time.monotonic()
     spec = task.spec
@@ -164,7 +190,8 @@ def check(task: Task, mod, lib, *, seed: int, hidden: bool = True, run=None) -> 
         for dist in spec.distributions:
             for s in seeds:
                 try:
-                    c = _one(task, mod, lib, shape, label, dist, s, device, bufs, sync, run or mod.run)
+                    c = _one(task, mod, lib, shape, label, dist, s, device, bufs, sync, run or mod.run,
+                             run_kept or (mod.run if run is None else None))
                 except Exception as e:  # the task's run raised (launcher error, bad symbol, ...)
                     msg = " ".join(str(e).split())[:400]
                     status = getattr(e, "status", None)
@@ -195,7 +222,7 @@ def check(task: Task, mod, lib, *, seed: int, hidden: bool = True, run=None) -> 
     return ParityResult(status=ParityStatus.ok, message=msg, checks=checks, seconds=time.monotonic() - t0)
 
 
-def _one(task, mod, lib, shape, label, dist, seed, device, bufs: _Buffers, sync, run) -> dict[str, Any]:
+def _one(task, mod, lib, shape, label, dist, seed, device, bufs: _Buffers, sync, run, run_kept) -> dict[str, Any]:
     inputs = bufs.adopt(make_inputs(mod, shape, seed, device, dist))
     clones = tuple(x.clone() if hasattr(x, "clone") else x for x in inputs)
     s1, s2 = bufs.order()
@@ -236,6 +263,25 @@ def _one(task, mod, lib, shape, label, dist, seed, device, bufs: _Buffers, sync,
                 "worst_index": d["worst_index"], "expected": d["first"], "got": d["second"],
                 "message": f"{label} dist={dist}: two calls on the same inputs disagree in {d['mismatches']} "
                            f"elements beyond tolerance; at {d['worst_index']}: {d['first']:.6g} vs {d['second']:.6g}"}
+    if run_kept is not None:
+        # a third call into an output that already holds values: an earlier call's result, zeros or
+        # random ones. A kernel whose result depends on them ("resume rows already done", "skip the
+        # zero-fill of a clean buffer") is right into the poison and wrong into a buffer the caller reuses.
+        out3 = bufs.out(s2, mod.empty_output(shape, *inputs))
+        held = bufs.fill_state(out3)
+        run_kept(lib, shape, out3, *inputs)
+        sync()
+        hit = bufs.guard_hit(s2)
+        c3 = compare(out3, exp, atol, rtol) if hit is None else {"status": "ok"}
+        if hit is not None:
+            return {**base, "status": "out_of_bounds", "message": f"{label} dist={dist}: the kernel wrote outside "
+                    f"its output tensor (element offset {hit}; the output has {out3.numel()} elements)"}
+        if c3["status"] != "ok":
+            line = describe(label, dist, c3, atol, rtol)
+            return {**base, **c3, "status": "output_state", "message": f"into an output that held {held} before "
+                    f"the call, the result was wrong ({c3['status']}): {line}: it must not depend on what the "
+                    "output holds"}
+    bufs.stale = exp
     return {**base, **c1, "max_abs_err": max(c1["max_abs_err"], c2["max_abs_err"]),
             "max_rel_err": max(c1["max_rel_err"], c2["max_rel_err"])}
 
