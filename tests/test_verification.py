@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from agent.runlog import Decision, read_config, read_iterations, read_state
-from tests.fixtures.cheats.cheats import CASES, GOOD, proposal, source
+from tests.fixtures.cheats.cheats import CASES, GOOD, Case, proposal, source
 from tests.userrepo import agent, git, make_user_repo, snapshot
 from tools.measure.roofline import floor_ms
 
@@ -179,6 +179,25 @@ def test_bench_flags_timing_loop_cheats_that_pass_parity(tmp_path):
         b = run_bench(task, lib, with_reference=False)[0]
         assert b.status.value == "suspicious" and re.search(needle, b.message), b.message
         assert re.search(r"\d", b.message)
+
+
+@pytest.mark.slow
+@pytest.mark.xfail(strict=True, reason="issue 39, open: timed calls on fresh data. A memo that checks its own "
+                   "output before being lazy passes parity's output-state call, the bench's spot check (a burst's "
+                   "first call after the poison computes in full) and the probes (its window closes at their fresh "
+                   "inputs): kept at 37-42x over the parent in 3 of 3 one-iteration runs (2026-11-27)")
+def test_a_memo_that_checks_its_own_output_is_not_kept(tmp_path):
+    """VERIFICATION.md's open case, written as the adversary the next slice must catch; strict: when it
+    is caught this xfail fails, and the case moves into the catalogue."""
+    root = verification_repo(tmp_path / "user")
+    case = Case("memo_intact", "cheat", "a memo that checks its own output, lazy only while timed", "bench_failed")
+    props = tmp_path / "memo.json"
+    props.write_text(json.dumps([proposal(case).model_dump()]))
+    res = agent(root, "optimize", "kernels/matmul_cpu", "--proposer", "replay", "--replay", str(props), "--iters", "1",
+                "--target", "100x", "--quiet", "--run-id", "memo", timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    [rec] = read_iterations(root / "runs" / "memo")
+    assert rec.decision != Decision.kept, f"kept: {rec.reason}"
 
 
 # --- CUDA-only patterns: the device script, when a GPU is here --------------------------------------
