@@ -447,21 +447,27 @@ def test_beside_busy_processes_a_threaded_reference_gives_a_right_figure_or_none
     shape = {"M": 96, "N": 160, "K": 72}
     task, lib = make_task(tmp_path, "correct")
     task = _threads(task, 2)
-    [idle] = run_bench(task, lib, shapes=[shape], with_reference=True)
-    assert idle.status == BenchStatus.ok, idle.message
-    hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in os.sched_getaffinity(0)]
-    try:
-        for _attempt in range(2):
+    # "idle" is this machine beside whatever else the suite runs (.ci/run's other worker once slowed the
+    # idle bench's candidate to 0.60 ms from 0.37 ms): as in the A/A test, a second attempt decides,
+    # while a figure tens of times off fails both
+    for _attempt in range(2):
+        [idle] = run_bench(task, lib, shapes=[shape], with_reference=True)
+        assert idle.status == BenchStatus.ok, idle.message
+        hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in os.sched_getaffinity(0)]
+        try:
             [r] = run_bench(task, lib, shapes=[shape], with_reference=True)
-            assert r.status == BenchStatus.ok, r.message
-            if r.speedup_vs_reference is None:
-                assert "vs reference unstable: " in r.message, r.message
-            elif idle.speedup_vs_reference is not None:
-                assert 0.5 <= r.speedup_vs_reference / idle.speedup_vs_reference <= 2.0, (r.message, idle.message)
-    finally:
-        for h in hogs:
-            h.kill()
-            h.wait()
+        finally:
+            for h in hogs:
+                h.kill()
+                h.wait()
+        assert r.status == BenchStatus.ok, r.message
+        if r.speedup_vs_reference is None:
+            assert "vs reference unstable: " in r.message, r.message
+            break
+        if idle.speedup_vs_reference is None or 0.5 <= r.speedup_vs_reference / idle.speedup_vs_reference <= 2.0:
+            break
+    assert r.speedup_vs_reference is None or idle.speedup_vs_reference is None or \
+        0.5 <= r.speedup_vs_reference / idle.speedup_vs_reference <= 2.0, (r.message, idle.message)
 
 @pytest.mark.slow
 def test_a_run_against_an_unstable_reference_prints_no_figure_against_it_anywhere(tmp_path):

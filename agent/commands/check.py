@@ -137,7 +137,9 @@ def run_check(task_path: Path, build_dir: Path | None = None, knobs: str = "comm
     summary.ok = True
     if task.spec.knobs and knobs in ("each", "all"):
         from agent.knobcheck import check_knobs, summary_line
-        out = Path(tempfile.mkdtemp(prefix=".knobs-", dir=build_dir.parent))   # runs/_build: out of git status
+        # inside the build folder (runs/_build/NAME by default, out of git status; or the one --build-dir
+        # named): never beside it, where a relative --build-dir would put it in the user's checkout
+        out = Path(tempfile.mkdtemp(prefix=".knobs-", dir=build_dir))
         summary.knobs = check_knobs(task, knobs, Path(b.lib_path), build_dir, out, say)   # type: ignore[arg-type]
         summary.ok = not summary.knobs.failures
         steps.add(f"knobs ({knobs})", "ok" if summary.ok else "failed", summary_line(summary.knobs))
