@@ -81,9 +81,9 @@ def _describe(which: Which) -> str:
 
 
 def summary_line(res: KnobCheck) -> str:
-    head = f"{res.configurations} configurations besides the committed one ({_describe(res.which)})"
     if not res.configurations:
         return f"no configurations besides the committed one ({_describe(res.which)})"
+    head = f"{res.configurations} configurations besides the committed one ({_describe(res.which)})"
     if not res.failures:
         return f"{head}: every one builds and passes parity"
     return (f"{head}: {len(res.failures)} fail, a task defect: make the kernel right at these values, or drop them "
