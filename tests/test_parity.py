@@ -81,7 +81,7 @@ def test_correct_kernel_passes_every_shape_with_hidden_shapes_and_errors_reporte
     ("segv", ParityStatus.crashed, "SIGSEGV"),
     ("counter", ParityStatus.nondeterministic, "first call matched"),
     ("ptrcache", ParityStatus.output_state, "before the call"),   # "the result is already there"
-    ("inptrcache", ParityStatus.mismatch, "outside atol"),
+    ("inptrcache", ParityStatus.stale_input, "changed in place"),   # before issue 39: mismatch on the next seed
     ("zerofill", ParityStatus.output_state, "before the call"),   # right into the poison, not into values
 ])
 def test_faulty_kernel_is_caught(tmp_path, kernel, status, words):
@@ -167,10 +167,10 @@ def test_the_output_state_call_fails_when_its_call_is_replaced_by_a_no_op(tmp_pa
     assert seen == {"random values"}, seen   # the first check of a shape: no earlier result, so random
     ghost_states = []
     for n in range(len(STATES) + 1):   # the n-th check's state, as a ghost: run the first n checks for real
-        real = iter(range(n))
+        calls = iter(range(10 ** 6))   # two kept calls per check: the output-state call, the changed repeat
 
-        def kept(lib, shape, out, *inputs):
-            if next(real, None) is not None:
+        def kept(lib, shape, out, *inputs, n=n):
+            if next(calls) != 2 * n:
                 mod.run(lib, shape, out, *inputs)
         res = check(task, mod, handle, seed=11, hidden=False, run=mod.run, run_kept=kept)
         if res.status == ParityStatus.ok:
@@ -179,3 +179,29 @@ def test_the_output_state_call_fails_when_its_call_is_replaced_by_a_no_op(tmp_pa
         ghost_states.append(res.message.split(" before the call")[0].removeprefix("into an output that held "))
     assert {"zeros", "random values", "an earlier call's result on other inputs"} <= set(ghost_states), ghost_states
     assert check(task, mod, handle, seed=11, hidden=False).status == ParityStatus.ok
+
+
+def test_the_changed_repeat_fails_when_its_call_is_replaced_by_a_no_op(tmp_path):
+    """Ghost replay of the changed-repeat call (issue 39): a few input values changed in place, the call
+    into the output of the call before replaced by a no-op, must fail (the output holds the answer for the
+    inputs before the change), on every check where it is the ghost; with the real call it passes. The
+    inputs changed are the task's own draws: the result differs beyond the tolerance by construction."""
+    from tools.measure.parity import check
+    task, lib = make_task(tmp_path, "correct", hidden=0)
+    mod = task.module()
+    handle = task.backend.load(str(lib))
+    failed = 0
+    for n in range(4):
+        calls = iter(range(10 ** 6))
+
+        def kept(lib, shape, out, *inputs, n=n):
+            if next(calls) != 2 * n + 1:
+                mod.run(lib, shape, out, *inputs)
+        res = check(task, mod, handle, seed=5, hidden=False, run=mod.run, run_kept=kept)
+        if res.status == ParityStatus.ok and len(res.checks) <= n:
+            continue   # fewer checks than n on this task
+        assert res.status == ParityStatus.stale_input, res.message
+        assert "changed in place" in res.message and "answered for the inputs before the change" in res.message
+        failed += 1
+    assert failed >= 2, failed
+    assert check(task, mod, handle, seed=5, hidden=False).status == ParityStatus.ok

@@ -18,7 +18,6 @@ import pytest
 from agent.runlog import Decision, read_config, read_iterations, read_state
 from tests.fixtures.cheats.cheats import CASES, GOOD, Case, proposal, source
 from tests.userrepo import agent, git, make_user_repo, snapshot
-from tools.measure.roofline import floor_ms
 
 BUILD_TIMEOUT_S = 10     # the compile-timeout fault needs minutes; an honest build takes about a second
 # The infinite loop is killed at the evaluate child's budget, parity's plus the bench's (one child runs
@@ -106,11 +105,12 @@ def test_every_cpu_cheat_and_fault_is_rejected_and_the_loop_goes_on(tmp_path):
     by = {c.name: r for c, r in zip(cases, recs)}
     # the roofline check names its floor; the floor is far above what the cheat's timed call took
     # (or the timed rounds' spot check got there first: its skipped calls leave the poison)
-    fc = by["fingerprint_cache"]
-    if "timed round" not in fc.bench.message:
-        assert "roofline floor" in fc.bench.message and "FLOP" in fc.bench.message
-        fl = floor_ms(2 * 256 ** 3, 4 * 3 * 256 ** 2, "cpu", "float32")
-        assert fc.bench.timing("candidate").median_ms < fl.ms < state.initial_ms
+    # (issue 39: the memos keyed on a sample of their inputs are caught by parity's changed repeat now; the
+    # roofline floor stays behind them, tests/test_verification.py's bench-only test)
+    assert "changed in place" in by["fingerprint_cache"].parity.message
+    # the exact memo, right on every call: its repeats within a round against its first calls, with figures
+    me = by["memo_exact_window"].bench.message
+    assert re.search(r"took [\d.]+ us, the fastest call repeating one of them [\d.]+ us \([\d.]+x", me), me
     # the timed rounds' spot check or the burst check caught the timing-loop detector before the roofline
     # had to (which one depends on whether the first call of a burst came 40 us after the last one)
     ts = by["timing_shortcut"].bench.message
@@ -158,9 +158,11 @@ def test_roofline_floor_is_far_below_honest_kernels_and_names_its_basis():
 
 @pytest.mark.slow
 def test_bench_flags_timing_loop_cheats_that_pass_parity(tmp_path):
-    """The cheats that pass parity, straight through parity and bench (no loop). window_partial no longer
-    passes parity (its window opens at parity's output-state call, issue 39: a repeat into an output that
-    holds other values, of which it recomputes a quarter); the bench's timed-round check still catches it."""
+    """The timing cheats, straight through parity and bench (no loop): the bench catches each, also those
+    parity now catches first (issue 39: the memos keyed on 16 sampled values at the changed repeat).
+    memo_exact_window, right on every call, only by the bench: its repeats within a round are 3-4x faster
+    than its first calls on the round's new values. Not here: window_partial (parity's output-state call
+    catches it), which the bench now times honest: its window closes at the first round's new values."""
     import subprocess
     from tools.measure.bench import run_bench
     from tools.measure.parity import run_parity
@@ -168,36 +170,17 @@ def test_bench_flags_timing_loop_cheats_that_pass_parity(tmp_path):
     root = verification_repo(tmp_path / "user")
     task = load_task(root / "kernels" / "matmul_cpu")
     for name, needle in (("timing_shortcut", "(timed round|back to back)"), ("fingerprint_cache", "(timed round|roofline floor)"),
-                         ("fingerprint_partial", "repeated earlier calls"), ("window_partial", "timed round")):
+                         ("fingerprint_partial", "repeated earlier calls"), ("memo_exact_window", "repeated earlier calls")):
         cpp = tmp_path / f"{name}.cpp"
         cpp.write_text(source(name))
         lib = tmp_path / f"lib{name}.so"
         subprocess.run(["g++", "-O3", "-march=native", "-std=c++17", "-shared", "-fPIC", "-o", str(lib), str(cpp)],
                        check=True, capture_output=True)
-        want = "output_state" if name == "window_partial" else "ok"
+        want = {"fingerprint_cache": "stale_input", "fingerprint_partial": "stale_input"}.get(name, "ok")
         assert run_parity(task, lib).status.value == want, f"{name}: parity {want} expected"
         b = run_bench(task, lib, with_reference=False)[0]
         assert b.status.value == "suspicious" and re.search(needle, b.message), b.message
         assert re.search(r"\d", b.message)
-
-
-@pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason="issue 39, open: timed calls on fresh data. A memo that checks its own "
-                   "output before being lazy passes parity's output-state call, the bench's spot check (a burst's "
-                   "first call after the poison computes in full) and the probes (its window closes at their fresh "
-                   "inputs): kept at 37-42x over the parent in 3 of 3 one-iteration runs (2026-11-27)")
-def test_a_memo_that_checks_its_own_output_is_not_kept(tmp_path):
-    """VERIFICATION.md's open case, written as the adversary the next slice must catch; strict: when it
-    is caught this xfail fails, and the case moves into the catalogue."""
-    root = verification_repo(tmp_path / "user")
-    case = Case("memo_intact", "cheat", "a memo that checks its own output, lazy only while timed", "bench_failed")
-    props = tmp_path / "memo.json"
-    props.write_text(json.dumps([proposal(case).model_dump()]))
-    res = agent(root, "optimize", "kernels/matmul_cpu", "--proposer", "replay", "--replay", str(props), "--iters", "1",
-                "--target", "100x", "--quiet", "--run-id", "memo", timeout=600)
-    assert res.returncode == 0, res.stderr[-3000:]
-    [rec] = read_iterations(root / "runs" / "memo")
-    assert rec.decision != Decision.kept, f"kept: {rec.reason}"
 
 
 # --- CUDA-only patterns: the device script, when a GPU is here --------------------------------------

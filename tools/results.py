@@ -118,6 +118,7 @@ class ParityStatus(str, Enum):
     out_of_bounds = "out_of_bounds"        # wrote into the guard bytes around the output tensor
     nondeterministic = "nondeterministic"  # repeated calls disagree beyond tolerance
     output_state = "output_state"          # the result depended on what the output held before the call
+    stale_input = "stale_input"            # after a few input values changed in place, the old inputs' answer
     crashed = "crashed"
     timeout = "timeout"
     error = "error"                        # the harness could not run (bad lib, missing symbol, ...)

@@ -40,7 +40,8 @@ import threading
 import time
 from pathlib import Path
 
-from tools.judge.hostclient import HostClient, HostFailed, HostRuns, Remote
+from tools.judge.hostclient import HostClient, HostFailed, Remote
+from tools.judge.hostruns import HostRuns
 from tools.judge.runner import private_stdout
 
 # failures after which the process is not trusted with the next library

@@ -20,6 +20,7 @@ Requests (each answered {"ok": true, ...} or {"ok": false, "error": "..."}):
                                                calls and to finish, and the changed inputs' keys
     arms  {shape, sets, outs, arms}            the bench's arms (a library, or null: the reference) over
                                                buffers already here
+    refill {shape, sets, seeds, dist}          new values in the timed sets (make_inputs), their digests
     cost  {arm} / time {arm, n, offset}        tools.backends.clocks' rep cost / n timed reps (ms each)
 
 A buffer is named by a key (the same key, the same memory: a kernel that caches on its pointers sees
@@ -50,6 +51,15 @@ def load_into(t, path: str) -> None:
         raise ValueError(f"{os.path.basename(path)} holds {os.path.getsize(path)} bytes, the buffer {n}")
     src = torch.from_file(path, size=n, dtype=torch.uint8)
     t.view(-1).view(torch.uint8).copy_(src)
+
+
+def digest(t) -> int:
+    """An exact sum of a tensor's bytes, as 32-bit words where they divide (the judge's and the host's copies
+    of a refilled set compared: tools.judge.hostclient.HostRuns.mirror)."""
+    import torch
+    b = t.detach().contiguous().view(-1).view(torch.uint8)
+    w = b.view(torch.int32) if b.numel() % 4 == 0 else b
+    return int(w.sum(dtype=torch.int64))
 
 
 def _same_bits(a, b) -> bool:
@@ -169,6 +179,20 @@ class Host:
                       "clock": self.task.backend.clock()}
         return {"ok": True}
 
+    def refill(self, r: dict) -> dict:
+        """New values in the timed sets, in place: set i from the task's make_inputs with seeds[i]; answers
+        each tensor's digest (the judge made the same and compares)."""
+        from tools.task_messages import make_inputs
+        digests = []
+        for descs, seed in zip(r["sets"], r["seeds"]):
+            fresh = make_inputs(self.mod, r["shape"], int(seed), self.device(), r["dist"])
+            bufs = [self._in(x) for x in descs]
+            for x, y in zip(bufs, fresh):
+                x.copy_(y)
+            digests.append([digest(x) for x in bufs])
+        self.sync()
+        return {"ok": True, "digests": digests}
+
     def poison(self, r: dict) -> dict:
         """The judge's SpotCheck: these output buffers poisoned before a timed burst."""
         for d in r["outs"]:
@@ -189,7 +213,7 @@ class Host:
             return {"ok": True, "ms": self.timed["clock"].run(fn, int(r["n"]), offset=int(r["offset"]))}
 
 
-OPS = ("init", "load", "plan", "call", "arms", "poison", "cost", "time")
+OPS = ("init", "load", "plan", "call", "arms", "refill", "poison", "cost", "time")
 
 
 def main() -> int:

@@ -1,5 +1,5 @@
 """The judge's side of its host (tools/judge/host.py): start it, ask it, move the judge's tensors to it and
-back (Remote), and time its bench bursts from outside (RemoteClock, HostRuns). Imported by the judge
+back (Remote); its bench bursts are timed from outside in tools/judge/hostruns.py. Imported by the judge
 only; nothing here loads candidate code.
 """
 
@@ -19,7 +19,6 @@ from pathlib import Path
 from tools.isolation.forkserver import become_child, die_with_parent, exit_with
 from tools.judge.host import load_into, save
 from tools.isolation.scratch import Scratch
-from tools.measure.stats import outside_check
 
 MAX_ANSWER = 16 << 20
 
@@ -238,94 +237,3 @@ class Remote:
     def run_kept(self, lib: str, shape: dict, out, *inputs) -> None:
         """One call into `out` holding what it holds here (parity's output-state check), not the poison."""
         self.calls(lib, shape, [(out, inputs)], keep_outs=True)
-
-
-class RemoteClock:
-    """tools.backends.clocks' interface over the host's clock, each burst also timed here, from outside."""
-
-    def __init__(self, host: HostClient):
-        self.host = host
-        self.bursts: list[tuple[str, float, float]] = []    # (arm, ms the host reported, ms on this clock)
-
-    def rep_cost(self, arm: str, n: int = 3) -> float:
-        ms = self.host.ask({"op": "cost", "arm": arm}).get("ms")
-        if not isinstance(ms, (int, float)) or not ms >= 0:
-            raise HostFailed("error", f"the host answered a rep cost of {ms!r}")
-        return float(ms)
-
-    def run(self, arm: str, n: int, offset: int = 0, one_thread: bool = False) -> list[float]:
-        import math
-        import time
-        t0 = time.perf_counter()
-        ms = self.host.ask({"op": "time", "arm": arm, "n": n, "offset": offset, "one_thread": one_thread}).get("ms")
-        outside = (time.perf_counter() - t0) * 1e3
-        if (not isinstance(ms, list) or len(ms) != n
-                or not all(isinstance(x, (int, float)) and math.isfinite(x) and x >= 0 for x in ms)):
-            raise HostFailed("error", f"the host answered {str(ms)[:80]} for {n} timed reps")
-        self.bursts.append((arm, float(sum(ms)), outside))
-        return [float(x) for x in ms]
-
-    def sync(self) -> None:
-        pass
-
-
-class HostRuns:
-    """tools.measure.bench's runs (see LocalRuns) in the host: the candidate and, if loaded, the baseline."""
-
-    def __init__(self, remote: Remote, shape: dict, baseline: bool):
-        self.remote, self.shape, self.baseline = remote, shape, baseline
-        self.clock = RemoteClock(remote.host)
-
-    def arms(self, sets: list[tuple], outs: list, with_reference: bool) -> list[tuple[str, str]]:
-        labels = [("candidate", "candidate")] + ([("baseline", "baseline")] if self.baseline else []) \
-            + ([("reference", None)] if with_reference else [])
-        self._timed(sets, outs, labels)
-        return [(label, label) for label, _ in labels]
-
-    def _timed(self, sets: list[tuple], outs: list, labels: list[tuple]) -> None:
-        """Send the buffers the host lacks and make `labels` (label, library id or None for the
-        reference) its timed arms over them."""
-        r = self.remote
-        put = r.put([(t, "i") for s in sets for t in s] + [(r._out(o)[0], "o") for o in outs])
-        r.host.ask({"op": "call", "shape": self.shape, "put": put, "calls": [], "get": []})
-        r.host.ask({"op": "arms", "shape": self.shape, "arms": labels, "outs": [r._out(o)[1] for o in outs],
-                    "sets": [[{"key": r._key(t, "i"), "shape": list(t.shape)} for t in s] for s in sets]})
-
-    def calls(self, pairs: list[tuple], transfer: bool = True) -> tuple[float, float]:
-        return self.remote.calls("candidate", self.shape, pairs, transfer)
-
-    def threads(self) -> int | None:
-        """torch's CPU threads in the host, as it said when it started."""
-        return self.remote.host.info.get("threads")
-
-    def one_thread(self, arm: str, n: int) -> list[float]:
-        """The arm timed n times in the host with torch on one CPU thread (tools/measure/refcheck.py)."""
-        return self.clock.run(arm, n, one_thread=True)
-
-    def poison_outs(self, outs: list) -> None:
-        """Poison the timed output buffers in the host (SpotCheck: before every library arm's burst)."""
-        self.remote.host.ask({"op": "poison", "outs": [self.remote._out(o)[1] for o in outs]})
-
-    def fetch_outs(self, outs: list) -> None:
-        """The timed output buffers as the host holds them now, into the judge's tensors."""
-        r = self.remote
-        flats = {}
-        for o in outs:
-            flat, d = r._out(o)
-            flats[d["key"]] = flat
-        r.host.ask({"op": "call", "shape": self.shape, "put": [], "calls": [], "get": list(flats)})
-        for key, flat in flats.items():
-            r._back(key, flat)
-
-    def time_pairs(self, sets: list[tuple], outs: list, n: int) -> list[float]:
-        """The candidate alone on these buffers, timed by the host's clock as a bench rep is (after the
-        bench: the host's timed arms are replaced)."""
-        self._timed(sets, outs, [("candidate", "candidate")])
-        return RemoteClock(self.remote.host).run("candidate", n)
-
-    def clock_check(self) -> str | None:
-        return outside_check(self.clock.bursts)
-
-    def clock_restart(self) -> None:
-        """Forget the bursts timed so far: the bench is timed again, and held to its own."""
-        self.clock.bursts.clear()

@@ -33,7 +33,8 @@ import os
 import sys
 from pathlib import Path
 
-from tools.judge.hostclient import HostClient, HostFailed, HostRuns, Remote
+from tools.judge.hostclient import HostClient, HostFailed, Remote
+from tools.judge.hostruns import HostRuns
 from tools.judge.runner import private_stdout
 from tools.isolation.sandbox import STAGE_MARK
 

@@ -2,7 +2,7 @@
 
 After triton's do_bench (tools/backends/clocks.py): warm-up and repetitions are time budgets spent on whole
 reps, the L2 flushed before each CUDA rep; median, p10, p90, mean. Inputs rotate among
-`bench.input_sets` fresh sets.
+`bench.input_sets` sets (two at least), filled with new values before each round.
 
 With a baseline library and/or the reference, all are timed interleaved: `bench.rounds` rounds, each
 timing the candidate, the baseline and the reference with the same rep count, the order rotated
@@ -12,11 +12,9 @@ reference is timed inside the rounds because a figure "vs reference" taken alone
 from the candidate, moves with whatever else the machine is doing (the same 256-cube reference took
 0.24 ms in one run and 23 ms in the next, started while another process held one of two cores).
 
-Timed rounds are checked too, at random: the library arms' output buffers are poisoned before each of
-their bursts, and after the candidate's burst of a round the judge decides (about two rounds in all,
-at least one, drawn after the burst) whether to fetch those buffers and compare them with the
-reference. Whatever a kernel counts or watches, it cannot know which timed burst will be looked at,
-so doing less work in any stretch of the timing (and leaving the buffers as they were) fails here.
+The rounds (tools/measure/rounds.py) are timed on new values each (the sets refilled in place before each
+round), their bursts spot-checked at random, and a candidate whose repeats within a burst are much
+faster than its first calls on the round's values is `suspicious`.
 After the timing, the probes (tools/measure/probes.py) cross-check that the timed calls did the work; a
 probe that fails marks the result `suspicious`. Statistics are in tools/measure/stats.py, the clocks in
 tools/backends/clocks.py, the one-child candidate check (launch plan, parity, bench) in tools/judge/candidate.py.
@@ -27,14 +25,13 @@ from __future__ import annotations
 import argparse
 import json
 import random
-import statistics
 import sys
 import time
 from pathlib import Path
 
-from tools.backends.clocks import estimate_and_warm, reps
-from tools.measure.probes import PROBES, Probe, wrong
+from tools.measure.probes import PROBES, Probe
 from tools.measure.refcheck import settle
+from tools.measure.rounds import SpotCheck, interleaved
 from tools.results import BenchResult, BenchStatus, DevicePeak, SpeedupCI
 from tools.measure.roofline import spec_peak
 from tools.isolation.sandbox import ProcStatus, run_python_json
@@ -109,6 +106,10 @@ class LocalRuns:
         k = len(sets)
         return self.clock.run(lambda i: self.mod.run(self.lib, self.shape, outs[i % k], *sets[i % k]), n)
 
+    def mirror(self, sets: list[tuple], seeds: list[int], dist: str) -> None:
+        """The timed sets were filled with new values here (tools/measure/rounds.py): they are the same tensors."""
+        self.clock.sync()
+
     def poison_outs(self, outs: list) -> None:
         from tools.measure.compare import poison_
         for o in outs:
@@ -179,12 +180,14 @@ def _bench_shape(task, mod, runs, shape, with_reference, device_name="") -> Benc
     device = task.backend.torch_device
     sysrng = random.SystemRandom()
     dist = spec.distributions[0]
-    sets = [make_inputs(mod, shape, sysrng.getrandbits(31), device, dist) for _ in range(b.input_sets)]
+    # two at least: a round's first call is also its cold one, so its second (the next set's first) is what
+    # the round's repeats are held to (tools/measure/rounds.py)
+    sets = [make_inputs(mod, shape, sysrng.getrandbits(31), device, dist) for _ in range(max(2, b.input_sets))]
     outs = [mod.empty_output(shape, *s) for s in sets]
     arms = runs.arms(sets, outs, with_reference)
     flops, nbytes = spec.flops(shape), spec.bytes(shape)
     spot = SpotCheck(task, mod, runs, shape, sets, outs, b.rounds, sysrng)
-    got, cis = _interleaved(runs.clock, arms, b, before=spot.before, after=spot.after)
+    got, cis = interleaved(runs.clock, arms, b, spot)
     clock_why, retimed = runs.clock_check(), ""
     if clock_why is not None and spot.why is None:
         # The judge's clock and the host's disagreed: an honest host's can on a loaded machine (another
@@ -209,7 +212,7 @@ def _bench_shape(task, mod, runs, shape, with_reference, device_name="") -> Benc
     status, msg = BenchStatus.ok, (f"{shape_label(shape)}: candidate median {cand_med:.4g} ms"
                                    + (f", {ci.median:.3f}x vs baseline (95% CI {ci.low:.3f}-{ci.high:.3f})" if ci else "")
                                    + (f", {ci_text(ref_ci)} vs reference{on}" if ref_ci else "") + unstable + retimed)
-    why = clock_why or spot.why
+    why = clock_why or spot.why or spot.repeats_why(shape_label(shape))
     if why is not None:
         status, msg = BenchStatus.suspicious, why
     probe = Probe(task=task, mod=mod, shape=shape, device=device, device_name=device_name, calls=runs.calls,
@@ -226,78 +229,8 @@ def _bench_shape(task, mod, runs, shape, with_reference, device_name="") -> Benc
 def _again(runs, arms, b, spot) -> tuple[dict[str, list[float]], dict[str, SpeedupCI], str | None]:
     """The whole bench timed once more, held to its own bursts: its times, intervals and clock check."""
     runs.clock_restart()
-    got, cis = _interleaved(runs.clock, arms, b, before=spot.before, after=spot.after)
+    got, cis = interleaved(runs.clock, arms, b, spot)
     return got, cis, runs.clock_check()
-
-
-class SpotCheck:
-    """The timed rounds' own outputs, checked at random (see the module's docstring). `before(label)`
-    poisons the library arms' output buffers before each of their bursts; `after(label, r, offset, n)`
-    decides, after the candidate's burst of round r, whether to fetch and compare them. The first wrong
-    output is kept in `why` (the bench is `suspicious` with it; the timing goes on, so that its figures
-    are still reported, and nothing more is checked)."""
-
-    def __init__(self, task, mod, runs, shape, sets, outs, rounds: int, rng):
-        self.task, self.mod, self.runs, self.shape, self.sets, self.outs = task, mod, runs, shape, sets, outs
-        self.rounds, self.rng = rounds, rng
-        self.p = min(1.0, 2.0 / max(rounds, 1))
-        self.checked = 0
-        self.expected: dict[int, object] = {}
-        self.why: str | None = None
-
-    def before(self, label: str) -> None:
-        if label != "reference":
-            self.runs.poison_outs(self.outs)
-
-    def after(self, label: str, r: int, offset: int, n: int) -> None:
-        if label != "candidate" or self.why is not None:
-            return
-        last = r == self.rounds - 1
-        if not (self.rng.random() < self.p or (last and self.checked == 0)):
-            return
-        self.checked += 1
-        self.runs.fetch_outs(self.outs)
-        k = len(self.sets)
-        for j in sorted({(offset + i) % k for i in range(min(n, k))}):
-            if j not in self.expected:
-                self.expected[j] = self.mod.reference(self.shape, *self.sets[j])
-            why = wrong(self.task, self.shape, self.outs[j], self.expected[j], self.task.spec.distributions[0])
-            if why is not None:
-                self.why = (f"timed round {r + 1} of {self.rounds} (checked after it ran, drawn at random): the "
-                            f"candidate's output on timed input set {j + 1} of {k} was wrong {why}")
-                return
-
-
-def _interleaved(clock, arms, b, before=lambda label: None, after=lambda label, r, offset, n: None
-                 ) -> tuple[dict[str, list[float]], dict[str, SpeedupCI]]:
-    """Time each arm (label, fn): one arm alone; several in `b.rounds` rounds, each timing every arm
-    with the same rep count in an order rotated round by round, so that load which comes and goes
-    falls on all of them alike. Returns every arm's times and, per arm after the first, the speedup
-    of the first over it (median of the per-round ratios, 95% CI). `before(label)` runs before each
-    timed burst of the rounds, `after(label, round, offset, n)` after it (SpotCheck)."""
-    ests = [estimate_and_warm(clock, fn, b.warmup_ms) for _, fn in arms]
-    if len(arms) == 1:
-        label, fn = arms[0]
-        before(label)
-        ts = clock.run(fn, reps(ests[0], b.rep_ms))
-        after(label, b.rounds - 1, 0, len(ts))
-        return {label: ts}, {}
-    n = reps(max(ests), b.rep_ms)
-    got: dict[str, list[float]] = {label: [] for label, _ in arms}
-    ratios: dict[str, list[float]] = {label: [] for label, _ in arms[1:]}
-    for r in range(b.rounds):
-        k = r % len(arms)
-        meds = {}
-        for label, fn in arms[k:] + arms[:k]:
-            before(label)
-            ts = clock.run(fn, n, offset=r * n)
-            after(label, r, r * n, n)
-            got[label] += ts
-            meds[label] = statistics.median(ts)
-        first = meds[arms[0][0]]
-        for label in ratios:
-            ratios[label].append(meds[label] / max(first, 1e-9))
-    return got, {label: speedup_ci(rs) for label, rs in ratios.items()}
 
 
 # --- CLI ----------------------------------------------------------------------------------

@@ -10,7 +10,10 @@ Adversarial by construction; a fast wrong kernel must not pass:
   freshly poisoned second buffer; both results are compared with the reference;
 - the output and input buffers of a shape are reused across seeds with new values, so a kernel
   that caches results keyed on a pointer returns stale data and fails;
-- inputs compared bitwise with clones after each call.
+- inputs compared bitwise with clones after each call;
+- a third call into an output that already holds values (an earlier result, zeros, random ones), and a
+  fourth on the same buffers after a few input values changed in place, into the third's output (a
+  cache keyed on part of the inputs answers for the old ones; tools/measure/buffers.py).
 
 The parent (`run_parity`) imports no torch and no candidate code: the work runs in
 `python -m tools.judge.judge parity` (tools/judge/judge.py), which calls `check()` below with the candidate's
@@ -27,13 +30,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tools.measure.compare import bits_equal, compare, describe, disagree, poison_, poisoned_mask, tolerance_for
+from tools.measure.buffers import STATES, Buffers  # noqa: F401  (STATES: the states, for the tests)
+from tools.measure.compare import bits_equal, compare, describe, disagree, tolerance_for
 from tools.results import ParityResult, ParityStatus, ShapeCheck
 from tools.isolation.sandbox import ProcStatus, run_python_json
 from tools.task import Task, load_task, shape_label
 from tools.task_messages import hidden_keys_differ, make_inputs
-
-GUARD_BYTES = 64 * 1024
 
 
 # --- parent side ----------------------------------------------------------------------------
@@ -78,88 +80,6 @@ def child_failure(stage: str, proc, data: dict | None) -> str:
     return f"{stage} child printed no JSON result (exit code {proc.returncode}){tail}"
 
 
-# what an output holds before the output-state call, in turn (tools/measure/parity.py _one)
-STATES = ("stale", "zeros", "random")
-
-
-class _Buffers:
-    """Per-shape input and output buffers, reused across seeds (pointer-keyed caches go stale)."""
-
-    def __init__(self, torch):
-        self.torch = torch
-        self.inputs: tuple | None = None
-        self.outs: dict[int, tuple] = {}   # slot -> (guarded flat buffer, view, guard elems)
-        self.last = 1                       # the slot the latest call wrote
-        self.calls = 0                      # checks so far: the output state rotates with them
-        self.stale = None                   # the previous check's expected output (another call's result)
-
-    def order(self) -> tuple[int, int]:
-        """Slots for this seed's two calls: the first reuses the buffer the previous call wrote (with new
-        inputs), so a cache keyed on the output pointer serves stale data."""
-        first = self.last
-        self.last = 1 - first
-        return first, self.last
-
-    def adopt(self, fresh: tuple) -> tuple:
-        t = self.torch
-        if self.inputs is not None and len(fresh) == len(self.inputs) and all(
-                isinstance(o, t.Tensor) and isinstance(n, t.Tensor) and o.shape == n.shape and o.dtype == n.dtype
-                and o.stride() == n.stride() and o.device == n.device for o, n in zip(self.inputs, fresh)):
-            for o, n in zip(self.inputs, fresh):
-                o.copy_(n)
-            return self.inputs
-        self.inputs = fresh
-        return fresh
-
-    def out(self, slot: int, template):
-        t = self.torch
-        have = self.outs.get(slot)
-        if have is None or have[1].shape != template.shape or have[1].dtype != template.dtype:
-            if template.is_contiguous():
-                g = max(1, GUARD_BYTES // template.element_size())
-                flat = t.empty(template.numel() + 2 * g, dtype=template.dtype, device=template.device)
-                view = flat[g:g + template.numel()].view(template.shape)
-            else:
-                flat, view, g = template, template, 0
-            have = (flat, view, g)
-            self.outs[slot] = have
-        poison_(have[0])
-        return have[1]
-
-    def fill_state(self, view) -> str:
-        """Put into `view` what an output may hold before a call (the guards stay poisoned): an earlier
-        call's result on other inputs, zeros or random values, in turn. Returns what it put there."""
-        t = self.torch
-        state = STATES[self.calls % len(STATES)]
-        self.calls += 1
-        if state == "stale" and (self.stale is None or self.stale.shape != view.shape or self.stale.dtype != view.dtype):
-            state = "random"
-        if state == "stale":
-            view.copy_(self.stale)
-        elif state == "zeros":
-            view.zero_()
-        elif view.dtype.is_floating_point:
-            view.copy_(t.rand(view.shape, device=view.device).mul_(2).sub_(1))
-        else:
-            view.copy_(t.randint(-100, 100, view.shape, device=view.device))
-        return {"stale": "an earlier call's result on other inputs", "zeros": "zeros",
-                "random": "random values"}[state]
-
-    def guard_hit(self, slot: int) -> int | None:
-        """Offset (in elements, negative = before the start) of a write into the guard, or None."""
-        flat, view, g = self.outs[slot]
-        if not g:
-            return None
-        n = view.numel()
-        pm = poisoned_mask(flat)
-        before, after = ~pm[:g], ~pm[g + n:]
-        if bool(before.any()):
-            return int(before.nonzero()[0]) - g
-        if bool(after.any()):
-            return n + int(after.nonzero()[0])
-        return None
-
-
 def check(task: Task, mod, lib, *, seed: int, hidden: bool = True, run=None, run_kept=None) -> ParityResult:
     """Run parity in this process (the child). Never raises for a fault of the candidate. `run(lib,
     shape, out, *inputs)` makes one call (default the task's own `run`, in this process; the judge
@@ -186,7 +106,7 @@ def check(task: Task, mod, lib, *, seed: int, hidden: bool = True, run=None, run
     fatal = False
     for shape, is_hidden in shapes:
         label = ("hidden " if is_hidden else "") + shape_label(shape)
-        bufs = _Buffers(torch)
+        bufs = Buffers(torch)
         for dist in spec.distributions:
             for s in seeds:
                 try:
@@ -222,7 +142,7 @@ def check(task: Task, mod, lib, *, seed: int, hidden: bool = True, run=None, run
     return ParityResult(status=ParityStatus.ok, message=msg, checks=checks, seconds=time.monotonic() - t0)
 
 
-def _one(task, mod, lib, shape, label, dist, seed, device, bufs: _Buffers, sync, run, run_kept) -> dict[str, Any]:
+def _one(task, mod, lib, shape, label, dist, seed, device, bufs: Buffers, sync, run, run_kept) -> dict[str, Any]:
     inputs = bufs.adopt(make_inputs(mod, shape, seed, device, dist))
     clones = tuple(x.clone() if hasattr(x, "clone") else x for x in inputs)
     s1, s2 = bufs.order()
@@ -275,12 +195,46 @@ def _one(task, mod, lib, shape, label, dist, seed, device, bufs: _Buffers, sync,
             return {**base, **c3, "status": "output_state", "message": f"into an output that held {held} before "
                     f"the call, the result was wrong ({c3['status']}): {line}: it must not depend on what the "
                     "output holds"}
+        if (why := _changed_repeat(task, mod, lib, (shape, label, dist, seed, device), bufs, (s2, out3), exp,
+                                   run_kept, sync)):
+            return {**base, **why}
     bufs.stale = exp
     return {**base, **c1, "max_abs_err": max(c1["max_abs_err"], c2["max_abs_err"]),
             "max_rel_err": max(c1["max_rel_err"], c2["max_rel_err"])}
 
 
-def _out_of_bounds(bufs: _Buffers, slots, label: str, dist: str, numel: int) -> dict | None:
+def _changed_repeat(task, mod, lib, where: tuple, bufs: Buffers, slot_out: tuple, exp, run_kept, sync) -> dict | None:
+    """The changed-repeat call (issue 39): the same buffers as the call before, a few input values changed in
+    place, into the output that holds the previous call's result. A cache keyed on part of the inputs (their
+    pointers, their ends, a sample of their values: a memo, a packed copy of a weight) serves the old answer
+    here. Where the reference itself does not tell the change apart (within tolerance), a larger one is tried."""
+    shape, label, dist, seed, device = where
+    slot, out = slot_out
+    rng = random.Random(seed ^ 0x5EED)
+    fresh = make_inputs(mod, shape, rng.getrandbits(31), device, dist)
+    atol, rtol = tolerance_for(task, out)
+    for count in (1, 16):
+        n = bufs.change_inputs(fresh, rng, count)
+        new = mod.reference(shape, *bufs.inputs)
+        if n and compare(new, exp, atol, rtol)["status"] != "ok":
+            break
+    else:
+        return None   # no change of a few values shows in this output: nothing to tell a stale answer by
+    run_kept(lib, shape, out, *bufs.inputs)
+    sync()
+    if (oob := _out_of_bounds(bufs, (slot,), label, dist, out.numel())) is not None:
+        return oob
+    c = compare(out, new, atol, rtol)
+    if c["status"] == "ok":
+        return None
+    line = describe(label, dist, c, atol, rtol)
+    return {**c, "status": "stale_input", "message": f"called again on the same buffers with {n} input value"
+            f"{'s' * (n != 1)} changed in place, into the output of the call before, the result was wrong "
+            f"({c['status']}): {line}: it answered for the inputs before the change (a cache keyed on part "
+            "of the inputs: their pointers or a sample of their values)"}
+
+
+def _out_of_bounds(bufs: Buffers, slots, label: str, dist: str, numel: int) -> dict | None:
     for slot in slots:
         hit = bufs.guard_hit(slot)
         if hit is not None:

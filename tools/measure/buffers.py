@@ -1,0 +1,107 @@
+"""Parity's buffers (tools/measure/parity.py): per shape, the inputs and two guarded outputs reused across
+seeds, what an output holds before the output-state call, and the in-place change of a few input values
+before the changed-repeat call."""
+
+from __future__ import annotations
+
+from tools.measure.compare import poison_, poisoned_mask
+
+GUARD_BYTES = 64 * 1024
+
+
+# what an output holds before the output-state call, in turn (tools/measure/parity.py _one)
+STATES = ("stale", "zeros", "random")
+
+
+class Buffers:
+    """Per-shape input and output buffers, reused across seeds (pointer-keyed caches go stale)."""
+
+    def __init__(self, torch):
+        self.torch = torch
+        self.inputs: tuple | None = None
+        self.outs: dict[int, tuple] = {}   # slot -> (guarded flat buffer, view, guard elems)
+        self.last = 1                       # the slot the latest call wrote
+        self.calls = 0                      # checks so far: the output state rotates with them
+        self.stale = None                   # the previous check's expected output (another call's result)
+
+    def order(self) -> tuple[int, int]:
+        """Slots for this seed's two calls: the first reuses the buffer the previous call wrote (with new
+        inputs), so a cache keyed on the output pointer serves stale data."""
+        first = self.last
+        self.last = 1 - first
+        return first, self.last
+
+    def adopt(self, fresh: tuple) -> tuple:
+        t = self.torch
+        if self.inputs is not None and len(fresh) == len(self.inputs) and all(
+                isinstance(o, t.Tensor) and isinstance(n, t.Tensor) and o.shape == n.shape and o.dtype == n.dtype
+                and o.stride() == n.stride() and o.device == n.device for o, n in zip(self.inputs, fresh)):
+            for o, n in zip(self.inputs, fresh):
+                o.copy_(n)
+            return self.inputs
+        self.inputs = fresh
+        return fresh
+
+    def out(self, slot: int, template):
+        t = self.torch
+        have = self.outs.get(slot)
+        if have is None or have[1].shape != template.shape or have[1].dtype != template.dtype:
+            if template.is_contiguous():
+                g = max(1, GUARD_BYTES // template.element_size())
+                flat = t.empty(template.numel() + 2 * g, dtype=template.dtype, device=template.device)
+                view = flat[g:g + template.numel()].view(template.shape)
+            else:
+                flat, view, g = template, template, 0
+            have = (flat, view, g)
+            self.outs[slot] = have
+        poison_(have[0])
+        return have[1]
+
+    def fill_state(self, view) -> str:
+        """Put into `view` what an output may hold before a call (the guards stay poisoned): an earlier
+        call's result on other inputs, zeros or random values, in turn. Returns what it put there."""
+        t = self.torch
+        state = STATES[self.calls % len(STATES)]
+        self.calls += 1
+        if state == "stale" and (self.stale is None or self.stale.shape != view.shape or self.stale.dtype != view.dtype):
+            state = "random"
+        if state == "stale":
+            view.copy_(self.stale)
+        elif state == "zeros":
+            view.zero_()
+        elif view.dtype.is_floating_point:
+            view.copy_(t.rand(view.shape, device=view.device).mul_(2).sub_(1))
+        else:
+            view.copy_(t.randint(-100, 100, view.shape, device=view.device))
+        return {"stale": "an earlier call's result on other inputs", "zeros": "zeros",
+                "random": "random values"}[state]
+
+    def guard_hit(self, slot: int) -> int | None:
+        """Offset (in elements, negative = before the start) of a write into the guard, or None."""
+        flat, view, g = self.outs[slot]
+        if not g:
+            return None
+        n = view.numel()
+        pm = poisoned_mask(flat)
+        before, after = ~pm[:g], ~pm[g + n:]
+        if bool(before.any()):
+            return int(before.nonzero()[0]) - g
+        if bool(after.any()):
+            return n + int(after.nonzero()[0])
+        return None
+
+    def change_inputs(self, fresh: tuple, rng, count: int) -> int:
+        """Change `count` values of each floating-point input in place, at random places, to the values
+        `fresh` (another draw of the same distribution) holds there: a caller who updates part of an input
+        between two calls. Returns how many values changed."""
+        t = self.torch
+        changed = 0
+        for x, y in zip(self.inputs or (), fresh):
+            if not (isinstance(x, t.Tensor) and isinstance(y, t.Tensor) and x.is_floating_point()
+                    and x.is_contiguous() and y.shape == x.shape and x.numel()):
+                continue
+            idx = t.tensor([rng.randrange(x.numel()) for _ in range(count)], device=x.device)
+            flat, new = x.view(-1), y.reshape(-1)[idx]
+            changed += int((flat[idx] != new).sum())
+            flat[idx] = new
+        return changed
