@@ -307,10 +307,10 @@ def test_clocks_that_disagree_in_one_bench_are_timed_again_and_a_host_that_forge
     were taken whatever its clocks said."""
     from tests.fixtures.cheats.cheats import source as cheat
     src = cheat("forge_clock")
-    hook = "        if calls.value - before >= n:      # every rep was a call of this library\n"
+    hook = "        if calls.value - seen >= n:        # every rep was a call of this library\n"
     assert hook in src
     src = src.replace("    real = clocks.CpuClock.run\n", f"    real = clocks.CpuClock.run\n    left = [{forged}]\n", 1)
-    src = src.replace(hook, "        if calls.value - before >= n and left[0] > 0:\n            left[0] -= 1\n", 1)
+    src = src.replace(hook, "        if calls.value - seen >= n and left[0] > 0:\n            left[0] -= 1\n", 1)
     task, honest = make_task(tmp_path, "correct")
     lib = compile_lib(src, tmp_path / "libonce.so")
     [r] = run_bench(task, lib, baseline_lib=honest, shapes=[SHAPE], with_reference=False)

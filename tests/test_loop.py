@@ -156,6 +156,12 @@ static void which_process(int M, int N, int K) {
 
 def test_a_gain_the_confirmation_bench_does_not_see_is_not_kept(tmp_path):
     root = make_user_repo(tmp_path / "user")
+    # the kernel tells its hosts apart by a file it writes: allowed by name (issue 39: else side_effect)
+    toml = root / "kernels" / "matmul_cpu" / "task.toml"
+    text = toml.read_text()
+    assert text.count("[parity]\n") == 1
+    toml.write_text(text.replace("[parity]\n", '[parity]\nallow_files = { "load.txt" = "the test kernel tells its hosts apart" }\n'))
+    git(root, "commit", "-qam", "user: the test kernel may write load.txt")
     before = snapshot(root)
     flaky = Proposal(hypothesis="i-k-j order, fast only in the first bench",
                      predicted=PredictedEffect(metric="time.median_ms", direction="down", speedup=2.0),

@@ -1,43 +1,36 @@
-"""The bench's rounds on new values (issue 39, tools/measure/rounds.py): the rule on a round's repeats against
-its first calls, in both directions, and the refill mirrored in the kernel's host."""
+"""The bench's rounds on values no call has seen (issue 39, tools/measure/rounds.py): the per-rep swaps and
+their replay in the judge, the refill mirrored in the kernel's host, and an exact memo timed honest."""
 
 from __future__ import annotations
 
-import random
+import torch
 
-from tests.fixtures.cpu_faults.faults import make_task
-from tools.measure.rounds import REPEAT_RATIO, REPEAT_SLACK_MS, SpotCheck
-
-
-def _spot(bursts: list[tuple[list[float], list[float]]]) -> SpotCheck:
-    s = SpotCheck(None, None, None, {}, [(), ()], [], 6, random.Random(0))
-    s.bursts = bursts
-    return s
+from tests.fixtures.cpu_faults.faults import compile_lib, make_task, source
+from tools.measure.rounds import Swaps, replay, swap_positions
 
 
-def test_a_rounds_repeats_much_faster_than_its_first_calls_are_suspicious_and_an_honest_spread_is_not():
-    honest = [([0.70, 0.72], [0.69, 0.71, 0.70, 0.74, 0.70]) for _ in range(6)]
-    # a load spike on the first calls of one round and a fast outlier in another: the median round decides
-    honest[1] = ([1.9, 2.1], honest[1][1])
-    honest[4] = (honest[4][0], [0.69, 0.30, 0.71])
-    assert _spot(honest).repeats_why("M=1") is None
-    # a memo lazy on most repeats, every round
-    lazy = [([0.70, 0.72], [0.20, 0.21, 0.70, 0.20, 0.22]) for _ in range(6)]
-    why = _spot(lazy).repeats_why("M=256")
-    assert why is not None and why.startswith("M=256: in the timed rounds")
-    assert "took 710 us, a call repeating one of them 210 us (3.4x in the median of 6 rounds" in why
-    assert "did less work because they repeated earlier calls" in why
-    # lazy on one repeat in five: the repeats' median, and so the reported one, is the honest kernel's
-    assert _spot([([0.70, 0.72], [0.70, 0.71, 0.20, 0.70, 0.72])] * 6).repeats_why("x") is None
-    # a tiny kernel's warm-up after a refill (2.2 us, its first call 3.1 us) is not laziness
-    assert _spot([([0.0031], [0.0024, 0.0022, 0.0022, 0.0023])] * 6).repeats_why("x") is None
-    # at the rule's edge: just under REPEAT_RATIO (after the slack) is not suspicious, just over is
-    edge = REPEAT_RATIO * 0.25 + REPEAT_SLACK_MS
-    assert _spot([([edge * 0.99], [0.2, 0.3])] * 4).repeats_why("x") is None
-    assert _spot([([edge * 1.01], [0.2, 0.3])] * 4).repeats_why("x") is not None
-    # no repeats (a burst no longer than its sets) or a single round: nothing to compare
-    assert _spot([([0.7, 0.7], [])] * 6).repeats_why("x") is None
-    assert _spot([([0.9], [0.1])]).repeats_why("x") is None
+def test_the_judges_replay_of_a_bursts_swaps_is_what_the_host_did_rep_by_rep():
+    """The host trades two values of each floating input before each rep; the judge replays a burst's
+    swaps at once on its copy. Bit for bit the same (the numpy path for float32, the tensor path for
+    bfloat16), integer inputs untouched, and each rep's set really changed."""
+    g = torch.Generator().manual_seed(0)
+    for dtype in (torch.float32, torch.bfloat16):
+        host = [(torch.randn(7, 5, generator=g).to(dtype), torch.arange(6), torch.randn(40, generator=g).to(dtype))
+                for _ in range(3)]
+        judge = [tuple(t.clone() for t in s) for s in host]
+        swaps = Swaps(1234, host)
+        for i in range(17, 17 + 50):
+            before = [t.clone() for t in host[i % 3]]
+            swaps(i)
+            assert not torch.equal(before[0], host[i % 3][0]) or not torch.equal(before[2], host[i % 3][2])
+            assert torch.equal(before[1], host[i % 3][1])
+            assert sorted(before[2].tolist()) == sorted(host[i % 3][2].tolist())   # a permutation
+        replay(judge, 1234, 17, 50)
+        for hs, js in zip(host, judge):
+            for h, j in zip(hs, js):
+                assert torch.equal(h.view(torch.uint8) if h.is_floating_point() else h,
+                                   j.view(torch.uint8) if j.is_floating_point() else j)
+    assert swap_positions(5, 3, 0, 1000) == swap_positions(5, 3, 0, 1000) != swap_positions(5, 4, 0, 1000)
 
 
 def test_the_rounds_new_values_reach_the_host_even_where_make_inputs_differs_by_process(tmp_path):
@@ -59,11 +52,12 @@ def test_the_rounds_new_values_reach_the_host_even_where_make_inputs_differs_by_
         assert res.status.value == "ok", res.message
 
 
-def test_an_exact_memo_lazy_on_repeats_is_suspicious_in_the_bench_and_the_honest_kernel_is_not(tmp_path):
+def test_an_exact_memo_lazy_on_repeats_is_timed_at_its_honest_speed(tmp_path):
     """Straight through run_bench (the judge and its host) on the small test task: an exact memo (right on
-    every call) that recomputes a quarter of the rows on a repeat of the same buffers and values."""
+    every call) that recomputes a quarter of the rows on a repeat of the same buffers and values, timed
+    against the same kernel without the memo. No timed call repeats another, so its figure is its honest
+    kernel's (memo_exact_window.cpp, timed so before the swaps: 3.3-3.4x, VERIFICATION.md 7g)."""
     from tools.measure.bench import run_bench
-    from tests.fixtures.cpu_faults.faults import compile_lib, source
     task, honest = make_task(tmp_path, "correct", rounds=6)
     memo = source("correct").replace('extern "C" void matmul(', "static void matmul_full(") + r'''
 #include <cstring>
@@ -81,12 +75,13 @@ extern "C" void matmul(const float* A, const float* B, float* C, int M, int N, i
             return;
         }
     matmul_full(A, B, C, M, N, K);
+    if (seen.size() > 64) seen.clear();
     seen.push_back({A, B, C, std::vector<float>(A, A + mk), std::vector<float>(B, B + kn), std::vector<float>(C, C + mn)});
 }
 '''
     lazy = compile_lib(memo, tmp_path / "libmemo.so")
-    shape = [{"M": 96, "N": 96, "K": 96}]
-    [res] = run_bench(task, lazy, with_reference=False, shapes=shape)
-    assert res.status.value == "suspicious" and "repeated earlier calls" in res.message, res.message
-    [res] = run_bench(task, honest, with_reference=False, shapes=shape)
-    assert res.status.value == "ok", res.message
+    [res] = run_bench(task, lazy, baseline_lib=honest, with_reference=False, shapes=[{"M": 96, "N": 96, "K": 96}])
+    assert res.speedup_vs_baseline.median < 1.5, res.message
+    # after the timing, the repeat_speed probe may still find the memo (it repeats the timed inputs, where
+    # the memo still holds them); nothing else may refuse it
+    assert res.status.value == "ok" or "repeated earlier calls" in res.message, res.message

@@ -139,8 +139,11 @@ def test_trust_case(trust_run, case):
         assert not [p for p in trust_run.changed if Path(p).name == name], f"{name} is in the user's checkout"
         assert not list(trust_run.run.rglob(name)), f"{name} was left in the run's folder"
         listed = [f for f in rec.scratch_files if f.path == name]
-        if case is WRITE_RELATIVE:   # a relative path: in its scratch directory, listed, removed
+        if case is WRITE_RELATIVE:   # a relative path: in its scratch directory, listed, removed, and refused
             assert listed and listed[0].bytes > 0 and listed[0].process == "host", rec.scratch_files
+            # issue 39: a library that writes files is a defect the user hears about before it is merged
+            assert rec.decision == Decision.reverted and rec.parity.status.value == "side_effect", where
+            assert "wrote files in its working directory: matmul_debug.log" in rec.reason, where
         else:                        # an absolute path outside: refused by the fence, nothing written
             assert not listed, rec.scratch_files
         return

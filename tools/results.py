@@ -119,6 +119,7 @@ class ParityStatus(str, Enum):
     nondeterministic = "nondeterministic"  # repeated calls disagree beyond tolerance
     output_state = "output_state"          # the result depended on what the output held before the call
     stale_input = "stale_input"            # after a few input values changed in place, the old inputs' answer
+    side_effect = "side_effect"            # the kernel wrote files (not allowed by task.toml)
     crashed = "crashed"
     timeout = "timeout"
     error = "error"                        # the harness could not run (bad lib, missing symbol, ...)
@@ -160,6 +161,7 @@ class BenchStatus(str, Enum):
     timeout = "timeout"
     error = "error"
     suspicious = "suspicious"   # timing cross-checks failed (side stream, repeated-call shortcut...)
+    side_effect = "side_effect"  # the kernel wrote files while timed (not allowed by task.toml)
 
 
 class TimingStats(BaseModel):

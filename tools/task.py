@@ -88,6 +88,7 @@ class ParitySpec(_Strict):
     seeds: int = Field(default=2, ge=1)
     hidden_shapes: int = Field(default=2, ge=0)   # extra shapes from task.hidden_shapes(), never shown
     timeout_s: float = 180.0
+    allow_files: dict[str, str] = {}   # files the kernel may write in its directory: glob -> why (issue 39)
 
 
 class BenchSpec(_Strict):

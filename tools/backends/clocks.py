@@ -35,12 +35,15 @@ class CudaClock:
         self.torch = torch
         self.flush = torch.empty(FLUSH_BYTES, dtype=torch.int8, device="cuda")
 
-    def run(self, fn, n: int, offset: int = 0) -> list[float]:
+    def run(self, fn, n: int, offset: int = 0, before=None) -> list[float]:
+        """n reps of fn(offset + i); before(offset + i), if given, runs before each rep, outside its pair."""
         t = self.torch
         starts = [t.cuda.Event(enable_timing=True) for _ in range(n)]
         ends = [t.cuda.Event(enable_timing=True) for _ in range(n)]
         with no_gc():
             for i in range(n):
+                if before is not None:
+                    before(offset + i)
                 self.flush.zero_()
                 starts[i].record()
                 fn(offset + i)
@@ -67,10 +70,12 @@ class CudaClock:
 
 
 class CpuClock:
-    def run(self, fn, n: int, offset: int = 0) -> list[float]:
+    def run(self, fn, n: int, offset: int = 0, before=None) -> list[float]:
         out = []
         with no_gc():
             for i in range(n):
+                if before is not None:
+                    before(offset + i)
                 t0 = time.perf_counter_ns()
                 fn(offset + i)
                 out.append((time.perf_counter_ns() - t0) / 1e6)

@@ -13,15 +13,17 @@ Requests (each answered {"ok": true, ...} or {"ok": false, "error": "..."}):
     init  {task, io}                           load the task module and torch; a CUDA task's context
     load  {id, path}                           ctypes-load a library under a name
     plan  {lib}                                the library's own launch plan for the main shape
-    call  {shape, put, calls, get, check}      fill the `put` buffers from their files, poison the
-                                               outputs marked so, make the calls back to back, write
+    call  {shape, put, calls, get, check,      fill the `put` buffers from their files, poison the
+           threads}                            outputs marked so, make the calls back to back (or in two
+                                               threads at once: threads 2; a call may name its shape), write
                                                the `get` buffers back (and, with `check`, the inputs a
                                                call changed); answer the seconds it took to issue the
                                                calls and to finish, and the changed inputs' keys
     arms  {shape, sets, outs, arms}            the bench's arms (a library, or null: the reference) over
                                                buffers already here
     refill {shape, sets, seeds, dist}          new values in the timed sets (make_inputs), their digests
-    cost  {arm} / time {arm, n, offset}        tools.backends.clocks' rep cost / n timed reps (ms each)
+    cost  {arm} / time {arm, n, offset, swaps} tools.backends.clocks' rep cost / n timed reps (ms each),
+                                               values traded before each (tools.measure.rounds.Swaps)
 
 A buffer is named by a key (the same key, the same memory: a kernel that caches on its pointers sees
 its pointers again); its bytes travel in io/KEY.bin, written by the judge or by this process. A call
@@ -60,6 +62,21 @@ def digest(t) -> int:
     b = t.detach().contiguous().view(-1).view(torch.uint8)
     w = b.view(torch.int32) if b.numel() % 4 == 0 else b
     return int(w.sum(dtype=torch.int64))
+
+
+def _threads() -> dict[str, str]:
+    """This process's threads now: id -> name (/proc/self/task; empty where there is none)."""
+    out = {}
+    try:
+        for tid in os.listdir("/proc/self/task"):
+            try:
+                with open(f"/proc/self/task/{tid}/comm") as f:
+                    out[tid] = f.read().strip()
+            except OSError:
+                continue
+    except OSError:
+        pass
+    return out
 
 
 def _same_bits(a, b) -> bool:
@@ -146,20 +163,32 @@ class Host:
         for c in r["calls"]:
             if c["out"].get("poison"):
                 self._alloc(c["out"])
-        todo = [(self.libs[c["lib"]], self._out(c["out"]), [self._in(x) for x in c["inputs"]]) for c in r["calls"]]
+        todo = [(self.libs[c["lib"]], c.get("shape") or r["shape"], self._out(c["out"]), [self._in(x) for x in c["inputs"]],
+                 c.get("thread", 0)) for c in r["calls"]]
         keys = {x["key"] for c in r["calls"] for x in c["inputs"]} if r.get("check") else set()
         before = {k: self.bufs[k].clone() for k in keys}
         self.sync()
+        threads_before = _threads()
         t0 = time.perf_counter()
-        for lib, out, ins in todo:
-            self.mod.run(lib, r["shape"], out, *ins)
+        if r.get("threads") == 2:
+            self._two_threads(todo)
+        else:
+            for lib, shape, out, ins, _ in todo:
+                self.mod.run(lib, shape, out, *ins)
         t1 = time.perf_counter()
         self.sync()
         t2 = time.perf_counter()
         changed = sorted(k for k in keys if not _same_bits(before[k], self.bufs[k]))
         for key in list(r.get("get", [])) + changed:
             save(self.bufs[key], self._file(key))
-        return {"ok": True, "issue_ms": (t1 - t0) * 1e3, "total_ms": (t2 - t0) * 1e3, "changed": changed}
+        left = {tid: name for tid, name in _threads().items() if tid not in threads_before}
+        return {"ok": True, "issue_ms": (t1 - t0) * 1e3, "total_ms": (t2 - t0) * 1e3, "changed": changed,
+                "threads_left": sorted(left.values())[:8]}
+
+    def _two_threads(self, todo: list) -> None:
+        """Each call in the thread it names, the two at once (the reentrancy probe, tools/measure/probes.py)."""
+        from tools.measure.probes import two_threads
+        two_threads(tuple([lambda c=c: self.mod.run(c[0], c[1], c[2], *c[3]) for c in todo if c[4] == t] for t in (0, 1)))
 
     # --- the bench: arms over buffers already here, the per-rep clock -----------------------------
     def arms(self, r: dict) -> dict:
@@ -176,7 +205,7 @@ class Host:
             return lambda i: mod.run(lib, shape, outs[i % n], *sets[i % n])
 
         self.timed = {"arms": {label: arm(None if lib_id is None else self.libs[lib_id]) for label, lib_id in r["arms"]},
-                      "clock": self.task.backend.clock()}
+                      "clock": self.task.backend.clock(), "sets": sets}
         return {"ok": True}
 
     def refill(self, r: dict) -> dict:
@@ -209,8 +238,12 @@ class Host:
         from tools.backends.clocks import one_torch_thread
         fn = self.timed["arms"][r["arm"]]
         # one_thread: the judge asks whether torch's threads wait (tools/measure/refcheck.py)
+        before = None
+        if r.get("swaps") is not None:   # new values before each rep (tools/measure/rounds.py; the judge replays them)
+            from tools.measure.rounds import Swaps
+            before = Swaps(int(r["swaps"]), self.timed["sets"])
         with one_torch_thread() if r.get("one_thread") else contextlib.nullcontext():
-            return {"ok": True, "ms": self.timed["clock"].run(fn, int(r["n"]), offset=int(r["offset"]))}
+            return {"ok": True, "ms": self.timed["clock"].run(fn, int(r["n"]), offset=int(r["offset"]), before=before)}
 
 
 OPS = ("init", "load", "plan", "call", "arms", "refill", "poison", "cost", "time")

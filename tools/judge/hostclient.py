@@ -145,6 +145,23 @@ class HostClient:
             raise RuntimeError(str(ans.get("error") or ans)[:500])
         return ans
 
+    def written(self) -> list[tuple[str, int]]:
+        """(path relative to the host's directory, bytes) of every file its processes wrote there so far,
+        less the judge's own buffer files in io/."""
+        import re
+        out = []
+        for dirpath, _dirs, names in os.walk(self.scratch.dir):
+            for name in names:
+                p = Path(dirpath) / name
+                rel = p.relative_to(self.scratch.dir).as_posix()
+                if p.parent == self.io and re.fullmatch(r"[io][0-9a-f]+-[0-9]+\.bin", name):
+                    continue
+                try:
+                    out.append((rel, p.lstat().st_size))
+                except OSError:
+                    continue
+        return sorted(out)
+
     def close(self) -> list:
         """End the host; remove the judge's buffer files (what is left in the scratch directory is the
         kernel's: listed, answered to the agent for the record, removed)."""
@@ -166,6 +183,7 @@ class Remote:
         # key -> (a weak reference to the tensor the host holds a copy of, its version then): a tensor
         # freed and another made at the same address is a different object, and goes out again
         self.synced: dict[str, tuple] = {}
+        self.threads_left: list[str] = []   # threads a call started and left running (names, the first seen)
 
     def _key(self, t, kind: str) -> str:
         if not t.is_contiguous():
@@ -201,26 +219,35 @@ class Remote:
         self.synced[key] = (weakref.ref(t), t._version)
 
     def calls(self, lib: str, shape: dict, pairs: list[tuple], transfer: bool = True,
-              keep_outs: bool = False) -> tuple[float, float]:
+              keep_outs: bool = False, threads: int = 1, shapes: list[dict] | None = None,
+              thread_of: list[int] | None = None) -> tuple[float, float]:
         """Run lib on each (out, inputs) back to back in the host. With `transfer`, changed inputs go there
         first, each output is poisoned there and comes back after, and so does any input a call changed
         (without: the buffers are already there, as the bench's are); with `keep_outs`, each output goes
-        there as it is here instead of poisoned (parity's output-state check). Returns (seconds to issue
-        the calls, seconds in all on the judge's clock)."""
+        there as it is here instead of poisoned (parity's output-state check); `threads` 2 makes them in two
+        threads at once (`thread_of` each call's, 0 or 1), `shapes` each call's shape. Returns (seconds to issue the calls, seconds in all on
+        the judge's clock)."""
         import time
         calls, outs, ins = [], {}, {}
-        for out, inputs in pairs:
+        for n, (out, inputs) in enumerate(pairs):
             flat, o = self._out(out)
             calls.append({"lib": lib, "out": {**o, "poison": transfer and not keep_outs},
                           "inputs": [{"key": self._key(t, "i"), "shape": list(t.shape)} for t in inputs]})
+            if shapes is not None:
+                calls[-1]["shape"] = shapes[n]
+            if thread_of is not None:
+                calls[-1]["thread"] = thread_of[n]
             outs[o["key"]] = flat
             ins.update({self._key(t, "i"): t for t in inputs})
         put = self.put([(t, "i") for t in ins.values()] + [(t, "o") for t in outs.values() if keep_outs]) \
             if transfer else []
         t0 = time.perf_counter()
-        ans = self.host.ask({"op": "call", "shape": shape, "put": put, "calls": calls,
+        ans = self.host.ask({"op": "call", "shape": shape, "put": put, "calls": calls, "threads": threads,
                              "get": list(outs) if transfer else [], "check": transfer})
         total = time.perf_counter() - t0
+        left = ans.get("threads_left")
+        if isinstance(left, list) and left and not self.threads_left:
+            self.threads_left = [str(x)[:40] for x in left[:8]]
         if transfer:
             for key, t in outs.items():
                 self._back(key, t)

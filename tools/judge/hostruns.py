@@ -23,11 +23,14 @@ class RemoteClock:
             raise HostFailed("error", f"the host answered a rep cost of {ms!r}")
         return float(ms)
 
-    def run(self, arm: str, n: int, offset: int = 0, one_thread: bool = False) -> list[float]:
+    def run(self, arm: str, n: int, offset: int = 0, one_thread: bool = False, before=None) -> list[float]:
+        """n timed reps of the arm in the host; `before`, a tools.measure.rounds.Swaps, is made there from its
+        seed on the host's sets."""
         import math
         import time
         t0 = time.perf_counter()
-        ms = self.host.ask({"op": "time", "arm": arm, "n": n, "offset": offset, "one_thread": one_thread}).get("ms")
+        ms = self.host.ask({"op": "time", "arm": arm, "n": n, "offset": offset, "one_thread": one_thread,
+                            "swaps": getattr(before, "seed", None)}).get("ms")
         outside = (time.perf_counter() - t0) * 1e3
         if (not isinstance(ms, list) or len(ms) != n
                 or not all(isinstance(x, (int, float)) and math.isfinite(x) and x >= 0 for x in ms)):
@@ -64,6 +67,12 @@ class HostRuns:
     def calls(self, pairs: list[tuple], transfer: bool = True) -> tuple[float, float]:
         return self.remote.calls("candidate", self.shape, pairs, transfer)
 
+    def together(self, calls: list[tuple]) -> None:
+        """The candidate on each (thread, shape, out, inputs), thread 0's and 1's in two threads of the host at
+        once. The outputs come back here."""
+        self.remote.calls("candidate", self.shape, [(o, i) for _, _, o, i in calls], threads=2,
+                          shapes=[s for _, s, _, _ in calls], thread_of=[t for t, _, _, _ in calls])
+
     def threads(self) -> int | None:
         """torch's CPU threads in the host, as it said when it started."""
         return self.remote.host.info.get("threads")
@@ -91,6 +100,18 @@ class HostRuns:
         put = r.put([(t, "i") for s in sets for t in s])
         if put:
             r.host.ask({"op": "call", "shape": self.shape, "put": put, "calls": [], "get": []})
+
+    def swapped(self, sets: list[tuple], seed: int, offset: int, n: int) -> None:
+        """The host traded values in its sets before each rep of a burst (tools.measure.rounds.Swaps): the
+        same here, replayed at once, so that this process's sets are the host's again (no bytes travel)."""
+        from tools.measure.rounds import replay
+        replay(sets, seed, offset, n)
+        r = self.remote
+        for s in sets:
+            for t in s:
+                key = r._key(t, "i")
+                if key in r.synced:
+                    r.synced[key] = (weakref.ref(t), t._version)
 
     def poison_outs(self, outs: list) -> None:
         """Poison the timed output buffers in the host (SpotCheck: before every library arm's burst)."""

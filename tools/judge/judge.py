@@ -54,10 +54,46 @@ def failed(mode: str, msg: str, status: str, shapes: list[dict]) -> dict:
     return {"launch": None, "parity": {"status": status, "message": msg}, "bench": None}
 
 
+# files any kernel's host may leave: glob (relative to the host's directory, its HOME) -> why
+ALWAYS_ALLOWED = {".nv/ComputeCache/*": "the CUDA driver's JIT cache (PTX compiled for this GPU)"}
+
+
+def wrote_files(host: HostClient, task) -> str | None:
+    """Why the kernel's writes so far fail it (issue 39: a library that does file I/O is a defect the user
+    hears about before it is merged), or None. Files task.toml's [parity] allow_files names are allowed."""
+    from fnmatch import fnmatch
+    allow = [*ALWAYS_ALLOWED, *task.spec.parity.allow_files]
+    bad = [(p, n) for p, n in host.written() if not any(fnmatch(p, g) for g in allow)]
+    if not bad:
+        return None
+    listed = ", ".join(f"{p} ({n} B)" for p, n in bad[:5]) + (f" and {len(bad) - 5} more" if len(bad) > 5 else "")
+    return (f"the kernel wrote files in its working directory: {listed}: a kernel must not do file I/O (task.toml "
+            "[parity] allow_files = {\"NAME\" = \"why\"} allows one by name)")
+
+
+def checked_parity(task, mod, remote: Remote, job: dict):
+    """Parity in the host, then what the kernel wrote by then."""
+    from tools.measure.parity import check
+    from tools.results import ParityStatus
+    par = check(task, mod, "candidate", seed=int(job.get("seed") or 0), hidden=not job.get("no_hidden"),
+                run=remote.run, run_kept=remote.run_kept)
+    if par.status == ParityStatus.ok and (why := wrote_files(remote.host, task)) is not None:
+        par = par.model_copy(update={"status": ParityStatus.side_effect, "message": why})
+    elif par.status == ParityStatus.ok and remote.threads_left:   # named, not refused: a pool may be by design
+        n = len(remote.threads_left)
+        par = par.model_copy(update={"message": f"{par.message}; the kernel's calls left {n} thread{'s' * (n != 1)} "
+                                                f"running after they returned ({', '.join(remote.threads_left)})"})
+    return par
+
+
 def bench(task, mod, remote: Remote, job: dict, shapes: list[dict]) -> list[dict]:
     from tools.measure.bench import measure
+    from tools.results import BenchStatus
     res = measure(task, mod, None, shapes=shapes, with_reference=not job.get("no_reference"),
                   runs_for=lambda shape: HostRuns(remote, shape, bool(job.get("baseline_lib"))))
+    if (why := wrote_files(remote.host, task)) is not None:
+        res = [r.model_copy(update={"status": BenchStatus.side_effect, "message": why}) if r.status == BenchStatus.ok
+               else r for r in res]
     return [r.model_dump(mode="json") for r in res]
 
 
@@ -66,7 +102,6 @@ def evaluate(task, mod, remote: Remote, job: dict, shapes: list[dict]) -> dict:
     import time
 
     from tools.measure.launch import from_context
-    from tools.measure.parity import check
     from tools.results import ParityStatus
     launch = None
     ctx = job.get("launch_context")
@@ -83,8 +118,7 @@ def evaluate(task, mod, remote: Remote, job: dict, shapes: list[dict]) -> dict:
         if res.status.value != "ok":
             return {"launch": launch, "parity": None, "bench": None}
     mark("parity")
-    par = check(task, mod, "candidate", seed=int(job.get("seed") or 0), hidden=not job.get("no_hidden"),
-                run=remote.run, run_kept=remote.run_kept)
+    par = checked_parity(task, mod, remote, job)
     if par.status != ParityStatus.ok:
         return {"launch": launch, "parity": par.model_dump(mode="json"), "bench": None}
     mark("bench")
@@ -92,7 +126,6 @@ def evaluate(task, mod, remote: Remote, job: dict, shapes: list[dict]) -> dict:
 
 
 def run(mode: str, task, mod, host: HostClient, job: dict, shapes: list[dict]) -> dict:
-    from tools.measure.parity import check
     if not job.get("lib"):
         raise ValueError("no library given")
     host.ask({"op": "load", "id": "candidate", "path": job["lib"]})
@@ -100,8 +133,7 @@ def run(mode: str, task, mod, host: HostClient, job: dict, shapes: list[dict]) -
         host.ask({"op": "load", "id": "baseline", "path": job["baseline_lib"]})
     remote = Remote(host)
     if mode == "parity":
-        return check(task, mod, "candidate", seed=int(job.get("seed") or 0), hidden=not job.get("no_hidden"),
-                     run=remote.run, run_kept=remote.run_kept).model_dump(mode="json")
+        return checked_parity(task, mod, remote, job).model_dump(mode="json")
     if mode == "bench":
         return {"results": bench(task, mod, remote, job, shapes)}
     return evaluate(task, mod, remote, job, shapes)

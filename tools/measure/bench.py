@@ -12,9 +12,8 @@ reference is timed inside the rounds because a figure "vs reference" taken alone
 from the candidate, moves with whatever else the machine is doing (the same 256-cube reference took
 0.24 ms in one run and 23 ms in the next, started while another process held one of two cores).
 
-The rounds (tools/measure/rounds.py) are timed on new values each (the sets refilled in place before each
-round), their bursts spot-checked at random, and a candidate whose repeats within a burst are much
-faster than its first calls on the round's values is `suspicious`.
+The rounds (tools/measure/rounds.py) are timed on values no call has seen: the sets refilled before each
+round, two values of each input traded before each rep; their bursts are spot-checked at random.
 After the timing, the probes (tools/measure/probes.py) cross-check that the timed calls did the work; a
 probe that fails marks the result `suspicious`. Statistics are in tools/measure/stats.py, the clocks in
 tools/backends/clocks.py, the one-child candidate check (launch plan, parity, bench) in tools/judge/candidate.py.
@@ -102,12 +101,23 @@ class LocalRuns:
         self.clock.sync()
         return t1 - t0, time.perf_counter() - t0
 
+    def together(self, calls: list[tuple]) -> None:
+        """The candidate on each (thread, shape, out, inputs), thread 0's and 1's at once (ctypes lets go of
+        the GIL)."""
+        from tools.measure.probes import two_threads
+        two_threads(tuple([lambda s=s, o=o, i=i: self.mod.run(self.lib, s, o, *i) for t, s, o, i in calls if t == n]
+                          for n in (0, 1)))
+
     def time_pairs(self, sets: list[tuple], outs: list, n: int) -> list[float]:
         k = len(sets)
         return self.clock.run(lambda i: self.mod.run(self.lib, self.shape, outs[i % k], *sets[i % k]), n)
 
     def mirror(self, sets: list[tuple], seeds: list[int], dist: str) -> None:
         """The timed sets were filled with new values here (tools/measure/rounds.py): they are the same tensors."""
+        self.clock.sync()
+
+    def swapped(self, sets: list[tuple], seed: int, offset: int, n: int) -> None:
+        """A burst's per-rep swaps were made on these very tensors: nothing to bring here."""
         self.clock.sync()
 
     def poison_outs(self, outs: list) -> None:
@@ -212,11 +222,12 @@ def _bench_shape(task, mod, runs, shape, with_reference, device_name="") -> Benc
     status, msg = BenchStatus.ok, (f"{shape_label(shape)}: candidate median {cand_med:.4g} ms"
                                    + (f", {ci.median:.3f}x vs baseline (95% CI {ci.low:.3f}-{ci.high:.3f})" if ci else "")
                                    + (f", {ci_text(ref_ci)} vs reference{on}" if ref_ci else "") + unstable + retimed)
-    why = clock_why or spot.why or spot.repeats_why(shape_label(shape))
+    why = clock_why or spot.why
     if why is not None:
         status, msg = BenchStatus.suspicious, why
     probe = Probe(task=task, mod=mod, shape=shape, device=device, device_name=device_name, calls=runs.calls,
-                  sets=sets, outs=outs, cand_ms=cand_med, flops=flops, nbytes=nbytes, time_pairs=runs.time_pairs)
+                  sets=sets, outs=outs, cand_ms=cand_med, flops=flops, nbytes=nbytes, time_pairs=runs.time_pairs,
+                  together=runs.together)
     for check in PROBES if status == BenchStatus.ok else ():
         why = check(probe)
         if why is not None:

@@ -15,7 +15,11 @@ marks the bench `suspicious` (the candidate is rejected with it).
   against as many calls on the timed (repeated) inputs: a kernel that does less work on a call it has
   seen before (a memo on its inputs, whole or partial) is fast only on the repeats. The class, not one
   cheat: the output of a repeated call is right whatever the kernel skipped, so no output check can see
-  it, and the roofline sees it only when nearly all the work is skipped.
+  it, and the roofline sees it only when nearly all the work is skipped;
+- reentrant (CPU): two threads calling the candidate at once, each on its own inputs and output, the
+  main shape beside itself and beside the smallest listed shape, every output checked: a kernel that
+  keeps a buffer or a variable in static storage (scratch, a packed panel, the dimensions) is wrong
+  here. Each thread's calls last about REENTRANT_MS so that the two overlap.
 
 A new probe is a function of a `Probe` here, added to PROBES.
 """
@@ -38,6 +42,9 @@ REPEAT_RATIO = 2.0          # a first call this much slower than a repeated one,
 REPEAT_TRIES = 3
 REPEAT_SETS_MAX = 4
 REPEAT_BYTES = 128 << 20    # fresh inputs per try at most (at least 2 sets)
+REENTRANT_MS = 5.0          # each thread's calls last about this long (the candidate's median decides how many)
+REENTRANT_CALLS = 64        # calls per thread at most
+REENTRANT_BYTES = 256 << 20
 
 
 @dataclass
@@ -61,6 +68,7 @@ class Probe:
     flops: float | None
     nbytes: float | None
     time_pairs: Callable[[list, list, int], list[float]] | None = None
+    together: Callable[[list], None] | None = None   # (thread, shape, out, inputs) calls, two threads at once
     rng: random.SystemRandom = field(default_factory=random.SystemRandom)
 
     def inputs(self, dist: str) -> tuple:
@@ -165,4 +173,58 @@ def repeat_speed(p: Probe) -> str | None:
             f"{k} fresh sets each): the timed calls did less work because they repeated earlier calls")
 
 
-PROBES: tuple[Callable[[Probe], str | None], ...] = (fresh_inputs, burst, roofline, side_stream, repeat_speed)
+def two_threads(work: tuple[list[Callable[[], None]], list[Callable[[], None]]]) -> None:
+    """Two threads released together, thread t making work[t] back to back; the first exception either
+    raised is raised here."""
+    import threading
+    gate, errors = threading.Barrier(2), []
+
+    def run(items):
+        try:
+            gate.wait(timeout=60)
+            for fn in items:
+                fn()
+        except BaseException as e:  # noqa: BLE001  (the kernel's or the task's error: raised below)
+            errors.append(e)
+            gate.abort()
+    threads = [threading.Thread(target=run, args=(items,), daemon=True) for items in work]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
+
+
+def reentrant(p: Probe) -> str | None:
+    """Thread 1 calls the main shape k times; thread 2 the same, then (a second round) the smallest listed
+    shape and the main shape in turn, so that it runs as long and changes shape under thread 1's calls."""
+    if p.together is None or p.task.backend.gpu:
+        return None
+    import math
+    dist = p.task.spec.distributions[0]
+    set_bytes = sum(t.numel() * t.element_size() for t in p.sets[0])
+    k = max(1, min(REENTRANT_CALLS, math.ceil(REENTRANT_MS / max(p.cand_ms, 1e-3)),
+                   REENTRANT_BYTES // max(4 * set_bytes, 1)))
+    small = min((dict(s) for s in p.task.spec.shapes), key=lambda s: math.prod(int(v) for v in s.values()))
+    for second in ([p.shape] * k, [s for _ in range(k) for s in (small, p.shape)]):
+        calls = []
+        for t, shapes in enumerate(([p.shape] * k, second)):
+            for shape in shapes:
+                x = make_inputs(p.mod, shape, p.rng.getrandbits(31), p.device, dist)
+                out = p.mod.empty_output(shape, *x)
+                poison_(out)
+                calls.append((t, shape, out, x, p.mod.reference(shape, *x)))
+        p.together([c[:4] for c in calls])
+        for t, shape, out, x, exp in calls:
+            why = wrong(p.task, shape, out, exp, dist)
+            if why is not None:
+                return (f"two threads calling the candidate at once (thread 1 on {shape_label(p.shape)}, thread 2 on "
+                        f"{' and '.join(dict.fromkeys(shape_label(s) for s in second))}, each call on its own inputs and "
+                        f"output): a call of thread {t + 1} on {shape_label(shape)} was wrong {why}: the calls share "
+                        "state (a static buffer or variable); a kernel must be safe to call from two threads at once")
+        del calls
+    return None
+
+
+PROBES: tuple[Callable[[Probe], str | None], ...] = (fresh_inputs, burst, roofline, side_stream, repeat_speed, reentrant)

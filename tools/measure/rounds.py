@@ -1,25 +1,21 @@
-"""The bench's timed rounds (tools/measure/bench.py): the arms timed interleaved, on data new to each round,
-and what the rounds themselves show about the candidate.
+"""The bench's timed rounds (tools/measure/bench.py): the arms timed interleaved, every timed call on values it
+has never seen, and the rounds' outputs checked at random.
 
-- **Fresh data per round.** Before each round the input sets are filled again with new values (the
-  task's make_inputs, a new seed per set), in the same buffers, outside the timing; every arm of the
-  round times the same values. So no timed call can repeat a call made before its round: a memo on
-  the inputs (exact or sampled, whatever else it watches, however long it waits) can only serve calls
-  that repeat one made earlier in the same burst. Before issue 39 the sets were made once per bench,
-  and every timed rep after the warm-up repeated one before it: an exact memo that turned honest at
-  the first buffers it had never seen (the probes') was timed lazy and checked honest.
-- **The repeats within a round.** A burst of n reps over k sets (two at least) makes its first k calls on
-  values new to it and the rest on repeats. The burst's very first call is also its cold one (the code,
-  caches and branch state after the refill and the host's work between bursts), so the other first
-  calls are the measure, less REPEAT_SLACK_MS for what is left of the warm-up after a refill (an honest
-  2.2 us kernel's second call took 3.1 us, and the third 2.4 us). Where the repeats' median is over
-  REPEAT_RATIO times faster than that, in the median round, the candidate did less work on a call it
-  had seen before, and the bench is `suspicious`. Medians: a laziness that does not move the repeats'
-  median does not move the reported one either. Both sides come from the same bursts, so load that
-  comes and goes hits both. Honest kernels on the CPU task: BENCHMARKS.md.
+- **New values per round.** Before each round the input sets are filled again with new values (the task's
+  make_inputs, a new seed per set), in the same buffers, outside the timing.
+- **New values per rep.** Before each timed rep of every arm (the reference's too, so that each arm's
+  bursts carry the same untimed work for the judge's outside clock), outside the rep's timing, two values of each floating-point input of the rep's set trade places (Swaps: a
+  permutation, so the values stay the task's distribution; which two, from the burst's seed and the rep's
+  index, so the judge replays them exactly). No timed call repeats an earlier one: a memo on the inputs,
+  exact or sampled, whatever else it watches, however long it waits, has nothing to serve. An exact
+  memo (right on every call) is then timed at its honest speed; a sampled one serves stale values, which
+  the spot check sees. Before issue 39 the sets were made once per bench, and every timed rep after the
+  warm-up repeated one before it: an exact memo that turned honest at the first buffers it had never
+  seen (the probes') was timed lazy (32x over the initial kernel against its honest 10x) and checked
+  honest. Cost: two element swaps per tensor per rep (numpy on the CPU, one gather on the GPU).
 - **Spot checks** (SpotCheck): the library arms' output buffers are poisoned before each of their
   bursts, and after the candidate's burst of a round the judge draws (about two rounds in all, at least
-  one) whether to fetch them and compare each with the reference on that round's values.
+  one) whether to fetch them and compare each with the reference on the values the call saw.
 """
 
 from __future__ import annotations
@@ -32,17 +28,94 @@ from tools.backends.clocks import estimate_and_warm, reps
 from tools.results import SpeedupCI
 from tools.task_messages import make_inputs
 
-REPEAT_RATIO = 1.5      # a round's repeats this much faster than its first calls (median round): suspicious
-REPEAT_SLACK_MS = 0.005  # taken off the first calls: the warm-up left after a refill (a few us on a CPU)
+_MASK = (1 << 64) - 1
+
+
+def _mix(x: int) -> int:
+    """splitmix64's finalizer: the swap positions from (seed, rep, tensor), the same in the judge and host."""
+    x = (x + 0x9E3779B97F4A7C15) & _MASK
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK
+    return x ^ (x >> 31)
+
+
+def swap_positions(seed: int, i: int, j: int, numel: int) -> tuple[int, int]:
+    """Two different positions (numel > 1) for rep i's swap in its set's j-th input."""
+    h = _mix(seed * 1_000_003 + i * 131 + j)
+    a = h % numel
+    return a, (a + 1 + _mix(h) % (numel - 1)) % numel
+
+
+def _swappable(t) -> bool:
+    return hasattr(t, "is_floating_point") and t.is_floating_point() and t.is_contiguous() and t.numel() > 1
+
+
+class Swaps:
+    """`before(i)` of a library arm's timed burst (tools.backends.clocks): rep i's set, sets[i % k], has two
+    values of each floating input traded, in place, outside the rep's timing."""
+
+    def __init__(self, seed: int, sets: list):
+        self.seed, self.sets = seed, sets
+        self.views = [[_flat(t) if _swappable(t) else None for t in s] for s in sets]
+
+    def __call__(self, i: int) -> None:
+        for j, v in enumerate(self.views[i % len(self.views)]):
+            if v is not None:
+                a, b = swap_positions(self.seed, i, j, len(v))
+                v[a], v[b] = v[b], v[a]
+
+
+def _flat(t):
+    """A one-dimensional view to swap two values in: numpy's on the CPU (a microsecond), the tensor's own
+    on a GPU (an index_put)."""
+    if t.device.type == "cpu" and str(t.dtype) in ("torch.float32", "torch.float64", "torch.float16"):
+        return t.view(-1).numpy()
+    return _TorchSwap(t.view(-1))
+
+
+class _TorchSwap:
+    def __init__(self, v):
+        self.v = v
+
+    def __len__(self) -> int:
+        return self.v.numel()
+
+    def __getitem__(self, a: int):
+        return self.v[a].clone()
+
+    def __setitem__(self, a: int, x) -> None:
+        self.v[a] = x
+
+
+def replay(sets: list, seed: int, offset: int, n: int) -> None:
+    """What Swaps(seed, ...) did over reps offset..offset+n-1, done to these sets at once (the judge's copy
+    of the host's): the swaps composed into one gather per tensor."""
+    k = len(sets)
+    for s_idx, s in enumerate(sets):
+        for j, t in enumerate(s):
+            if not _swappable(t):
+                continue
+            perm: dict[int, int] = {}
+            for i in range(offset, offset + n):
+                if i % k == s_idx:
+                    a, b = swap_positions(seed, i, j, t.numel())
+                    pa, pb = perm.get(a, a), perm.get(b, b)
+                    perm[a], perm[b] = pb, pa
+            if perm:
+                import torch
+                v = t.view(-1)
+                dst = torch.tensor(list(perm), device=t.device)
+                v[dst] = v[torch.tensor(list(perm.values()), device=t.device)].clone()
 
 
 class SpotCheck:
     """The rounds' data and checks (see the module's docstring). `round(r)` fills the sets with new values
     before round r; `before(label)` poisons the library arms' output buffers before each of their bursts;
-    `after(label, r, offset, ts)` decides, after the candidate's burst of round r, whether to fetch and
-    compare them, and keeps the burst's times for `repeats_why()`. The first wrong output is kept in `why`
-    (the bench is `suspicious` with it; the timing goes on, so that its figures are still reported, and
-    nothing more is checked)."""
+    `swaps(label, r)` is a library arm's per-rep Swaps for round r; `after(label, r, offset, ts)`, after a
+    burst, brings the runs' values here (HostRuns replays the swaps) and, after the candidate's, decides
+    whether to fetch and compare its outputs. The first wrong output is kept in `why` (the bench is
+    `suspicious` with it; the timing goes on, so that its figures are still reported, and nothing more
+    is checked)."""
 
     def __init__(self, task, mod, runs, shape, sets, outs, rounds: int, rng):
         self.task, self.mod, self.runs, self.shape, self.sets, self.outs = task, mod, runs, shape, sets, outs
@@ -51,7 +124,7 @@ class SpotCheck:
         self.checked = 0
         self.expected: dict[int, object] = {}
         self.why: str | None = None
-        self.bursts: list[tuple[list[float], list[float]]] = []   # (first calls, repeats) of each candidate burst
+        self.seeds: dict[tuple[str, int], int] = {}
 
     def round(self, r: int) -> None:
         """New values in every timed set, in place (the same buffers), here and where the runs are."""
@@ -67,18 +140,23 @@ class SpotCheck:
         if label != "reference":
             self.runs.poison_outs(self.outs)
 
+    def swaps(self, label: str, r: int) -> Swaps:
+        """Every arm's reps are preceded by swaps, the reference's too: the judge's outside clock holds each
+        arm's unreported time to the others' (tools.measure.stats.outside_check), so all pay the same."""
+        seed = self.seeds[(label, r)] = self.rng.getrandbits(31)
+        return Swaps(seed, self.sets)
+
     def after(self, label: str, r: int, offset: int, ts: list[float]) -> None:
-        if label != "candidate":
-            return
-        k = len(self.sets)
-        self.bursts.append((ts[1:k], ts[k:]))   # the first call of the burst is the cold one: not held against it
-        if self.why is not None:
+        self.runs.swapped(self.sets, self.seeds[(label, r)], offset, len(ts))
+        self.expected.clear()
+        if label != "candidate" or self.why is not None:
             return
         last = r == self.rounds - 1
         if not (self.rng.random() < self.p or (last and self.checked == 0)):
             return
         self.checked += 1
         self.runs.fetch_outs(self.outs)
+        k = len(self.sets)
         for j in sorted({(offset + i) % k for i in range(min(len(ts), k))}):
             if j not in self.expected:
                 self.expected[j] = self.mod.reference(self.shape, *self.sets[j])
@@ -88,27 +166,14 @@ class SpotCheck:
                             f"candidate's output on timed input set {j + 1} of {k} was wrong {why}")
                 return
 
-    def repeats_why(self, label: str) -> str | None:
-        """Why the candidate's repeats within its bursts were too fast for its first calls, or None."""
-        pairs = [(statistics.median(first), statistics.median(rest)) for first, rest in self.bursts if first and rest]
-        if len(pairs) < 2:
-            return None
-        ratio = statistics.median(max(f - REPEAT_SLACK_MS, 0.0) / max(r, 1e-9) for f, r in pairs)
-        if ratio <= REPEAT_RATIO:
-            return None
-        first = statistics.median(f for f, _ in pairs)
-        rest = statistics.median(r for _, r in pairs)
-        return (f"{label}: in the timed rounds, the first call on each input set (new values every round) took "
-                f"{first * 1e3:.3g} us, a call repeating one of them {rest * 1e3:.3g} us ({ratio:.1f}x in "
-                f"the median of {len(pairs)} rounds, {REPEAT_SLACK_MS * 1e3:g} us of warm-up taken off the first): the timed calls did less work because they repeated earlier calls")
-
 
 def interleaved(clock, arms, b, spot: SpotCheck | None = None) -> tuple[dict[str, list[float]], dict[str, SpeedupCI]]:
     """Time each arm (label, fn) in `b.rounds` rounds, each timing every arm with the same rep count in an
     order rotated round by round, so that load which comes and goes falls on all of them alike (one arm
     alone: its reps spread over the rounds). Returns every arm's times and, per arm after the first, the
     speedup of the first over it (median of the per-round ratios, 95% CI). With `spot`, each round's data
-    is new (spot.round) and its bursts are checked (spot.before, spot.after)."""
+    is new (spot.round), each library arm's rep too (spot.swaps), and its bursts are checked (spot.before,
+    spot.after)."""
     ests = [estimate_and_warm(clock, fn, b.warmup_ms) for _, fn in arms]
     n = reps(max(ests), b.rep_ms)
     if len(arms) == 1:
@@ -123,9 +188,10 @@ def interleaved(clock, arms, b, spot: SpotCheck | None = None) -> tuple[dict[str
         for label, fn in arms[k:] + arms[:k]:
             if spot is not None:
                 spot.before(label)
-            ts = clock.run(fn, n, offset=r * n)
-            if spot is not None:
+                ts = clock.run(fn, n, offset=r * n, before=spot.swaps(label, r))
                 spot.after(label, r, r * n, ts)
+            else:
+                ts = clock.run(fn, n, offset=r * n)
             got[label] += ts
             meds[label] = statistics.median(ts)
         first = meds[arms[0][0]]

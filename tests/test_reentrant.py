@@ -1,0 +1,73 @@
+"""The reentrant probe (issue 39, tools/measure/probes.py): two threads calling the candidate at once, each on
+its own inputs and output. Both directions through the judge and its host, and the probe as a ghost."""
+
+from __future__ import annotations
+
+import random
+
+from tests.fixtures.cpu_faults.faults import compile_lib, make_task, source
+from tools.measure.probes import Probe, reentrant, two_threads
+
+SHAPE = {"M": 128, "N": 96, "K": 112}     # a call of 0.1-0.5 ms: the two threads' calls overlap
+
+
+def _probe(task, lib, together, cand_ms: float) -> Probe:
+    mod = task.module()
+    x = mod.make_inputs(SHAPE, 1, "cpu", "normal")
+    return Probe(task=task, mod=mod, shape=SHAPE, device="cpu", device_name="cpu", calls=None, sets=[x],
+                 outs=[mod.empty_output(SHAPE, *x)], cand_ms=cand_ms, flops=None, nbytes=None, together=together,
+                 rng=random.SystemRandom())
+
+
+def test_a_kernel_with_static_scratch_is_caught_and_the_honest_kernel_is_not(tmp_path):
+    """Through run_bench (the judge, its host, the host's two threads): the honest kernel's bench is ok,
+    a kernel that accumulates each row in one static scratch row is `suspicious`, the reason naming the
+    threads, the shapes and the wrong output."""
+    from tools.measure.bench import run_bench
+    task, honest = make_task(tmp_path, "correct", rounds=3)
+    [res] = run_bench(task, honest, with_reference=False, shapes=[SHAPE])
+    assert res.status.value == "ok", res.message
+    lib = compile_lib(source("correct").replace('extern "C" void matmul(', "static void unused(") + r'''
+#include <cstring>
+#include <vector>
+static std::vector<float> scratch;
+extern "C" void matmul(const float* A, const float* B, float* C, int M, int N, int K) {
+    if (scratch.size() < (size_t)N) scratch.resize(N);
+    for (int i = 0; i < M; ++i) {
+        for (int j = 0; j < N; ++j) scratch[j] = 0.0f;
+        for (int k = 0; k < K; ++k)
+            for (int j = 0; j < N; ++j) scratch[j] += A[(size_t)i * K + k] * B[(size_t)k * N + j];
+        std::memcpy(C + (size_t)i * N, scratch.data(), sizeof(float) * N);
+    }
+}
+''', tmp_path / "libscratch.so")
+    [res] = run_bench(task, lib, with_reference=False, shapes=[SHAPE])
+    assert res.status.value == "suspicious", res.message
+    assert "two threads calling the candidate at once (thread 1 on M=128,N=96,K=112" in res.message
+    assert "must be safe to call from two threads at once" in res.message
+
+
+def test_the_probe_fails_as_a_ghost_and_passes_with_the_real_calls(tmp_path):
+    """Ghost replay: with the two threads' calls replaced by a no-op the probe must fail (every output
+    still holds the poison); with the honest kernel called in two threads it passes."""
+    task, honest = make_task(tmp_path, "correct")
+    why = reentrant(_probe(task, None, lambda calls: None, cand_ms=0.2))
+    assert why is not None and "(unwritten)" in why, why
+    mod = task.module()
+    lib = task.backend.load(str(honest))
+
+    def together(calls):
+        two_threads(tuple([lambda s=s, o=o, x=x: mod.run(lib, s, o, *x) for t, s, o, x in calls if t == n] for n in (0, 1)))
+    assert reentrant(_probe(task, lib, together, cand_ms=0.2)) is None
+
+
+def test_an_exception_in_either_thread_is_raised_and_neither_thread_hangs():
+    def boom():
+        raise RuntimeError("launcher failed")
+    for work in (([boom], [lambda: None] * 3), ([lambda: None], [boom])):
+        try:
+            two_threads(work)
+        except RuntimeError as e:
+            assert "launcher failed" in str(e)
+        else:
+            raise AssertionError("the thread's exception was not raised")
