@@ -100,7 +100,8 @@ def test_every_cpu_cheat_and_fault_is_rejected_and_the_loop_goes_on(tmp_path):
             # a real cheat: it passed parity, and its timed median beat the honest best
             assert rec.parity is not None and rec.parity.status.value == "ok", where
             cand = rec.bench.timing("candidate")
-            assert cand is not None and cand.median_ms < state.initial_ms / 5, "the cheat would have won the bench"
+            # (the cheats run 6-13x faster than the initial kernel idle; static_* 3.7x under .ci/run's load)
+            assert cand is not None and cand.median_ms < state.initial_ms / 2, "the cheat would have won the bench"
 
     by = {c.name: r for c, r in zip(cases, recs)}
     # the roofline check names its floor; the floor is far above what the cheat's timed call took
