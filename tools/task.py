@@ -19,9 +19,11 @@ from pathlib import Path
 from types import ModuleType
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 
 from tools.expr import compile_expr, eval_expr
+from tools.taskspec import (BenchSpec, BuildSpec, DimRange, ExtensionSpec, Knob, LaunchSpec,  # noqa: F401
+                            MetricsSpec, ParitySpec, Tolerance, Strict)
 from tools.task_messages import shape_keys_differ, validation_message
 
 Shape = dict[str, int | bool]
@@ -36,92 +38,7 @@ class TaskError(Exception):
         super().__init__(f"{path}: {message}" if field == "-" else f"{path}: {field}: {message}")
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class Tolerance(_Strict):
-    atol: float = Field(ge=0)
-    rtol: float = Field(ge=0)
-
-
-class Knob(_Strict):
-    """A tunable constant, written in the source as `#define NAME VALUE` in `file`."""
-
-    name: str = Field(pattern=r"^[A-Z_][A-Z0-9_]*$")
-    values: list[int] = Field(min_length=1)
-    default: int
-    file: str
-    description: str = ""
-    # what moving the knob does, so the heuristic proposer can tie a metric to it:
-    #   split   - raising it raises the CTA count (KV splits, split-K)      -> small grid
-    #   tile    - raising it lowers the CTA count, raises reuse and smem/regs -> small grid (down), compute (up)
-    #   threads - threads or warps per CTA                                    -> latency, occupancy
-    #   pad     - shared-memory row padding                                   -> bank conflicts
-    #   vector  - elements per memory access                                  -> memory throughput
-    #   tensor  - 0/1: the tensor-core path                                   -> compute-bound, tensor pipe idle
-    #   order   - loop order / algorithm variant                              -> explored
-    #   other   - explored when no rule fires
-    role: Literal["split", "tile", "threads", "pad", "vector", "tensor", "order", "other"] = "other"
-
-    @model_validator(mode="after")
-    def _default_in_values(self) -> "Knob":
-        if self.default not in self.values:
-            raise ValueError(f"knob {self.name}: default {self.default} is not one of its values {self.values}")
-        return self
-
-
-class BuildSpec(_Strict):
-    flags: list[str] = []          # extra compiler flags (after the defaults)
-    arch: str | None = None        # e.g. "sm_90"; None: the GPU's own, else sm_90 for compile-only
-    timeout_s: float = 120.0
-
-
-class LaunchSpec(_Strict):
-    # CTAs of the main kernel on the main shape must be at least min_ctas_per_sm * SM count
-    min_ctas_per_sm: float = Field(default=1.0, ge=0)
-    # reject a candidate whose CTA count falls below this fraction of its parent's
-    collapse_ratio: float = Field(default=0.25, ge=0, le=1)
-
-
-class ParitySpec(_Strict):
-    seeds: int = Field(default=2, ge=1)
-    hidden_shapes: int = Field(default=2, ge=0)   # extra shapes from task.hidden_shapes(), never shown
-    timeout_s: float = 180.0
-    allow_files: dict[str, str] = {}   # files the kernel may write in its directory: glob -> why (issue 39)
-
-
-class BenchSpec(_Strict):
-    warmup_ms: float = 25.0
-    rep_ms: float = 100.0
-    rounds: int = Field(default=10, ge=2)      # ABAB rounds for candidate-vs-best
-    input_sets: int = Field(default=4, ge=1)   # rotated so that repeats do not measure a warm cache
-    min_gain: float = Field(default=0.02, ge=0)
-    timeout_s: float = 300.0
-
-
-class ExtensionSpec(_Strict):
-    """A kernel in the form of a PyTorch C++/CUDA extension (form = "torch_extension"): the module the
-    sources build (PYBIND11_MODULE(TORCH_EXTENSION_NAME, m)) and the function the task calls."""
-    # the module's function (pybind11), or "ns::op": an op registered with TORCH_LIBRARY(ns, m) (torch.ops.ns.op)
-    entry: str = Field(default="forward", pattern=r"^([A-Za-z_][A-Za-z0-9_]*::)?[A-Za-z_][A-Za-z0-9_]*$")
-    # TORCH_EXTENSION_NAME; default: the task's name with _ext, made a C identifier
-    name: str | None = Field(default=None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
-
-
-class MetricsSpec(_Strict):
-    flops: str | None = None   # arithmetic over the shape's fields, e.g. "4*B*H*S*S*D"
-    bytes: str | None = None
-
-    @field_validator("flops", "bytes")
-    @classmethod
-    def _parses(cls, v: str | None) -> str | None:
-        if v is not None:
-            compile_expr(v, allowed=None)
-        return v
-
-
-class TaskSpec(_Strict):
+class TaskSpec(Strict):
     name: str = Field(pattern=r"^[A-Za-z0-9_\-]+$")
     description: str = ""
     device: Literal["cuda", "cpu"]
@@ -149,6 +66,7 @@ class TaskSpec(_Strict):
     launch: LaunchSpec = LaunchSpec()
     parity: ParitySpec = ParitySpec()
     bench: BenchSpec = BenchSpec()
+    dims: dict[str, DimRange] = {}   # each dimension's allowed range (parity draws its extremes: tools/measure/ranges.py)
 
     @field_validator("shapes")
     @classmethod
@@ -167,6 +85,12 @@ class TaskSpec(_Strict):
                 raise ValueError(f"editable file {f!r} is not among the sources {self.sources}")
         if not 0 <= self.main_shape < len(self.shapes):
             raise ValueError(f"main_shape {self.main_shape} is outside the {len(self.shapes)} shapes")
+        for d, r in self.dims.items():
+            v = self.shapes[0].get(d)
+            if v is None or isinstance(v, bool):
+                raise ValueError(f"[dims] {d}: not an integer dimension of the shapes {sorted(self.shapes[0])}")
+            if any(not r.min <= s[d] <= r.max for s in self.shapes):
+                raise ValueError(f"[dims] {d}: a listed shape is outside [{r.min}, {r.max}]")
         for d in self.dtypes:
             if d not in self.tolerance:
                 raise ValueError(f"dtype {d!r} has no [tolerance.{d}]")

@@ -1,7 +1,9 @@
 """Parity (DESIGN step 6): is the candidate's output the reference's, for every element, every time?
 
 Adversarial by construction; a fast wrong kernel must not pass:
-- every listed shape, plus hidden shapes drawn fresh per call (never shown to the proposer);
+- every listed shape, plus hidden shapes drawn fresh per call (never shown to the proposer), plus the
+  extremes of the task's [dims] ranges (tools/measure/ranges.py: tails, index products past 2^16, each
+  dimension at its largest);
 - every input distribution, several fresh seeds per call;
 - outputs poisoned with a NaN carrying a payload (integers: a sentinel) before each call, so an
   element left unwritten is told apart from one the kernel computed as NaN; 64 KiB of poisoned
@@ -32,6 +34,7 @@ from typing import Any
 
 from tools.measure.buffers import STATES, Buffers  # noqa: F401  (STATES: the states, for the tests)
 from tools.measure.compare import bits_equal, compare, describe, disagree, tolerance_for
+from tools.measure.ranges import range_shapes
 from tools.results import ParityResult, ParityStatus, ShapeCheck
 from tools.isolation.sandbox import ProcStatus, run_python_json
 from tools.task import Task, load_task, shape_label
@@ -95,17 +98,21 @@ def check(task: Task, mod, lib, *, seed: int, hidden: bool = True, run=None, run
     device = backend.torch_device
     rng = random.Random(seed)
     seeds = [rng.getrandbits(31) for _ in range(spec.parity.seeds)]
-    shapes: list[tuple[dict, bool]] = [(dict(s), False) for s in spec.shapes]
+    shapes: list[tuple[dict, str]] = [(dict(s), "") for s in spec.shapes]
     if hidden and spec.parity.hidden_shapes and hasattr(mod, "hidden_shapes"):
         extra = list(mod.hidden_shapes(random.Random(rng.getrandbits(32))))[:spec.parity.hidden_shapes]
         if (why := hidden_keys_differ([shapes[0][0]], extra)) is not None:
             return ParityResult(status=ParityStatus.error, message=why)
-        shapes += [(dict(s), True) for s in extra]
+        shapes += [(dict(s), "hidden ") for s in extra]
+    if hidden:   # the extremes of the task's [dims] (tools/measure/ranges.py), new every run
+        listed = [tuple(sorted(s.items())) for s, _ in shapes]
+        shapes += [(s, "range ") for s, _ in range_shapes(spec, mod, random.Random(rng.getrandbits(32)))
+                   if tuple(sorted(s.items())) not in listed]
     sync = backend.sync
     checks: list[ShapeCheck] = []
     fatal = False
-    for shape, is_hidden in shapes:
-        label = ("hidden " if is_hidden else "") + shape_label(shape)
+    for shape, kind in shapes:
+        label, is_hidden = kind + shape_label(shape), bool(kind)
         bufs = Buffers(torch)
         for dist in spec.distributions:
             for s in seeds:

@@ -4,15 +4,17 @@ has never seen, and the rounds' outputs checked at random.
 - **New values per round.** Before each round the input sets are filled again with new values (the task's
   make_inputs, a new seed per set), in the same buffers, outside the timing.
 - **New values per rep.** Before each timed rep of every arm (the reference's too, so that each arm's
-  bursts carry the same untimed work for the judge's outside clock), outside the rep's timing, two values of each floating-point input of the rep's set trade places (Swaps: a
-  permutation, so the values stay the task's distribution; which two, from the burst's seed and the rep's
-  index, so the judge replays them exactly). No timed call repeats an earlier one: a memo on the inputs,
-  exact or sampled, whatever else it watches, however long it waits, has nothing to serve. An exact
-  memo (right on every call) is then timed at its honest speed; a sampled one serves stale values, which
-  the spot check sees. Before issue 39 the sets were made once per bench, and every timed rep after the
-  warm-up repeated one before it: an exact memo that turned honest at the first buffers it had never
-  seen (the probes') was timed lazy (32x over the initial kernel against its honest 10x) and checked
-  honest. Cost: two element swaps per tensor per rep (numpy on the CPU, one gather on the GPU).
+  bursts carry the same untimed work for the judge's outside clock), outside the rep's timing, one value
+  of each floating-point input of the rep's set is overwritten with another of its values (Swaps; which,
+  from the burst's seed and the rep's index, so the judge replays them exactly; the values stay the
+  task's distribution). No timed call repeats an earlier one: a memo on the inputs, exact or sampled,
+  whatever else it watches, however long it waits, has nothing to serve. An exact memo (right on every
+  call) is then timed at its honest speed; a sampled one serves stale values, which the spot check sees.
+  Before issue 39 the sets were made once per bench, and every timed rep after the warm-up repeated one
+  before it: an exact memo that turned honest at the first buffers it had never seen (the probes') was
+  timed lazy (32x over the initial kernel against its honest 10x) and checked honest. Not a swap of two
+  values: a memo keyed on a sum or an xor of the inputs does not see a permutation. Cost: one element
+  copy per tensor per rep (numpy on the CPU, an index copy on the GPU).
 - **Spot checks** (SpotCheck): the library arms' output buffers are poisoned before each of their
   bursts, and after the candidate's burst of a round the judge draws (about two rounds in all, at least
   one) whether to fetch them and compare each with the reference on the values the call saw.
@@ -51,8 +53,10 @@ def _swappable(t) -> bool:
 
 
 class Swaps:
-    """`before(i)` of a library arm's timed burst (tools.backends.clocks): rep i's set, sets[i % k], has two
-    values of each floating input traded, in place, outside the rep's timing."""
+    """`before(i)` of an arm's timed burst (tools.backends.clocks): in rep i's set, sets[i % k], one value of
+    each floating input is overwritten with another of its values, in place, outside the rep's timing. Not
+    a swap: a permutation leaves a sum or an xor of the values unchanged, and a memo keyed on one (an
+    "exact" memo of memo_exact_window.cpp's kind, 2026-11-27 on .ci/run) served stale answers."""
 
     def __init__(self, seed: int, sets: list):
         self.seed, self.sets = seed, sets
@@ -62,7 +66,7 @@ class Swaps:
         for j, v in enumerate(self.views[i % len(self.views)]):
             if v is not None:
                 a, b = swap_positions(self.seed, i, j, len(v))
-                v[a], v[b] = v[b], v[a]
+                v[a] = v[b]
 
 
 def _flat(t):
@@ -89,7 +93,8 @@ class _TorchSwap:
 
 def replay(sets: list, seed: int, offset: int, n: int) -> None:
     """What Swaps(seed, ...) did over reps offset..offset+n-1, done to these sets at once (the judge's copy
-    of the host's): the swaps composed into one gather per tensor."""
+    of the host's): the copies composed into one gather per tensor (each position to the original position
+    its value came from)."""
     k = len(sets)
     for s_idx, s in enumerate(sets):
         for j, t in enumerate(s):
@@ -99,8 +104,7 @@ def replay(sets: list, seed: int, offset: int, n: int) -> None:
             for i in range(offset, offset + n):
                 if i % k == s_idx:
                     a, b = swap_positions(seed, i, j, t.numel())
-                    pa, pb = perm.get(a, a), perm.get(b, b)
-                    perm[a], perm[b] = pb, pa
+                    perm[a] = perm.get(b, b)
             if perm:
                 import torch
                 v = t.view(-1)

@@ -1,0 +1,60 @@
+"""Parity's shapes from the task's declared ranges (task.toml [dims], issue 39): the inputs a kernel must handle
+that the listed and hidden shapes never reach, drawn anew on every parity run.
+
+A model rewriting a kernel freely makes the same accidental mistakes over and over: an index kept in 16
+bits (or a block count in 8) that wraps past the tested sizes, a vector strip or a register block with
+no tail that is wrong (or out of bounds) for a dimension under its width, a precision that holds at the
+tested reduction length and not at the longest. So, for each dimension with a range:
+- every dimension at its minimum, and twice every dimension at a small tail value (1, 2, 3, 5, 7, 9, 15,
+  17: under and over the vector widths 4, 8, 16);
+- one dimension at a time at its largest, the others small (a long row, a long column, the longest
+  reduction: the cost of one row, not of the whole largest shape);
+- every dimension past 256 (a prime or an odd number just past it), so that each tensor indexed by two of
+  them holds more than 2^16 elements, within INDEX_CAP elements for all the dimensions together.
+2^31 (a 32-bit index) is not reached on a CPU: the judge and the host each hold the tensors (issue 40 on
+the GPU). A task's `valid_shape(shape)` in task.py, where it has one, drops a shape it cannot take.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+
+TAILS = (1, 2, 3, 5, 7, 9, 15, 17)
+PAST_16 = (257, 259, 263, 269)      # any two of them multiply past 2^16
+INDEX_CAP = 1 << 27                 # the product of the shape's dimensions at most (an upper bound on a tensor)
+
+
+def range_shapes(spec, mod, rng: random.Random) -> list[tuple[dict, str]]:
+    """(shape, why) for each extreme shape of the task's [dims] (none without it), duplicates dropped."""
+    dims = spec.dims
+    if not dims:
+        return []
+    main = dict(spec.main)
+
+    def fit(d: str, v: int) -> int:
+        return max(dims[d].min, min(dims[d].max, v))
+
+    out = [({**main, **{d: r.min for d, r in dims.items()}}, "every dimension at its minimum")]
+    for _ in range(2):
+        out.append(({**main, **{d: fit(d, rng.choice(TAILS)) for d in dims}}, "small dimensions (tails)"))
+    for d, r in dims.items():
+        what = "the longest reduction" if r.reduction else f"{d} at its largest"
+        out.append(({**main, **{e: fit(e, rng.choice(TAILS[2:6])) for e in dims if e != d}, d: r.max}, what))
+    big = {**main, **{d: fit(d, rng.choice(PAST_16)) for d in dims}}
+    ints = [d for d, v in big.items() if not isinstance(v, bool)]
+    for d in reversed(list(dims)):   # within the cap: dimensions back to their minimum, the last first
+        if math.prod(int(big[e]) for e in ints) <= INDEX_CAP:
+            break
+        big[d] = dims[d].min
+    if math.prod(int(big[e]) for e in ints) <= INDEX_CAP:
+        out.append((big, "index products past 2^16"))
+    valid = getattr(mod, "valid_shape", None)
+    seen, keep = set(), []
+    for shape, why in out:
+        key = tuple(sorted(shape.items()))
+        if key in seen or (valid is not None and not valid(shape)):
+            continue
+        seen.add(key)
+        keep.append((shape, why))
+    return keep
