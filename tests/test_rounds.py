@@ -1,4 +1,4 @@
-"""The bench's rounds on values no call has seen (issue 39, tools/measure/rounds.py): the per-rep swaps and
+"""The bench's rounds on values no call has seen (issue 39, tools/measure/rounds.py): the per-rep refresh and
 their replay in the judge, the refill mirrored in the kernel's host, and an exact memo timed honest."""
 
 from __future__ import annotations
@@ -6,10 +6,10 @@ from __future__ import annotations
 import torch
 
 from tests.fixtures.cpu_faults.faults import compile_lib, make_task, source
-from tools.measure.rounds import Swaps, replay, swap_positions
+from tools.measure.rounds import Refresh, replay, refresh_positions
 
 
-def test_the_judges_replay_of_a_bursts_swaps_is_what_the_host_did_rep_by_rep():
+def test_the_judges_replay_of_a_bursts_copies_is_what_the_host_did_rep_by_rep():
     """The host overwrites one value of each floating input with another before each rep; the judge
     replays a burst's at once on its copy. Bit for bit the same (the numpy path for float32, the tensor
     path for bfloat16), integer inputs untouched, each rep's set really changed, and changed so that its
@@ -19,12 +19,12 @@ def test_the_judges_replay_of_a_bursts_swaps_is_what_the_host_did_rep_by_rep():
         host = [(torch.randn(7, 5, generator=g).to(dtype), torch.arange(6), torch.randn(40, generator=g).to(dtype))
                 for _ in range(3)]
         judge = [tuple(t.clone() for t in s) for s in host]
-        swaps = Swaps(1234, host)
+        refresh = Refresh(1234, host)
         for i in range(17, 17 + 50):
             before = [t.clone() for t in host[i % 3]]
-            swaps(i)
+            refresh(i)
             assert torch.equal(before[1], host[i % 3][1])
-            a, b = swap_positions(1234, i, 2, 40)
+            a, b = refresh_positions(1234, i, 2, 40)
             after = host[i % 3][2]
             assert after[a] == before[2][b] and sum(int(x != y) for x, y in zip(before[2], after)) <= 1
             if before[2][a] != before[2][b]:   # one value changed to another of its own: the sum moves
@@ -34,7 +34,7 @@ def test_the_judges_replay_of_a_bursts_swaps_is_what_the_host_did_rep_by_rep():
             for h, j in zip(hs, js):
                 assert torch.equal(h.view(torch.uint8) if h.is_floating_point() else h,
                                    j.view(torch.uint8) if j.is_floating_point() else j)
-    assert swap_positions(5, 3, 0, 1000) == swap_positions(5, 3, 0, 1000) != swap_positions(5, 4, 0, 1000)
+    assert refresh_positions(5, 3, 0, 1000) == refresh_positions(5, 3, 0, 1000) != refresh_positions(5, 4, 0, 1000)
 
 
 def test_the_rounds_new_values_reach_the_host_even_where_make_inputs_differs_by_process(tmp_path):
@@ -60,7 +60,7 @@ def test_an_exact_memo_lazy_on_repeats_is_timed_at_its_honest_speed(tmp_path):
     """Straight through run_bench (the judge and its host) on the small test task: an exact memo (right on
     every call) that recomputes a quarter of the rows on a repeat of the same buffers and values, timed
     against the same kernel without the memo. No timed call repeats another, so its figure is its honest
-    kernel's (memo_exact_window.cpp, timed so before the swaps: 3.3-3.4x, VERIFICATION.md 7g)."""
+    kernel's (memo_exact_window.cpp, timed so before the per-rep refresh: 3.3-3.4x, VERIFICATION.md 7g)."""
     from tools.measure.bench import run_bench
     task, honest = make_task(tmp_path, "correct", rounds=6)
     memo = source("correct").replace('extern "C" void matmul(', "static void matmul_full(") + r'''

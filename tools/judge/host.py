@@ -22,8 +22,8 @@ Requests (each answered {"ok": true, ...} or {"ok": false, "error": "..."}):
     arms  {shape, sets, outs, arms}            the bench's arms (a library, or null: the reference) over
                                                buffers already here
     refill {shape, sets, seeds, dist}          new values in the timed sets (make_inputs), their digests
-    cost  {arm} / time {arm, n, offset, swaps} tools.backends.clocks' rep cost / n timed reps (ms each),
-                                               values traded before each (tools.measure.rounds.Swaps)
+    cost  {arm} / time {arm, n, offset, refresh} tools.backends.clocks' rep cost / n timed reps (ms each),
+                                               values traded before each (tools.measure.rounds.Refresh)
 
 A buffer is named by a key (the same key, the same memory: a kernel that caches on its pointers sees
 its pointers again); its bytes travel in io/KEY.bin, written by the judge or by this process. A call
@@ -239,9 +239,9 @@ class Host:
         fn = self.timed["arms"][r["arm"]]
         # one_thread: the judge asks whether torch's threads wait (tools/measure/refcheck.py)
         before = None
-        if r.get("swaps") is not None:   # new values before each rep (tools/measure/rounds.py; the judge replays them)
-            from tools.measure.rounds import Swaps
-            before = Swaps(int(r["swaps"]), self.timed["sets"])
+        if r.get("refresh") is not None:   # new values before each rep (tools/measure/rounds.py; the judge replays them)
+            from tools.measure.rounds import Refresh
+            before = Refresh(int(r["refresh"]), self.timed["sets"])
         with one_torch_thread() if r.get("one_thread") else contextlib.nullcontext():
             return {"ok": True, "ms": self.timed["clock"].run(fn, int(r["n"]), offset=int(r["offset"]), before=before)}
 

@@ -24,13 +24,13 @@ class RemoteClock:
         return float(ms)
 
     def run(self, arm: str, n: int, offset: int = 0, one_thread: bool = False, before=None) -> list[float]:
-        """n timed reps of the arm in the host; `before`, a tools.measure.rounds.Swaps, is made there from its
+        """n timed reps of the arm in the host; `before`, a tools.measure.rounds.Refresh, is made there from its
         seed on the host's sets."""
         import math
         import time
         t0 = time.perf_counter()
         ms = self.host.ask({"op": "time", "arm": arm, "n": n, "offset": offset, "one_thread": one_thread,
-                            "swaps": getattr(before, "seed", None)}).get("ms")
+                            "refresh": getattr(before, "seed", None)}).get("ms")
         outside = (time.perf_counter() - t0) * 1e3
         if (not isinstance(ms, list) or len(ms) != n
                 or not all(isinstance(x, (int, float)) and math.isfinite(x) and x >= 0 for x in ms)):
@@ -101,8 +101,8 @@ class HostRuns:
         if put:
             r.host.ask({"op": "call", "shape": self.shape, "put": put, "calls": [], "get": []})
 
-    def swapped(self, sets: list[tuple], seed: int, offset: int, n: int) -> None:
-        """The host traded values in its sets before each rep of a burst (tools.measure.rounds.Swaps): the
+    def refreshed(self, sets: list[tuple], seed: int, offset: int, n: int) -> None:
+        """The host traded values in its sets before each rep of a burst (tools.measure.rounds.Refresh): the
         same here, replayed at once, so that this process's sets are the host's again (no bytes travel)."""
         from tools.measure.rounds import replay
         replay(sets, seed, offset, n)

@@ -116,8 +116,8 @@ class LocalRuns:
         """The timed sets were filled with new values here (tools/measure/rounds.py): they are the same tensors."""
         self.clock.sync()
 
-    def swapped(self, sets: list[tuple], seed: int, offset: int, n: int) -> None:
-        """A burst's per-rep swaps were made on these very tensors: nothing to bring here."""
+    def refreshed(self, sets: list[tuple], seed: int, offset: int, n: int) -> None:
+        """A burst's per-rep copies were made on these very tensors: nothing to bring here."""
         self.clock.sync()
 
     def poison_outs(self, outs: list) -> None:

@@ -5,7 +5,7 @@ has never seen, and the rounds' outputs checked at random.
   make_inputs, a new seed per set), in the same buffers, outside the timing.
 - **New values per rep.** Before each timed rep of every arm (the reference's too, so that each arm's
   bursts carry the same untimed work for the judge's outside clock), outside the rep's timing, one value
-  of each floating-point input of the rep's set is overwritten with another of its values (Swaps; which,
+  of each floating-point input of the rep's set is overwritten with another of its values (Refresh; which,
   from the burst's seed and the rep's index, so the judge replays them exactly; the values stay the
   task's distribution). No timed call repeats an earlier one: a memo on the inputs, exact or sampled,
   whatever else it watches, however long it waits, has nothing to serve. An exact memo (right on every
@@ -34,25 +34,25 @@ _MASK = (1 << 64) - 1
 
 
 def _mix(x: int) -> int:
-    """splitmix64's finalizer: the swap positions from (seed, rep, tensor), the same in the judge and host."""
+    """splitmix64's finalizer: the copy's positions from (seed, rep, tensor), the same in the judge and host."""
     x = (x + 0x9E3779B97F4A7C15) & _MASK
     x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK
     x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK
     return x ^ (x >> 31)
 
 
-def swap_positions(seed: int, i: int, j: int, numel: int) -> tuple[int, int]:
-    """Two different positions (numel > 1) for rep i's swap in its set's j-th input."""
+def refresh_positions(seed: int, i: int, j: int, numel: int) -> tuple[int, int]:
+    """Two different positions (numel > 1) for rep i's copy in its set's j-th input (b's value over a's)."""
     h = _mix(seed * 1_000_003 + i * 131 + j)
     a = h % numel
     return a, (a + 1 + _mix(h) % (numel - 1)) % numel
 
 
-def _swappable(t) -> bool:
+def _refreshable(t) -> bool:
     return hasattr(t, "is_floating_point") and t.is_floating_point() and t.is_contiguous() and t.numel() > 1
 
 
-class Swaps:
+class Refresh:
     """`before(i)` of an arm's timed burst (tools.backends.clocks): in rep i's set, sets[i % k], one value of
     each floating input is overwritten with another of its values, in place, outside the rep's timing. Not
     a swap: a permutation leaves a sum or an xor of the values unchanged, and a memo keyed on one (an
@@ -60,24 +60,24 @@ class Swaps:
 
     def __init__(self, seed: int, sets: list):
         self.seed, self.sets = seed, sets
-        self.views = [[_flat(t) if _swappable(t) else None for t in s] for s in sets]
+        self.views = [[_flat(t) if _refreshable(t) else None for t in s] for s in sets]
 
     def __call__(self, i: int) -> None:
         for j, v in enumerate(self.views[i % len(self.views)]):
             if v is not None:
-                a, b = swap_positions(self.seed, i, j, len(v))
+                a, b = refresh_positions(self.seed, i, j, len(v))
                 v[a] = v[b]
 
 
 def _flat(t):
-    """A one-dimensional view to swap two values in: numpy's on the CPU (a microsecond), the tensor's own
+    """A one-dimensional view to copy a value in: numpy's on the CPU (a microsecond), the tensor's own
     on a GPU (an index_put)."""
     if t.device.type == "cpu" and str(t.dtype) in ("torch.float32", "torch.float64", "torch.float16"):
         return t.view(-1).numpy()
-    return _TorchSwap(t.view(-1))
+    return _TorchView(t.view(-1))
 
 
-class _TorchSwap:
+class _TorchView:
     def __init__(self, v):
         self.v = v
 
@@ -92,18 +92,18 @@ class _TorchSwap:
 
 
 def replay(sets: list, seed: int, offset: int, n: int) -> None:
-    """What Swaps(seed, ...) did over reps offset..offset+n-1, done to these sets at once (the judge's copy
+    """What Refresh(seed, ...) did over reps offset..offset+n-1, done to these sets at once (the judge's copy
     of the host's): the copies composed into one gather per tensor (each position to the original position
     its value came from)."""
     k = len(sets)
     for s_idx, s in enumerate(sets):
         for j, t in enumerate(s):
-            if not _swappable(t):
+            if not _refreshable(t):
                 continue
             perm: dict[int, int] = {}
             for i in range(offset, offset + n):
                 if i % k == s_idx:
-                    a, b = swap_positions(seed, i, j, t.numel())
+                    a, b = refresh_positions(seed, i, j, t.numel())
                     perm[a] = perm.get(b, b)
             if perm:
                 import torch
@@ -115,8 +115,8 @@ def replay(sets: list, seed: int, offset: int, n: int) -> None:
 class SpotCheck:
     """The rounds' data and checks (see the module's docstring). `round(r)` fills the sets with new values
     before round r; `before(label)` poisons the library arms' output buffers before each of their bursts;
-    `swaps(label, r)` is a library arm's per-rep Swaps for round r; `after(label, r, offset, ts)`, after a
-    burst, brings the runs' values here (HostRuns replays the swaps) and, after the candidate's, decides
+    `refresh(label, r)` is an arm's per-rep Refresh for round r; `after(label, r, offset, ts)`, after a
+    burst, brings the runs' values here (HostRuns replays the copies) and, after the candidate's, decides
     whether to fetch and compare its outputs. The first wrong output is kept in `why` (the bench is
     `suspicious` with it; the timing goes on, so that its figures are still reported, and nothing more
     is checked)."""
@@ -144,14 +144,14 @@ class SpotCheck:
         if label != "reference":
             self.runs.poison_outs(self.outs)
 
-    def swaps(self, label: str, r: int) -> Swaps:
-        """Every arm's reps are preceded by swaps, the reference's too: the judge's outside clock holds each
+    def refresh(self, label: str, r: int) -> Refresh:
+        """Every arm's reps are preceded by a refresh, the reference's too: the judge's outside clock holds each
         arm's unreported time to the others' (tools.measure.stats.outside_check), so all pay the same."""
         seed = self.seeds[(label, r)] = self.rng.getrandbits(31)
-        return Swaps(seed, self.sets)
+        return Refresh(seed, self.sets)
 
     def after(self, label: str, r: int, offset: int, ts: list[float]) -> None:
-        self.runs.swapped(self.sets, self.seeds[(label, r)], offset, len(ts))
+        self.runs.refreshed(self.sets, self.seeds[(label, r)], offset, len(ts))
         self.expected.clear()
         if label != "candidate" or self.why is not None:
             return
@@ -176,7 +176,7 @@ def interleaved(clock, arms, b, spot: SpotCheck | None = None) -> tuple[dict[str
     order rotated round by round, so that load which comes and goes falls on all of them alike (one arm
     alone: its reps spread over the rounds). Returns every arm's times and, per arm after the first, the
     speedup of the first over it (median of the per-round ratios, 95% CI). With `spot`, each round's data
-    is new (spot.round), each library arm's rep too (spot.swaps), and its bursts are checked (spot.before,
+    is new (spot.round), each arm's rep too (spot.refresh), and its bursts are checked (spot.before,
     spot.after)."""
     ests = [estimate_and_warm(clock, fn, b.warmup_ms) for _, fn in arms]
     n = reps(max(ests), b.rep_ms)
@@ -192,7 +192,7 @@ def interleaved(clock, arms, b, spot: SpotCheck | None = None) -> tuple[dict[str
         for label, fn in arms[k:] + arms[:k]:
             if spot is not None:
                 spot.before(label)
-                ts = clock.run(fn, n, offset=r * n, before=spot.swaps(label, r))
+                ts = clock.run(fn, n, offset=r * n, before=spot.refresh(label, r))
                 spot.after(label, r, r * n, ts)
             else:
                 ts = clock.run(fn, n, offset=r * n)
