@@ -90,7 +90,7 @@ def compare(got, exp, atol: float, rtol: float) -> dict[str, Any]:
         if n:
             flat = mask.reshape(-1)
             i = int(flat.nonzero()[0]) if score is None else int(torch.where(flat, score.reshape(-1), -1.0).argmax())
-            idx = [int(x) for x in torch.unravel_index(torch.tensor(i), tuple(got.shape))] if got.dim() else []
+            idx = unravel(i, tuple(got.shape))
             res.update(status=status, mismatches=n, worst_index=idx,
                        expected=float(e.reshape(-1)[i]), got=float(g.reshape(-1)[i]))
             return res
@@ -108,7 +108,7 @@ def disagree(a, b, exp, atol: float, rtol: float) -> dict[str, Any] | None:
     if not n:
         return None
     i = int(torch.where(over.reshape(-1), d.reshape(-1), -1.0).argmax())
-    idx = [int(v) for v in torch.unravel_index(torch.tensor(i), tuple(a.shape))] if a.dim() else []
+    idx = unravel(i, tuple(a.shape))
     return {"mismatches": n, "worst_index": idx, "first": float(x.reshape(-1)[i]), "second": float(y.reshape(-1)[i])}
 
 
@@ -137,3 +137,13 @@ def describe(label: str, dist: str, c: dict[str, Any], atol: float, rtol: float)
 
 
 # --- child side: the check --------------------------------------------------------------------
+
+
+def unravel(i: int, shape: tuple[int, ...]) -> list[int]:
+    """A flat index's position in `shape` (row-major), in Python: torch.unravel_index imports sympy (through
+    torch.fx) on its first call, 0.5 s of every parity child that found a mismatch."""
+    idx = []
+    for n in reversed(shape):
+        i, r = divmod(i, n)
+        idx.append(r)
+    return idx[::-1]
