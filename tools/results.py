@@ -120,6 +120,7 @@ class ParityStatus(str, Enum):
     output_state = "output_state"          # the result depended on what the output held before the call
     stale_input = "stale_input"            # after a few input values changed in place, the old inputs' answer
     side_effect = "side_effect"            # the kernel wrote files (not allowed by task.toml)
+    imprecise = "imprecise"                # error past [parity] error_budget x the reference implementation's own
     crashed = "crashed"
     timeout = "timeout"
     error = "error"                        # the harness could not run (bad lib, missing symbol, ...)
@@ -140,6 +141,7 @@ class ShapeCheck(BaseModel):
     worst_index: list[int] | None = None
     expected: float | None = None
     got: float | None = None
+    err_ratio: float | None = None   # the error as a multiple of the reference implementation's (error budget)
     message: str = ""
 
 

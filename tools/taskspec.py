@@ -63,6 +63,9 @@ class ParitySpec(Strict):
     hidden_shapes: int = Field(default=2, ge=0)   # extra shapes from task.hidden_shapes(), never shown
     timeout_s: float = 180.0
     allow_files: dict[str, str] = {}   # files the kernel may write in its directory: glob -> why (issue 39)
+    # the candidate's error against the reference (the truth, in a higher precision) at most this many times the
+    # error of timing_reference (the same computation in the working precision) against it: fewer bits lost
+    error_budget: float | None = Field(default=None, gt=1)
 
 
 class BenchSpec(Strict):

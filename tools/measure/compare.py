@@ -112,6 +112,52 @@ def disagree(a, b, exp, atol: float, rtol: float) -> dict[str, Any] | None:
     return {"mismatches": n, "worst_index": idx, "first": float(x.reshape(-1)[i]), "second": float(y.reshape(-1)[i])}
 
 
+def error_ratio(got, exp, wp) -> dict[str, float] | None:
+    """The candidate's error against the truth (exp, computed in a higher precision) as a multiple of the
+    reference implementation's own (wp: the same computation in the working precision, e.g. fp32 torch.matmul
+    against the fp64 truth). Root-mean-square over the elements finite in all three, so that one cancelling
+    element does not decide it; the reference's error is taken as at least one rounding of the output (half an
+    ulp of its dtype at the truth's RMS): no kernel does better. None where the truth is all zeros."""
+    import torch
+    g, e, w = got.detach().double().reshape(-1), exp.detach().double().reshape(-1), wp.detach().double().reshape(-1)
+    if not (g.numel() == e.numel() == w.numel()):
+        raise ValueError(f"timing_reference gave {w.numel()} elements, the reference {e.numel()}: they must agree "
+                         "for the error budget (task.toml [parity] error_budget)")
+    fin = torch.isfinite(g) & torch.isfinite(e) & torch.isfinite(w)
+    g, e, w = g[fin], e[fin], w[fin]
+    scale = float(e.pow(2).mean().sqrt()) if e.numel() else 0.0
+    if scale == 0.0:
+        return None
+    floor = torch.finfo(got.dtype).eps / 2 * scale
+    cand, ref = float((g - e).pow(2).mean().sqrt()), float((w - e).pow(2).mean().sqrt())
+    return {"err": cand, "ref_err": ref, "floor": floor, "ratio": cand / max(ref, floor)}
+
+
+MIN_ELEMENTS = 64   # the error budget's RMS over fewer elements is luck (one cancelling sum decides it)
+
+
+def error_budget(task, mod, shape, inputs, out, exp) -> dict | None:
+    """The error budget (issue 39; task.toml [parity] error_budget): the candidate's RMS error against the
+    reference (the truth, computed in a higher precision) at most `error_budget` times the RMS error of
+    `timing_reference` (the same computation in the working precision, the call a user would make) against
+    it. A kernel that rounds its operands or its sums to fewer bits stays inside a fixed atol/rtol at short
+    reductions, and is caught here at any length. None where the task sets no budget or the output is small."""
+    factor = task.spec.parity.error_budget
+    wp_fn = getattr(mod, "timing_reference", None)
+    if factor is None or wp_fn is None or out.numel() < MIN_ELEMENTS or not out.is_floating_point():
+        return None
+    r = error_ratio(out, exp, wp_fn(shape, *inputs))
+    if r is None:
+        return None
+    if r["ratio"] <= factor:
+        return {"status": "ok", "err_ratio": r["ratio"]}
+    return {"status": "imprecise", "err_ratio": r["ratio"],
+            "message": f"RMS error {r['err']:.3g} against the reference, {r['ratio']:.1f}x that of timing_reference "
+                       f"(the working-precision call, {max(r['ref_err'], r['floor']):.3g}); the budget is "
+                       f"{factor:g}x (task.toml [parity] error_budget): the kernel computes with fewer bits than "
+                       "its dtype holds (operands or sums rounded to a narrower type)"}
+
+
 def bits_equal(a, b) -> bool:
     import torch
     if not isinstance(a, torch.Tensor):

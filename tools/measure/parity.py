@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from tools.measure.buffers import STATES, Buffers  # noqa: F401  (STATES: the states, for the tests)
-from tools.measure.compare import bits_equal, compare, describe, disagree, tolerance_for
+from tools.measure.compare import bits_equal, compare, describe, disagree, error_budget, tolerance_for
 from tools.measure.ranges import range_shapes
 from tools.results import ParityResult, ParityStatus, ShapeCheck
 from tools.isolation.sandbox import ProcStatus, run_python_json
@@ -145,9 +145,11 @@ def check(task: Task, mod, lib, *, seed: int, hidden: bool = True, run=None, run
         return ParityResult(status=first.status, message=first.message + more, checks=checks,
                             seconds=time.monotonic() - t0)
     worst = max(checks, key=lambda c: c.max_rel_err or 0.0)
+    ratios = [c.err_ratio for c in checks if c.err_ratio is not None]
+    budget = f"; RMS error at most {max(ratios):.2g}x the working-precision reference's" if ratios else ""
     msg = (f"ok: {len(checks)} checks on {len(shapes)} shapes x {len(spec.distributions)} distributions x "
            f"{len(seeds)} seeds; worst max abs err {max(c.max_abs_err or 0 for c in checks):.3g}, "
-           f"max rel err {worst.max_rel_err or 0:.3g} ({worst.label})")
+           f"max rel err {worst.max_rel_err or 0:.3g} ({worst.label}){budget}")
     return ParityResult(status=ParityStatus.ok, message=msg, checks=checks, seconds=time.monotonic() - t0)
 
 
@@ -188,6 +190,9 @@ def _one(task, mod, lib, shape, label, dist, seed, device, bufs: Buffers, sync, 
                 "worst_index": d["worst_index"], "expected": d["first"], "got": d["second"],
                 "message": f"{label} dist={dist}: two calls on the same inputs disagree in {d['mismatches']} "
                            f"elements beyond tolerance; at {d['worst_index']}: {d['first']:.6g} vs {d['second']:.6g}"}
+    if (why := error_budget(task, mod, shape, inputs, out1, exp)) is not None and why["status"] != "ok":
+        return {**base, **c1, **why, "message": f"{label} dist={dist}: {why['message']}"}
+    ratio = why["err_ratio"] if why else None
     if run_kept is not None:
         # a third call into an output that already holds values: an earlier call's result, zeros or
         # random ones. A kernel whose result depends on them ("resume rows already done", "skip the
@@ -208,7 +213,7 @@ def _one(task, mod, lib, shape, label, dist, seed, device, bufs: Buffers, sync, 
                                    run_kept, sync)):
             return {**base, **why}
     bufs.stale = exp
-    return {**base, **c1, "max_abs_err": max(c1["max_abs_err"], c2["max_abs_err"]),
+    return {**base, **c1, "err_ratio": ratio, "max_abs_err": max(c1["max_abs_err"], c2["max_abs_err"]),
             "max_rel_err": max(c1["max_rel_err"], c2["max_rel_err"])}
 
 
