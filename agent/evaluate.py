@@ -156,15 +156,30 @@ class Evaluator:
         from tools.measure import launch as launch_tool
         return launch_tool.dynamic_check(self.task, lib_path, self.limits, static, scratch_root=self.scratch_root)
 
-    def parity(self, lib: Path, times: StageTimes, seed: int | None = None) -> ParityResult:
+    def parity(self, lib: Path, times: StageTimes, seed: int | None = None, extent: str = "full") -> ParityResult:
         from tools.measure.parity import run_parity
         t0, before = time.monotonic(), self._modes()
-        res = run_parity(self.task, lib, seed=seed, scratch_root=self.scratch_root)
+        res = run_parity(self.task, lib, seed=seed, scratch_root=self.scratch_root, extent=extent)
         times.parity += time.monotonic() - t0
         self._checkout_unchanged(before)
         if res.status != ParityStatus.ok:
             raise ParityFailed(f"parity {res.status.value}: {res.message}", res)
         return res
+
+    def range_parity(self, lib: Path, a: Attempt) -> None:
+        """Parity on the extremes of the task's [dims] (issue 39's probe budget), for a candidate about to be kept
+        whose first parity left them out (evaluate_candidate's parity_extent="quick"): it pays for them once, not
+        on every iteration that loses at the bench. The checks join a.parity; a failure there is the iteration's
+        parity failure."""
+        if not self.task.spec.dims or a.parity is None:
+            return
+        try:
+            res = self.parity(lib, a.times, extent="range")
+        except ParityFailed as e:
+            if e.result is not None:
+                a.parity = _joined(a.parity, e.result)
+            raise ParityFailed(e.reason, a.parity) from None
+        a.parity = _joined(a.parity, res)
 
     def launch_context(self, build: BuildResult, parent: LaunchResult | None) -> dict | None:
         """What a child needs to run the static launch check on the plan of the library it loaded
@@ -188,7 +203,8 @@ class Evaluator:
 
     def evaluate_candidate(self, lib: Path, baseline: Path | None, times: StageTimes, *,
                            launch_context: dict | None = None, into: Attempt | None = None, warm=None,
-                           with_reference: bool = False, verify_launch: bool = False) -> Attempt:
+                           with_reference: bool = False, verify_launch: bool = False,
+                           parity_extent: str = "full") -> Attempt:
         """The one candidate pipeline of optimize, sweep, `agent check` and `agent gate`: in ONE child,
         the static launch check of the library's own plan (where `launch_context` is given: see
         launch_context()), parity, then the main-shape bench against `baseline` (None: the candidate
@@ -197,7 +213,8 @@ class Evaluator:
 
         Each result goes into the attempt (`into`, or a new one, returned) as soon as it exists; a
         failure raises the stage's IterationEnded with its typed result. The child's start-up, where
-        a prestart() `warm` child does not hide it, is charged to parity."""
+        a prestart() `warm` child does not hide it, is charged to parity. `parity_extent`: "quick" leaves
+        the [dims] extremes to a parity(extent="range") before a keep (the loop's probe budget)."""
         from tools.judge.candidate import run_candidate
         a = Attempt(iteration=0, run_id="", started="", parent_sha="") if into is None else into
         if launch_context is None:
@@ -206,7 +223,8 @@ class Evaluator:
                                     else "no device limits known: no launch check")
         t0, before = time.monotonic(), self._modes()
         launch, par, bench = run_candidate(self.task, lib, baseline, launch_context=launch_context, warm=warm,
-                                           with_reference=with_reference, scratch_root=self.scratch_root)
+                                           with_reference=with_reference, scratch_root=self.scratch_root,
+                                           parity_extent=parity_extent)
         total = time.monotonic() - t0
         l_secs = launch.seconds if launch is not None else 0.0
         b_secs = sum(b.seconds for b in bench) if bench else 0.0
@@ -244,6 +262,14 @@ class Evaluator:
         if bad is not None:
             raise BenchFailed(f"bench {bad.status.value}: {bad.message}", res[0])
         return res
+
+
+def _joined(first: ParityResult, then: ParityResult) -> ParityResult:
+    """One parity record: the quick one's checks, then the range shapes' (the second's status and message where it
+    failed)."""
+    ok = then.status == ParityStatus.ok
+    return ParityResult(status=then.status, checks=first.checks + then.checks, seconds=first.seconds + then.seconds,
+                        message=f"{first.message}; then, before the keep, {then.message}" if ok else then.message)
 
 
 def _launch_ok(res: LaunchResult) -> LaunchResult:

@@ -195,7 +195,7 @@ class Loop:
             lib = snapshot_lib(a.build.lib_path, d / self.best.lib.name)
             # the static launch check, parity and the bench, in one child (a failed launch check runs nothing)
             self._stage(i, "check+bench")
-            self.evaluator.evaluate_candidate(lib, self.best.lib, a.times, into=a, warm=warm,
+            self.evaluator.evaluate_candidate(lib, self.best.lib, a.times, into=a, warm=warm, parity_extent="quick",
                                               launch_context=self.evaluator.launch_context(a.build, self.best.launch))
         finally:
             if warm is not None:
@@ -214,8 +214,8 @@ class Loop:
         a.launch = self.evaluator.verify_launch(lib, a.launch, a.times)
 
     def _confirm(self, lib: Path, a: Attempt, reparity: bool) -> None:
-        """The second, independent interleaved bench (a fresh process) that a gain must survive, after
-        a parity on fresh seeds where the gain is implausible; fills a.confirm or a.confirm_error."""
+        """[dims] parity (its failure ends the iteration); fresh-seed parity if implausible; a second bench."""
+        self.evaluator.range_parity(lib, a)
         try:
             if reparity:
                 self.evaluator.parity(lib, a.times, seed=int(time.time()) % 100000 + 7)

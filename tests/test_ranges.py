@@ -72,3 +72,38 @@ def test_a_listed_shape_outside_its_range_or_a_range_upside_down_is_refused_nami
         with pytest.raises(TaskError) as e:
             _with_dims(tmp_path / needle[:6].replace(" ", "_").replace("[", "").replace("]", ""), dims)
         assert needle in str(e.value), str(e.value)
+
+
+@pytest.mark.slow
+def test_the_loop_pays_for_the_range_shapes_only_before_a_keep(tmp_path):
+    """Issue 39's probe budget, through `agent optimize` (replay proposer, real g++ and git): a kernel wrong only
+    on a range shape but slower than the best is rejected at the bench without having run them (its parity
+    record holds no `range` check); the same kernel, fast, reaches the keep and fails there as parity_failed on
+    a range shape; an honest faster kernel is kept with both parities in its record."""
+    import json
+
+    from agent.runlog import read_iterations
+    from tests.fixtures.cheats.cheats import GOOD, CASES, proposal
+    from tests.test_verification import verification_repo
+    from tests.userrepo import agent
+
+    root = verification_repo(tmp_path / "user")
+    fast = next(c for c in CASES if c.name == "strip8_overlap")
+    slow = proposal(fast).model_copy(deep=True)
+    body = slow.edits[0].content.replace('extern "C" void matmul(', "static void matmul_once(")
+    slow.edits[0].content = body + ('\nextern "C" void matmul(const float* A, const float* B, float* C, int M, int N, '
+                                    'int K) {\n    for (int r = 0; r < 40; ++r) {\n        matmul_once(A, B, C, M, N, K);\n'
+                                    '        asm volatile("" ::: "memory");   // not dead code\n    }\n}\n')
+    props = tmp_path / "props.json"
+    props.write_text(json.dumps([p.model_dump() for p in (slow, proposal(fast), proposal(GOOD))]))
+    res = agent(root, "optimize", "kernels/matmul_cpu", "--proposer", "replay", "--replay", str(props), "--iters", "3",
+                "--target", "100x", "--quiet", "--run-id", "budget", timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:] + res.stdout[-3000:]
+    recs = read_iterations(root / "runs" / "budget")
+    assert [r.outcome.value for r in recs] == ["not_faster", "parity_failed", "kept"], [r.reason for r in recs]
+    assert recs[0].parity.status.value == "ok" and not any(c.label.startswith("range ") for c in recs[0].parity.checks)
+    assert recs[1].parity.worst().label.startswith("range "), recs[1].reason
+    assert any(not c.label.startswith("range ") and c.ok for c in recs[1].parity.checks)   # the quick parity's checks too
+    kept = recs[2].parity
+    assert "then, before the keep, ok" in kept.message, kept.message
+    assert any(c.label.startswith("range ") for c in kept.checks) and all(c.ok for c in kept.checks)

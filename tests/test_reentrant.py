@@ -71,3 +71,36 @@ def test_an_exception_in_either_thread_is_raised_and_neither_thread_hangs():
             assert "launcher failed" in str(e)
         else:
             raise AssertionError("the thread's exception was not raised")
+
+
+def test_a_candidate_slower_than_its_baseline_does_not_pay_for_the_probe(tmp_path):
+    """Issue 39's budget: a shared-scratch kernel, its work done eight times, benched against the honest kernel:
+    slower, so never kept, and the probe is not run (the message says so); against no baseline it is."""
+    from tools.measure.bench import run_bench
+    task, honest = make_task(tmp_path, "correct", rounds=3)
+    body = source("correct").replace('extern "C" void matmul(', "static void unused(") + r'''
+#include <vector>
+static std::vector<float> scratch;
+static void once(const float* A, const float* B, float* C, int M, int N, int K) {
+    if (scratch.size() < (size_t)N) scratch.resize(N);
+    for (int i = 0; i < M; ++i) {
+        for (int j = 0; j < N; ++j) scratch[j] = 0.0f;
+        for (int k = 0; k < K; ++k)
+            for (int j = 0; j < N; ++j) scratch[j] += A[(size_t)i * K + k] * B[(size_t)k * N + j];
+        for (int j = 0; j < N; ++j) C[(size_t)i * N + j] = scratch[j];
+    }
+}
+extern "C" void matmul(const float* A, const float* B, float* C, int M, int N, int K) {
+    for (int r = 0; r < 8; ++r) {
+        once(A, B, C, M, N, K);
+        asm volatile("" ::: "memory");
+    }
+}
+'''
+    lib = compile_lib(body, tmp_path / "libslowscratch.so")
+    [res] = run_bench(task, lib, baseline_lib=honest, with_reference=False, shapes=[SHAPE])
+    assert res.status.value == "ok", res.message
+    assert res.speedup_vs_baseline.high < 1.0
+    assert "reentrant probe not run: slower than the baseline (never kept)" in res.message
+    [res] = run_bench(task, lib, with_reference=False, shapes=[SHAPE])   # no baseline: nothing to be slower than
+    assert "probe not run" not in res.message, res.message

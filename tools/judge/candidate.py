@@ -61,7 +61,7 @@ def _task_stamp(task: Task) -> tuple:
 def run_candidate(task: Task, lib_path: Path, baseline_lib: Path | None, *, seed: int | None = None,
                   shapes: list[dict] | None = None, launch_context: dict | None = None,
                   warm: WarmChild | None = None, with_reference: bool = False,
-                  scratch_root: Path | None = None) -> CandidateChecks:
+                  scratch_root: Path | None = None, parity_extent: str = "full") -> CandidateChecks:
     """The loop's candidate check in ONE child process: with `launch_context` ({limits, kernels,
     parent}: see tools.measure.launch.from_plan) the static launch check of the library's own plan, and
     nothing runs if it fails; then parity; then, only if it passed, the bench against the baseline.
@@ -73,7 +73,7 @@ def run_candidate(task: Task, lib_path: Path, baseline_lib: Path | None, *, seed
     shapes = [dict(s) for s in (shapes or [task.spec.main])]
     job = {"lib": str(Path(lib_path).resolve()), "seed": seed, "shapes": shapes, "launch_context": launch_context,
            "baseline_lib": str(Path(baseline_lib).resolve()) if baseline_lib is not None else None,
-           "no_reference": not with_reference}
+           "no_reference": not with_reference, "parity_extent": parity_extent}
     timeout = task.spec.parity.timeout_s + task.spec.bench.timeout_s
     t0 = time.monotonic()
     if warm is None or not warm.serves(task):

@@ -76,7 +76,7 @@ def checked_parity(task, mod, remote: Remote, job: dict):
     from tools.measure.parity import check
     from tools.results import ParityStatus
     par = check(task, mod, "candidate", seed=int(job.get("seed") or 0), hidden=not job.get("no_hidden"),
-                run=remote.run, run_kept=remote.run_kept)
+                run=remote.run, run_kept=remote.run_kept, extent=job.get("parity_extent") or "full")
     if par.status == ParityStatus.ok and (why := wrote_files(remote.host, task)) is not None:
         par = par.model_copy(update={"status": ParityStatus.side_effect, "message": why})
     elif par.status == ParityStatus.ok and remote.threads_left:   # named, not refused: a pool may be by design
@@ -148,12 +148,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--lib")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--no-hidden", action="store_true")
+    ap.add_argument("--extent", choices=["full", "quick", "range"], default="full",
+                    help="parity's shapes: all, the listed and hidden ones, or the [dims] extremes alone")
     ap.add_argument("--baseline-lib")
     ap.add_argument("--shapes", help="JSON list of shape dicts (default: the main shape)")
     ap.add_argument("--no-reference", action="store_true")
     a = ap.parse_args(argv)
     out = private_stdout()
-    job = {"lib": a.lib, "seed": a.seed, "no_hidden": a.no_hidden, "baseline_lib": a.baseline_lib,
+    job = {"lib": a.lib, "seed": a.seed, "no_hidden": a.no_hidden, "parity_extent": a.extent, "baseline_lib": a.baseline_lib,
            "shapes": json.loads(a.shapes) if a.shapes else None, "no_reference": a.no_reference}
     host, result, shapes = None, None, job["shapes"] or []
     try:

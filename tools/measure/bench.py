@@ -28,7 +28,7 @@ import sys
 import time
 from pathlib import Path
 
-from tools.measure.probes import PROBES, Probe
+from tools.measure.probes import BEFORE_KEEP, PROBES, Probe
 from tools.measure.refcheck import settle
 from tools.measure.rounds import SpotCheck, interleaved
 from tools.results import BenchResult, BenchStatus, DevicePeak, SpeedupCI
@@ -228,7 +228,11 @@ def _bench_shape(task, mod, runs, shape, with_reference, device_name="") -> Benc
     probe = Probe(task=task, mod=mod, shape=shape, device=device, device_name=device_name, calls=runs.calls,
                   sets=sets, outs=outs, cand_ms=cand_med, flops=flops, nbytes=nbytes, time_pairs=runs.time_pairs,
                   together=runs.together)
+    slower = ci is not None and ci.high < 1.0   # never kept: the probes that matter only for a keep are left out
     for check in PROBES if status == BenchStatus.ok else ():
+        if slower and check in BEFORE_KEEP:
+            msg += f"; {check.__name__} probe not run: slower than the baseline (never kept)"
+            continue
         why = check(probe)
         if why is not None:
             status, msg = BenchStatus.suspicious, why

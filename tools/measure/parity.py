@@ -43,13 +43,15 @@ from tools.task_messages import hidden_keys_differ, make_inputs
 
 # --- parent side ----------------------------------------------------------------------------
 def run_parity(task: Task, lib_path: Path, *, timeout_s: float | None = None, hidden: bool = True,
-               seed: int | None = None, scratch_root: Path | None = None) -> ParityResult:
-    """Check the library at lib_path against the task's reference, in a child process."""
+               seed: int | None = None, scratch_root: Path | None = None, extent: str = "full") -> ParityResult:
+    """Check the library at lib_path against the task's reference, in a child process (`extent`: check())."""
     seed = secrets.randbits(31) if seed is None else seed
     timeout = timeout_s if timeout_s is not None else task.spec.parity.timeout_s
     args = ["parity", "--task", str(task.root), "--lib", str(Path(lib_path).resolve()), "--seed", str(seed)]
     if not hidden:
         args.append("--no-hidden")
+    if extent != "full":
+        args += ["--extent", extent]
     t0 = time.monotonic()
     proc, data = run_python_json("tools.judge.judge", args, timeout, scratch_root)
     dt = time.monotonic() - t0
@@ -83,12 +85,18 @@ def child_failure(stage: str, proc, data: dict | None) -> str:
     return f"{stage} child printed no JSON result (exit code {proc.returncode}){tail}"
 
 
-def check(task: Task, mod, lib, *, seed: int, hidden: bool = True, run=None, run_kept=None) -> ParityResult:
+EXTENTS = ("full", "quick", "range")
+
+
+def check(task: Task, mod, lib, *, seed: int, hidden: bool = True, run=None, run_kept=None,
+          extent: str = "full") -> ParityResult:
     """Run parity in this process (the child). Never raises for a fault of the candidate. `run(lib,
     shape, out, *inputs)` makes one call (default the task's own `run`, in this process; the judge
     passes one that makes it in the kernel's host, tools/judge/judge.py); `run_kept` the same into an
     output holding what it holds here (the host's poisons it otherwise; in this process `run` does).
-    An exception with a `status` (the host died) ends parity with that status."""
+    An exception with a `status` (the host died) ends parity with that status. `extent` (issue 39's probe
+    budget): "full" every shape; "quick" the listed and hidden ones, what every candidate of the loop pays;
+    "range" only the extremes of the task's [dims], run once on a candidate about to be kept."""
     import torch
     t0 = time.monotonic()
     spec = task.spec
@@ -104,10 +112,14 @@ def check(task: Task, mod, lib, *, seed: int, hidden: bool = True, run=None, run
         if (why := hidden_keys_differ([shapes[0][0]], extra)) is not None:
             return ParityResult(status=ParityStatus.error, message=why)
         shapes += [(dict(s), "hidden ") for s in extra]
-    if hidden:   # the extremes of the task's [dims] (tools/measure/ranges.py), new every run
+    ranges = random.Random(rng.getrandbits(32))
+    if hidden and extent != "quick":   # the extremes of the task's [dims] (tools/measure/ranges.py), new every run
         listed = [tuple(sorted(s.items())) for s, _ in shapes]
-        shapes += [(s, "range ") for s, _ in range_shapes(spec, mod, random.Random(rng.getrandbits(32)))
-                   if tuple(sorted(s.items())) not in listed]
+        extra = [(s, "range ") for s, _ in range_shapes(spec, mod, ranges) if tuple(sorted(s.items())) not in listed]
+        shapes = extra if extent == "range" else shapes + extra
+    if not shapes:
+        return ParityResult(status=ParityStatus.ok, message="ok: no range shapes (task.toml declares no [dims])",
+                            seconds=time.monotonic() - t0)
     sync = backend.sync
     checks: list[ShapeCheck] = []
     fatal = False
@@ -147,8 +159,11 @@ def check(task: Task, mod, lib, *, seed: int, hidden: bool = True, run=None, run
     worst = max(checks, key=lambda c: c.max_rel_err or 0.0)
     ratios = [c.err_ratio for c in checks if c.err_ratio is not None]
     budget = f"; RMS error at most {max(ratios):.2g}x the working-precision reference's" if ratios else ""
-    msg = (f"ok: {len(checks)} checks on {len(shapes)} shapes x {len(spec.distributions)} distributions x "
-           f"{len(seeds)} seeds; worst max abs err {max(c.max_abs_err or 0 for c in checks):.3g}, "
+    each = f"{len(spec.distributions)} distributions x {len(seeds)} seeds"
+    n_range = sum(kind == "range " for _, kind in shapes)
+    each = ("(one distribution and seed each)" if n_range == len(shapes) else
+            f"({each} each, one of each on the {n_range} range shapes)" if n_range else f"x {each}")
+    msg = (f"ok: {len(checks)} checks on {len(shapes)} shapes {each}; worst max abs err {max(c.max_abs_err or 0 for c in checks):.3g}, "
            f"max rel err {worst.max_rel_err or 0:.3g} ({worst.label}){budget}")
     return ParityResult(status=ParityStatus.ok, message=msg, checks=checks, seconds=time.monotonic() - t0)
 
@@ -279,11 +294,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--lib", help="the compiled library (default: build the task's sources)")
     ap.add_argument("--seed", type=int, help="fix the seeds (default: fresh each call)")
     ap.add_argument("--no-hidden", action="store_true", help="skip the hidden shapes")
+    ap.add_argument("--extent", choices=EXTENTS, default="full", help="full: every shape; quick: the listed and "
+                    "hidden ones (what the loop checks first); range: the extremes of task.toml's [dims] alone")
     ap.add_argument("--timeout", type=float, help="seconds (default: task.toml parity.timeout_s)")
     ap.add_argument("--json", action="store_true", help="print the ParityResult as JSON")
     a = ap.parse_args(argv)
     task = load_task(a.task)
-    res = run_parity(task, build_if_needed(task, a.lib), timeout_s=a.timeout, hidden=not a.no_hidden, seed=a.seed)
+    res = run_parity(task, build_if_needed(task, a.lib), timeout_s=a.timeout, hidden=not a.no_hidden, seed=a.seed,
+                     extent=a.extent)
     if a.json:
         print(res.model_dump_json(indent=2))
     else:
@@ -299,9 +317,10 @@ def _print(res: ParityResult) -> None:
     from tools.console import make_console
     con = make_console()
     if res.checks:
-        t = Table("shape", "dist", "seed", "status", "max abs err", "max rel err")
+        t = Table("shape", "dist", "seed", "status", "max abs err", "max rel err", "RMS err / ref's")
         for c in res.checks:
-            t.add_row(Text(c.label), c.dist, str(c.seed), c.status.value, _f(c.max_abs_err), _f(c.max_rel_err))
+            t.add_row(Text(c.label), c.dist, str(c.seed), c.status.value, _f(c.max_abs_err), _f(c.max_rel_err),
+                      _f(c.err_ratio))
         con.print(t)
     color = "green" if res.status == ParityStatus.ok else "red"
     con.print(f"[{color}]{res.status.value}[/{color}] {escape(res.message)} ({res.seconds:.1f}s)", highlight=False)
