@@ -63,3 +63,17 @@ def test_threads_a_call_leaves_running_are_named_and_not_refused(tmp_path):
     res = run_parity(task, compile_lib(cheat_source("thread_pool"), tmp_path / "libpool.so"))
     assert res.status.value == "ok", res.message
     assert "the kernel's calls left 2 threads running after they returned" in res.message, res.message
+
+
+def test_a_batch_names_the_library_that_wrote_the_file_and_not_the_ones_after_it(tmp_path):
+    """The sweep's and `agent check --knobs`'s batch child (tools/judge/batch.py): three libraries in one host, the
+    middle one writing a file. Parity-only and with the bench: the writer fails as side_effect, the honest library
+    after it, which finds the file already there, passes."""
+    from tools.judge.batch import evaluate
+    task, honest = make_task(tmp_path, "correct", hidden=0)
+    libs = [honest, _writer(tmp_path, "timing.log"), honest]
+    for parity_only in (True, False):
+        got = dict(i_r for settled in evaluate(task, libs, honest, parity_only=parity_only) for i_r in settled)
+        assert [got[i].status.value for i in range(3)] == ["ok", "parity_failed", "ok"], [got[i].message for i in got]
+        assert "the kernel wrote files in its working directory: timing.log (" in got[1].message
+        assert got[1].parity.status.value == "side_effect"

@@ -42,6 +42,7 @@ from pathlib import Path
 
 from tools.judge.hostclient import HostClient, HostFailed, Remote
 from tools.judge.hostruns import HostRuns
+from tools.judge.judge import wrote_files
 from tools.judge.runner import private_stdout
 
 # failures after which the process is not trusted with the next library
@@ -127,7 +128,7 @@ def _load(remote: Remote, lib_path: str, t0: float, what: str) -> dict | None:
 def _one(task, mod, remote: Remote, lib_path: str, ctx: dict | None = None, timed: bool = True) -> dict:
     from tools.measure.bench import measure
     from tools.measure.parity import check
-    from tools.results import ParityStatus
+    from tools.results import BenchStatus, ParityStatus
     t0 = time.monotonic()
     seed = secrets.randbits(31)
     failed = _load(remote, lib_path, t0, "parity")
@@ -136,7 +137,10 @@ def _one(task, mod, remote: Remote, lib_path: str, ctx: dict | None = None, time
     launch, rejected = _launch(task, remote, ctx, t0)
     if rejected is not None:
         return rejected
+    before = frozenset(remote.host.written())   # what the libraries before this one left in the host's directory
     parity = check(task, mod, "candidate", seed=seed, hidden=True, run=remote.run, run_kept=remote.run_kept)
+    if parity.status == ParityStatus.ok and (why := wrote_files(remote.host, task, before)) is not None:
+        parity = parity.model_copy(update={"status": ParityStatus.side_effect, "message": why})
     row = {**launch, "seed": seed, "parity": parity.model_dump(mode="json", exclude={"checks"})}
     if parity.status != ParityStatus.ok:
         return {**row, "status": "crashed" if parity.status == ParityStatus.crashed else "parity_failed",
@@ -146,6 +150,8 @@ def _one(task, mod, remote: Remote, lib_path: str, ctx: dict | None = None, time
         return {**row, "status": "ok", "stop": False, "seconds": time.monotonic() - t0}
     bench = measure(task, mod, None, shapes=[dict(task.spec.main)], with_reference=False,
                     runs_for=lambda shape: HostRuns(remote, shape, True))[0]
+    if bench.status.value == "ok" and (why := wrote_files(remote.host, task, before)) is not None:
+        bench = bench.model_copy(update={"status": BenchStatus.side_effect, "message": why})
     row["bench"] = bench.model_dump(mode="json")
     if bench.status.value != "ok":
         return {**row, "status": "crashed" if bench.status.value == "crashed" else "bench_failed",

@@ -58,12 +58,13 @@ def failed(mode: str, msg: str, status: str, shapes: list[dict]) -> dict:
 ALWAYS_ALLOWED = {".nv/ComputeCache/*": "the CUDA driver's JIT cache (PTX compiled for this GPU)"}
 
 
-def wrote_files(host: HostClient, task) -> str | None:
+def wrote_files(host: HostClient, task, before: frozenset = frozenset()) -> str | None:
     """Why the kernel's writes so far fail it (issue 39: a library that does file I/O is a defect the user
-    hears about before it is merged), or None. Files task.toml's [parity] allow_files names are allowed."""
+    hears about before it is merged), or None. Files task.toml's [parity] allow_files names are allowed, and
+    those in `before` as they were (path, size): what earlier libraries of a batch left in the same host."""
     from fnmatch import fnmatch
     allow = [*ALWAYS_ALLOWED, *task.spec.parity.allow_files]
-    bad = [(p, n) for p, n in host.written() if not any(fnmatch(p, g) for g in allow)]
+    bad = [(p, n) for p, n in host.written() if (p, n) not in before and not any(fnmatch(p, g) for g in allow)]
     if not bad:
         return None
     listed = ", ".join(f"{p} ({n} B)" for p, n in bad[:5]) + (f" and {len(bad) - 5} more" if len(bad) > 5 else "")
