@@ -36,7 +36,18 @@ PLAN = "const int plan[7] = {(int)grid_x, 1, 1, THREADS, 1, 1, 0};"
 SUM = "for_row(xr, n, gl, [&](float v) { s += __expf(v - m_row); });"
 RUN_HEAD = "    int plan[7];\n    if (softmax_plan(M, N, flags, plan, 1) != 1) return (int)cudaErrorInvalidValue;\n"
 
-# name, kind, pattern, edits [(search, replace)], expected outcome(s), accepted stage statuses, reason fragments (any).
+CHEATS = REPO / "tests" / "fixtures" / "cuda_cheats" / "softmax"
+
+
+def _cheat(name: str) -> str:
+    return (CHEATS / f"{name}.cu").read_text()
+
+
+def _first_line(name: str) -> str:
+    return _cheat(name).splitlines()[0].split(":", 1)[1].strip()
+
+
+# name, kind, pattern, edits [(search, replace); search None: the whole file], expected outcome(s), accepted stage statuses, reason fragments (any).
 # A kernel that faults on the GPU is caught by whichever runs it first: the launch check's trace child (the
 # dynamic check runs the main shape once) or parity's child; either way the fault dies with that child.
 CASES = [
@@ -63,11 +74,21 @@ CASES = [
     ("illegal_address", "fault", "an illegal memory access (a write 2 TB past y)",
      [(KERNEL_SIG, KERNEL_SIG + "    if (blockIdx.x == 0 && threadIdx.x == 0) y[(long long)1 << 40] = __float2half(0.f);\n")],
      ("launch_rejected", "parity_failed"), ("error", "crashed"), ("illegal", "crashed", "CUDA error")),
+    # issue 40: whole-file rewrites from tests/fixtures/cuda_cheats/softmax/ (README.md there), each faster than the
+    # committed kernel and right on every listed and hidden shape (run on an H100 and an H200 before they went in)
+    *[(name, "cheat", _first_line(name), [(None, _cheat(name))], "parity_failed", statuses, needles)
+      for name, statuses, needles in (
+          ("head_noclamp", ("mismatch", "out_of_bounds", "unwritten", "nondeterministic", "output_state",
+                            "stale_input"), ("range ",)),
+          ("short_window", ("unwritten", "mismatch", "nondeterministic", "output_state", "stale_input"), ("range ",)),
+          ("half2_partials", ("mismatch", "imprecise"), ("range ",)),
+          ("half2_warp_stats", ("mismatch", "unwritten", "nan_inf", "imprecise"), ("range ",)),
+          ("exp2_floor", ("imprecise", "mismatch"), ("parity",)))],
     ("vec8_after_fault", "good", "a real improvement right after the illegal access (VEC 1 -> 8), in a clean process",
      [("#define VEC 1 ", "#define VEC 8 ")], "kept", (), ()),
 ]
 
-TOML_FAST = {r"\[parity\][^\[]*": "[parity]\nseeds = 1\nhidden_shapes = 1\ntimeout_s = 120\n\n",
+TOML_FAST = {r"seeds = 2\nhidden_shapes = 2\n": "seeds = 1\nhidden_shapes = 1\ntimeout_s = 120\n",
              r"\Z": "\n[bench]\nwarmup_ms = 10\nrep_ms = 30\nrounds = 6\ninput_sets = 2\ntimeout_s = 240\n"}
 
 
@@ -103,10 +124,11 @@ def proposals() -> list[dict]:
     out = []
     for name, kind, pattern, edits, *_ in CASES:
         for search, _ in edits:
-            assert src.count(search) == 1, f"{name}: the search text is not unique in softmax.cu: {search!r}"
+            assert search is None or src.count(search) == 1, f"{name}: the search text is not unique: {search!r}"
         out.append(Proposal(hypothesis=f"[{name}] {pattern}",
                             predicted=PredictedEffect(metric="time.median_ms", direction="down", speedup=2.0),
-                            edits=[Edit(file="softmax.cu", search=s, replace=r) for s, r in edits]).model_dump())
+                            edits=[Edit(file="softmax.cu", content=r) if s is None else
+                                   Edit(file="softmax.cu", search=s, replace=r) for s, r in edits]).model_dump())
     return out
 
 
@@ -145,8 +167,11 @@ def run_all(work: Path, out_dir: Path | None = None) -> tuple[list[dict], bool]:
         status = st.status.value if st is not None else "-"
         kept = rec.decision.value == "kept"
         expect = (expect,) if isinstance(expect, str) else expect
-        ok = rec.outcome.value in expect and (not statuses or status in statuses) and \
-            (not needles or any(n in rec.reason for n in needles)) and kept == (kind == "good")
+        # an adversary its bench finds no faster is not kept whatever else (scripts/device/cheat_parity.py names
+        # the check that catches each regardless of speed)
+        slow = kind == "cheat" and rec.outcome.value == "not_faster"
+        ok = (slow or rec.outcome.value in expect and (not statuses or status in statuses) and
+              (not needles or any(n in rec.reason for n in needles))) and kept == (kind == "good")
         rows.append({"pattern": name, "kind": kind, "description": pattern, "outcome": rec.outcome.value,
                      "status": status, "kept": kept, "reason": rec.reason[:300], "ok": ok})
         if not ok:
