@@ -119,9 +119,10 @@ def error_ratio(got, exp, wp, length: int = 1) -> dict[str, float] | None:
     against the fp64 truth). Root-mean-square over the elements finite in all three, so that one cancelling
     element does not decide it. The yardstick is never below `floor`, the error of the plainest honest order: a
     sequential sum of `length` terms (the shape's reduction) rounding each partial sum at random, u * RMS(truth)
-    * sqrt(length / 6) (Higham's statistical estimate; u is half an ulp of the output's dtype or of fp32, the wider),
-    and at least one rounding of the output. A BLAS's own error is 1 to 4 of those roundings at K = 1024, depending on the machine
-    it dispatches for (.ci/run's CPU: 1; this one: 4), so the reference alone is no yardstick for a plain sum.
+    * sqrt(length / 6) (Higham's statistical estimate; u is half an ulp of the output's dtype or of fp32, the
+    wider), and at least one rounding of the output. A BLAS's own error is 1 to 4 of those roundings at K = 1024,
+    depending on the machine it dispatches for (.ci/run's CPU: 1; this one: 4), so the reference alone is no
+    yardstick for a plain sum.
     A non-finite candidate element where both references are finite makes the ratio infinite. None where the
     truth is all zeros."""
     import torch
@@ -163,8 +164,9 @@ def error_budget(task, mod, shape, inputs, out, exp) -> dict | None:
     if r["ratio"] <= factor:
         return {"status": "ok", "err_ratio": r["ratio"]}
     return {"status": "imprecise", "err_ratio": r["ratio"],
-            "message": f"RMS error {r['err']:.3g} against the reference, {r['ratio']:.1f}x that of timing_reference "
-                       f"(the working-precision call, {max(r['ref_err'], r['floor']):.3g}); the budget is "
+            "message": f"RMS error {r['err']:.3g} against the reference, {r['ratio']:.1f}x the yardstick "
+                       f"{max(r['ref_err'], r['floor']):.3g} (the larger of timing_reference's error, the working-"
+                       "precision call's, and a plain sequential sum's); the budget is "
                        f"{factor:g}x (task.toml [parity] error_budget): the kernel computes with fewer bits than "
                        "its dtype holds (operands or sums rounded to a narrower type)"}
 

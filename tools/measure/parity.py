@@ -161,13 +161,13 @@ def check(task: Task, mod, lib, *, seed: int, hidden: bool = True, run=None, run
                             seconds=time.monotonic() - t0)
     worst = max(checks, key=lambda c: c.max_rel_err or 0.0)
     ratios = [c.err_ratio for c in checks if c.err_ratio is not None]
-    budget = f"; RMS error at most {max(ratios):.2g}x the working-precision reference's" if ratios else ""
+    budget = f"; RMS error at most {max(ratios):.2g}x the error budget's yardstick" if ratios else ""
     each = f"{len(spec.distributions)} distributions x {len(seeds)} seeds"
     n_range = sum(kind == "range " for _, kind in shapes)
     each = ("(one seed each)" if n_range == len(shapes) else
             f"({each} each, one seed on the {n_range} range shapes)" if n_range else f"x {each}")
-    msg = (f"ok: {len(checks)} checks on {len(shapes)} shapes {each}; worst max abs err {max(c.max_abs_err or 0 for c in checks):.3g}, "
-           f"max rel err {worst.max_rel_err or 0:.3g} ({worst.label}){budget}")
+    msg = (f"ok: {len(checks)} checks on {len(shapes)} shapes {each}; worst max abs err "
+           f"{max(c.max_abs_err or 0 for c in checks):.3g}, max rel err {worst.max_rel_err or 0:.3g} ({worst.label}){budget}")
     return ParityResult(status=ParityStatus.ok, message=msg, checks=checks, seconds=time.monotonic() - t0)
 
 
