@@ -63,57 +63,87 @@ def tolerance_for(task: Task, out) -> tuple[float, float]:
     raise ValueError(f"the output is {name} but task.toml has no [tolerance.{name}]")
 
 
-def compare(got, exp, atol: float, rtol: float) -> dict[str, Any]:
-    """Every element of got against exp. Returns status (ParityStatus value), errors, worst element."""
+CHUNK = 1 << 24   # elements compared at a time: the float64 copies of a 2^31-element output never exist at once
+
+
+def _chunks(n: int, chunk: int):
+    return ((s, min(n, s + chunk)) for s in range(0, n, max(1, chunk)))
+
+
+def compare(got, exp, atol: float, rtol: float, chunk: int = CHUNK) -> dict[str, Any]:
+    """Every element of got against exp. Returns status (ParityStatus value), errors, worst element. Done
+    `chunk` elements at a time (memory bounded whatever the output's size), the same answer as at once."""
     import torch
     if tuple(got.shape) != tuple(exp.shape):
         return {"status": "error", "message": f"output shape {tuple(got.shape)} but reference {tuple(exp.shape)}"}
-    unw = poisoned_mask(got)
-    g, e = got.detach().double(), exp.detach().double()
-    efin = torch.isfinite(e)
-    unw = unw & efin
-    gfin = torch.isfinite(g)
-    both = efin & gfin
-    err = torch.where(both, (g - e).abs(), torch.zeros_like(e))
-    scale = e.abs().clamp_min(max(atol, 1e-30))
-    rel = err / scale
-    limit = atol + rtol * e.abs()
-    res: dict[str, Any] = {"numel": got.numel(),
-                           "max_abs_err": float(err.max()) if got.numel() else 0.0,
-                           "max_rel_err": float(rel.max()) if got.numel() else 0.0}
-    nonfin = ~gfin & efin & ~unw
-    # where the reference itself is not finite the candidate must agree (any NaN for NaN, same Inf)
-    bad_special = ~efin & ~((torch.isnan(e) & torch.isnan(g)) | (g == e))
-    over = (both & (err > limit)) | bad_special
-    for status, mask, score in (("unwritten", unw, None), ("nan_inf", nonfin, None),
-                                ("mismatch", over, torch.where(both, err / limit.clamp_min(1e-300), 1.0))):
-        n = int(mask.sum())
+    gf, ef = got.detach().reshape(-1), exp.detach().reshape(-1)
+    # per status: [count, flat index of the worst (the first, without a score), its score]
+    acc = {"unwritten": [0, None, 0.0], "nan_inf": [0, None, 0.0], "mismatch": [0, None, -math.inf]}
+    max_abs = max_rel = 0.0
+    for lo, hi in _chunks(gf.numel(), chunk):
+        unw = poisoned_mask(gf[lo:hi])
+        g, e = gf[lo:hi].double(), ef[lo:hi].double()
+        efin = torch.isfinite(e)
+        unw = unw & efin
+        gfin = torch.isfinite(g)
+        both = efin & gfin
+        err = torch.where(both, (g - e).abs(), torch.zeros_like(e))
+        max_abs = max(max_abs, float(err.max()))
+        max_rel = max(max_rel, float((err / e.abs().clamp_min(max(atol, 1e-30))).max()))
+        limit = atol + rtol * e.abs()
+        nonfin = ~gfin & efin & ~unw
+        # where the reference itself is not finite the candidate must agree (any NaN for NaN, same Inf)
+        bad_special = ~efin & ~((torch.isnan(e) & torch.isnan(g)) | (g == e))
+        over = (both & (err > limit)) | bad_special
+        for status, mask, score in (("unwritten", unw, None), ("nan_inf", nonfin, None),
+                                    ("mismatch", over, torch.where(both, err / limit.clamp_min(1e-300), 1.0))):
+            n = int(mask.sum())
+            if not n:
+                continue
+            a = acc[status]
+            a[0] += n
+            if score is None:
+                if a[1] is None:
+                    a[1] = lo + int(mask.nonzero()[0])
+            else:
+                sc = torch.where(mask, score, -1.0)
+                j = int(sc.argmax())
+                if float(sc[j]) > a[2]:   # strictly: the first of equal scores, as argmax over the whole
+                    a[1], a[2] = lo + j, float(sc[j])
+    res: dict[str, Any] = {"numel": got.numel(), "max_abs_err": max_abs, "max_rel_err": max_rel}
+    for status, (n, i, _) in acc.items():
         if n:
-            flat = mask.reshape(-1)
-            i = int(flat.nonzero()[0]) if score is None else int(torch.where(flat, score.reshape(-1), -1.0).argmax())
-            idx = unravel(i, tuple(got.shape))
-            res.update(status=status, mismatches=n, worst_index=idx,
-                       expected=float(e.reshape(-1)[i]), got=float(g.reshape(-1)[i]))
+            res.update(status=status, mismatches=n, worst_index=unravel(i, tuple(got.shape)),
+                       expected=float(ef[i]), got=float(gf[i]))
             return res
     res.update(status="ok", mismatches=0)
     return res
 
 
-def disagree(a, b, exp, atol: float, rtol: float) -> dict[str, Any] | None:
-    """Two candidate outputs that each passed: do they differ from each other beyond tolerance?"""
+def disagree(a, b, exp, atol: float, rtol: float, chunk: int = CHUNK) -> dict[str, Any] | None:
+    """Two candidate outputs that each passed: do they differ from each other beyond tolerance? (In chunks.)"""
     import torch
-    x, y, e = a.double(), b.double(), exp.double()
-    d = (x - y).abs()
-    over = (d > atol + rtol * e.abs()) & torch.isfinite(e)
-    n = int(over.sum())
+    af, bf, ef = a.reshape(-1), b.reshape(-1), exp.reshape(-1)
+    n, best, at = 0, -1.0, None
+    for lo, hi in _chunks(af.numel(), chunk):
+        x, y, e = af[lo:hi].double(), bf[lo:hi].double(), ef[lo:hi].double()
+        d = (x - y).abs()
+        over = (d > atol + rtol * e.abs()) & torch.isfinite(e)
+        k = int(over.sum())
+        if not k:
+            continue
+        n += k
+        sc = torch.where(over, d, -1.0)
+        j = int(sc.argmax())
+        if float(sc[j]) > best:
+            best, at = float(sc[j]), lo + j
     if not n:
         return None
-    i = int(torch.where(over.reshape(-1), d.reshape(-1), -1.0).argmax())
-    idx = unravel(i, tuple(a.shape))
-    return {"mismatches": n, "worst_index": idx, "first": float(x.reshape(-1)[i]), "second": float(y.reshape(-1)[i])}
+    return {"mismatches": n, "worst_index": unravel(at, tuple(a.shape)), "first": float(af[at]),
+            "second": float(bf[at])}
 
 
-def error_ratio(got, exp, wp, length: int = 1) -> dict[str, float] | None:
+def error_ratio(got, exp, wp, length: int = 1, chunk: int = CHUNK) -> dict[str, float] | None:
     """The candidate's error against the truth (exp, computed in a higher precision) as a multiple of the
     reference implementation's own (wp: the same computation in the working precision, e.g. fp32 torch.matmul
     against the fp64 truth). Root-mean-square over the elements finite in all three, so that one cancelling
@@ -126,21 +156,30 @@ def error_ratio(got, exp, wp, length: int = 1) -> dict[str, float] | None:
     A non-finite candidate element where both references are finite makes the ratio infinite. None where the
     truth is all zeros."""
     import torch
-    g, e, w = got.detach().double().reshape(-1), exp.detach().double().reshape(-1), wp.detach().double().reshape(-1)
-    if not (g.numel() == e.numel() == w.numel()):
-        raise ValueError(f"timing_reference gave {w.numel()} elements, the reference {e.numel()}: they must agree "
+    gf, ef, wf = got.detach().reshape(-1), exp.detach().reshape(-1), wp.detach().reshape(-1)
+    if not (gf.numel() == ef.numel() == wf.numel()):
+        raise ValueError(f"timing_reference gave {wf.numel()} elements, the reference {ef.numel()}: they must agree "
                          "for the error budget (task.toml [parity] error_budget)")
-    fin = torch.isfinite(e) & torch.isfinite(w)
-    g, e, w = g[fin], e[fin], w[fin]
-    scale = float(e.pow(2).mean().sqrt()) if e.numel() else 0.0
+    count, e2, g2, w2, nonfinite = 0, 0.0, 0.0, 0.0, False   # sums of squares, chunk by chunk (compare's CHUNK)
+    for lo, hi in _chunks(gf.numel(), chunk):
+        g, e, w = gf[lo:hi].double(), ef[lo:hi].double(), wf[lo:hi].double()
+        fin = torch.isfinite(e) & torch.isfinite(w)
+        g, e, w = g[fin], e[fin], w[fin]
+        count += e.numel()
+        e2 += float(e.pow(2).sum())
+        w2 += float((w - e).pow(2).sum())
+        nonfinite = nonfinite or not bool(torch.isfinite(g).all())
+        g2 += float(torch.where(torch.isfinite(g), g - e, 0.0).pow(2).sum())
+    scale = math.sqrt(e2 / count) if count else 0.0
     if scale == 0.0:
         return None
     # the plain sum accumulates in the output's dtype or in fp32, whichever is wider (fp16 kernels sum in fp32)
     acc = torch.finfo(torch.promote_types(got.dtype, torch.float32)).eps / 2
     floor = scale * max(torch.finfo(got.dtype).eps / 2, acc * math.sqrt(length / 6))
-    if not bool(torch.isfinite(g).all()):   # NaN or Inf (or the poison) where both references are finite
-        return {"err": math.inf, "ref_err": float((w - e).pow(2).mean().sqrt()), "floor": floor, "ratio": math.inf}
-    cand, ref = float((g - e).pow(2).mean().sqrt()), float((w - e).pow(2).mean().sqrt())
+    ref = math.sqrt(w2 / count)
+    if nonfinite:   # NaN or Inf (or the poison) where both references are finite
+        return {"err": math.inf, "ref_err": ref, "floor": floor, "ratio": math.inf}
+    cand = math.sqrt(g2 / count)
     return {"err": cand, "ref_err": ref, "floor": floor, "ratio": cand / max(ref, floor)}
 
 

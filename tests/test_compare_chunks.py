@@ -1,0 +1,76 @@
+"""Parity's comparisons in bounded memory (issue 40: an output past 2^31 elements must not need float64 copies of
+itself): compare, disagree and error_ratio go chunk by chunk and give the answer they give at once, the counts,
+the worst element (the first of equal scores) and the statistics, for every kind of failure."""
+
+from __future__ import annotations
+
+import pytest
+
+from tools.measure.compare import compare, disagree, error_ratio, poison_
+
+
+def _same(x: dict, y: dict) -> bool:
+    return repr(sorted(x.items())) == repr(sorted(y.items()))   # NaN (an unwritten element's value) equals NaN
+
+
+def _planted(dtype):
+    import torch
+    g = torch.Generator().manual_seed(5)
+    exp = torch.randn(37, 29, generator=g).to(dtype)
+    got = exp.clone()
+    got[3, 4] += 0.5                      # a mismatch
+    got[30, 1] -= 2.0                     # the worst mismatch
+    got[11, 7] = float("inf")             # non-finite where the reference is finite
+    return exp, got
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_compare_in_chunks_is_compare_at_once(dtype):
+    import torch
+    dt = getattr(torch, dtype)
+    exp, got = _planted(dt)
+    cases = {"mismatch and nan_inf": got}
+    unw = got.clone()
+    poison_(unw[20:, :])                  # unwritten rows (the poison in a slice keeps its payload)
+    cases["unwritten"] = unw
+    special = exp.clone()
+    special[5, 5] = float("nan")          # the reference's NaN: the candidate must agree
+    cases["bad special"] = exp.clone().index_put_((torch.tensor([5]), torch.tensor([5])), torch.tensor(1.0, dtype=dt))
+    tied = exp.clone()
+    tied[2, 2] = tied[9, 2] = 0.25
+    ties = tied.clone()
+    ties[2, 2] += 1.0
+    ties[9, 2] += 1.0                     # the same excess on the same value twice: the first is the worst
+    cases["ties"] = ties
+    refs = {"bad special": special, "ties": tied}
+    for name, out in cases.items():
+        ref = refs.get(name, exp)
+        whole = compare(out, ref, 1e-3, 1e-3, chunk=out.numel())
+        for chunk in (1, 7, 100, 512):
+            assert _same(compare(out, ref, 1e-3, 1e-3, chunk=chunk), whole), (name, chunk)
+        assert whole["status"] != "ok", name
+    assert compare(exp, exp, 1e-3, 1e-3, chunk=7)["status"] == "ok"
+    assert compare(cases["ties"], tied, 1e-3, 1e-3, chunk=7)["worst_index"] == [2, 2]
+    assert compare(cases["mismatch and nan_inf"], exp, 1e-3, 1e-3, chunk=7)["status"] == "nan_inf"
+
+
+def test_disagree_and_the_error_ratio_in_chunks():
+    import torch
+    g = torch.Generator().manual_seed(6)
+    exp = torch.randn(1000, generator=g)
+    a = exp + 1e-6 * torch.randn(1000, generator=g)
+    b = a.clone()
+    b[[17, 400, 999]] += torch.tensor([0.5, 3.0, 2.0])
+    whole = disagree(a, b, exp, 1e-3, 1e-3, chunk=1000)
+    assert whole["mismatches"] == 3 and whole["worst_index"] == [400]
+    for chunk in (1, 7, 333):
+        assert disagree(a, b, exp, 1e-3, 1e-3, chunk=chunk) == whole
+    assert disagree(a, a, exp, 1e-3, 1e-3, chunk=7) is None
+    truth = exp.double()
+    wp = (truth + 1e-6 * torch.randn(1000, generator=g, dtype=torch.float64)).float()
+    r = error_ratio(a, exp, wp, length=64, chunk=1000)
+    for chunk in (1, 7, 333):
+        assert error_ratio(a, exp, wp, length=64, chunk=chunk) == pytest.approx(r)
+    nan = a.clone()
+    nan[500] = float("nan")
+    assert error_ratio(nan, exp, wp, chunk=7)["ratio"] == float("inf")
