@@ -68,6 +68,10 @@ class ParityFailed(IterationEnded):
     outcome = Outcome.parity_failed
 
 
+class RangeParityFailed(ParityFailed):
+    """Parity on the [dims] extremes, run with the confirmation bench (Evaluator.confirm_bench), failed."""
+
+
 class BenchFailed(IterationEnded):
     field = "bench"
     outcome = Outcome.bench_failed
@@ -166,20 +170,25 @@ class Evaluator:
             raise ParityFailed(f"parity {res.status.value}: {res.message}", res)
         return res
 
-    def range_parity(self, lib: Path, a: Attempt) -> None:
-        """Parity on the extremes of the task's [dims] (issue 39's probe budget), for a candidate about to be kept
-        whose first parity left them out (evaluate_candidate's parity_extent="quick"): it pays for them once, not
-        on every iteration that loses at the bench. The checks join a.parity; a failure there is the iteration's
-        parity failure."""
-        if not self.task.spec.dims or a.parity is None:
-            return
+    def confirm_bench(self, lib: Path, baseline: Path | None, a: Attempt) -> BenchResult:
+        """The confirmation for a candidate about to be kept, in ONE fresh child: parity on the extremes of the
+        task's [dims] (issue 39's probe budget: the loop's first parity, parity_extent="quick", left them out, so a
+        candidate pays for them once, not on every iteration that loses at the bench), then the second bench
+        against `baseline`. The range checks join a.parity; their failure raises RangeParityFailed (the
+        iteration's parity failure), the bench's BenchFailed."""
+        if not self.task.spec.dims:
+            return self.bench(lib, baseline, a.times)[0]
+        tmp = Attempt(iteration=0, run_id="", started="", parent_sha="")
         try:
-            res = self.parity(lib, a.times, extent="range")
+            self.evaluate_candidate(lib, baseline, a.times, into=tmp, parity_extent="range")
         except ParityFailed as e:
             if e.result is not None:
                 a.parity = _joined(a.parity, e.result)
-            raise ParityFailed(e.reason, a.parity) from None
-        a.parity = _joined(a.parity, res)
+            raise RangeParityFailed(e.reason, a.parity) from None
+        finally:
+            if tmp.parity is not None and tmp.parity.status == ParityStatus.ok:
+                a.parity = _joined(a.parity, tmp.parity)
+        return tmp.bench
 
     def launch_context(self, build: BuildResult, parent: LaunchResult | None) -> dict | None:
         """What a child needs to run the static launch check on the plan of the library it loaded

@@ -20,7 +20,8 @@ from pathlib import Path
 from agent import gitops
 from agent.attempt import Attempt, KeepRule, decide
 from agent.best import Best, dump
-from agent.evaluate import BenchFailed, Evaluator, Implausible, IterationEnded, NoChange, NotFaster, snapshot_lib
+from agent.evaluate import (BenchFailed, Evaluator, Implausible, IterationEnded, NoChange, NotFaster, RangeParityFailed,
+                            snapshot_lib)
 from agent.propose import StopRun, context, last_failure, propose_and_apply
 from agent.proposers.base import Proposer, ProposerError
 from agent.runlog import (Decision, IterationRecord, LogError, Outcome, RunConfig, RunState, append_iteration,
@@ -214,18 +215,17 @@ class Loop:
         a.launch = self.evaluator.verify_launch(lib, a.launch, a.times)
 
     def _confirm(self, lib: Path, a: Attempt, reparity: bool) -> None:
-        """[dims] parity (its failure ends the iteration); fresh-seed parity if implausible; a second bench."""
-        self.evaluator.range_parity(lib, a)
+        """Fresh-seed parity if implausible; then one child: [dims] parity (its failure ends the iteration), a bench."""
         try:
             if reparity:
-                self.evaluator.parity(lib, a.times, seed=int(time.time()) % 100000 + 7)
-            a.confirm = self.evaluator.bench(lib, self.best.lib, a.times)[0]
+                self.evaluator.parity(lib, a.times, seed=int(time.time()) % 100000 + 7, extent="quick")
+            a.confirm = self.evaluator.confirm_bench(lib, self.best.lib, a)
+            dump(self._iter_dir(a.iteration) / "confirm-bench.json", a.confirm)
+        except RangeParityFailed:
+            raise
         except IterationEnded as e:
-            if isinstance(e, BenchFailed) and e.result is not None:
-                a.confirm = e.result
+            a.confirm = e.result if isinstance(e, BenchFailed) and e.result is not None else a.confirm
             a.confirm_error = e.reason
-            return
-        dump(self._iter_dir(a.iteration) / "confirm-bench.json", a.confirm)
 
     def _keep(self, i: int, d: Path, a: Attempt) -> IterationRecord:
         ci = a.bench.speedup_vs_baseline
