@@ -176,11 +176,12 @@ class Evaluator:
         candidate pays for them once, not on every iteration that loses at the bench), then the second bench
         against `baseline`. The range checks join a.parity; their failure raises RangeParityFailed (the
         iteration's parity failure), the bench's BenchFailed."""
-        if not self.task.spec.dims:
+        if not self.task.spec.dims and not self.task.backend.gpu:
             return self.bench(lib, baseline, a.times)[0]
         tmp = Attempt(iteration=0, run_id="", started="", parent_sha="")
-        try:
-            self.evaluate_candidate(lib, baseline, a.times, into=tmp, parity_extent="range")
+        try:   # on a GPU, compute-sanitizer memcheck after the range parity (tools/judge/sanitize.py)
+            self.evaluate_candidate(lib, baseline, a.times, into=tmp, parity_extent="range",
+                                    memcheck=self.task.backend.gpu)
         except ParityFailed as e:
             if e.result is not None:
                 a.parity = _joined(a.parity, e.result)
@@ -213,7 +214,7 @@ class Evaluator:
     def evaluate_candidate(self, lib: Path, baseline: Path | None, times: StageTimes, *,
                            launch_context: dict | None = None, into: Attempt | None = None, warm=None,
                            with_reference: bool = False, verify_launch: bool = False,
-                           parity_extent: str = "full") -> Attempt:
+                           parity_extent: str = "full", memcheck: bool = False) -> Attempt:
         """The one candidate pipeline of optimize, sweep, `agent check` and `agent gate`: in ONE child,
         the static launch check of the library's own plan (where `launch_context` is given: see
         launch_context()), parity, then the main-shape bench against `baseline` (None: the candidate
@@ -223,7 +224,8 @@ class Evaluator:
         Each result goes into the attempt (`into`, or a new one, returned) as soon as it exists; a
         failure raises the stage's IterationEnded with its typed result. The child's start-up, where
         a prestart() `warm` child does not hide it, is charged to parity. `parity_extent`: "quick" leaves
-        the [dims] extremes to a parity(extent="range") before a keep (the loop's probe budget)."""
+        the [dims] extremes to a parity(extent="range") before a keep (the loop's probe budget). `memcheck`: on a
+        GPU, the candidate under compute-sanitizer memcheck after parity (tools/judge/sanitize.py)."""
         from tools.judge.candidate import run_candidate
         a = Attempt(iteration=0, run_id="", started="", parent_sha="") if into is None else into
         if launch_context is None:
@@ -233,7 +235,7 @@ class Evaluator:
         t0, before = time.monotonic(), self._modes()
         launch, par, bench = run_candidate(self.task, lib, baseline, launch_context=launch_context, warm=warm,
                                            with_reference=with_reference, scratch_root=self.scratch_root,
-                                           parity_extent=parity_extent)
+                                           parity_extent=parity_extent, memcheck=memcheck)
         total = time.monotonic() - t0
         l_secs = launch.seconds if launch is not None else 0.0
         b_secs = sum(b.seconds for b in bench) if bench else 0.0
@@ -278,7 +280,8 @@ def _joined(first: ParityResult, then: ParityResult) -> ParityResult:
     failed)."""
     ok = then.status == ParityStatus.ok
     return ParityResult(status=then.status, checks=first.checks + then.checks, seconds=first.seconds + then.seconds,
-                        message=f"{first.message}; then, before the keep, {then.message}" if ok else then.message)
+                        message=f"{first.message}; then, before the keep, {then.message}" if ok else then.message,
+                        memcheck=then.memcheck or first.memcheck)
 
 
 def _launch_ok(res: LaunchResult) -> LaunchResult:

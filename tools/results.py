@@ -121,6 +121,7 @@ class ParityStatus(str, Enum):
     stale_input = "stale_input"            # after a few input values changed in place, the old inputs' answer
     side_effect = "side_effect"            # the kernel wrote files (not allowed by task.toml)
     imprecise = "imprecise"                # error past [parity] error_budget x the reference implementation's own
+    invalid_access = "invalid_access"      # compute-sanitizer memcheck: a read or write outside every allocation
     crashed = "crashed"
     timeout = "timeout"
     error = "error"                        # the harness could not run (bad lib, missing symbol, ...)
@@ -145,11 +146,22 @@ class ShapeCheck(BaseModel):
     message: str = ""
 
 
+class SanitizerResult(BaseModel):
+    """compute-sanitizer on a CUDA candidate about to be kept (tools/judge/sanitize.py)."""
+    tool: str = "memcheck"
+    status: str                  # ok | failed | skipped (no sanitizer here) | error (it could not start)
+    message: str = ""
+    seconds: float = 0.0         # what it cost, the sanitizer's start included
+    shapes: int = 0              # calls made under it
+    errors: int = 0
+
+
 class ParityResult(BaseModel):
     status: ParityStatus
     message: str = ""
     checks: list[ShapeCheck] = []
     seconds: float = 0.0
+    memcheck: SanitizerResult | None = None
 
     def worst(self) -> ShapeCheck | None:
         bad = [c for c in self.checks if not c.ok]

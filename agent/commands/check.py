@@ -99,7 +99,7 @@ def run_check(task_path: Path, build_dir: Path | None = None, knobs: str = "comm
     failed: IterationEnded | None = None
     try:
         ev.evaluate_candidate(Path(b.lib_path), None, times, into=a, launch_context=ev.launch_context(b, None),
-                              with_reference=True)
+                              with_reference=True, memcheck=True)
     except IterationEnded as e:
         e.fill(a)
         failed = e
@@ -111,6 +111,9 @@ def run_check(task_path: Path, build_dir: Path | None = None, knobs: str = "comm
         steps.add("launch (static)", a.launch.status.value, a.launch.message)
     if a.parity is not None:
         steps.add("parity", a.parity.status.value, a.parity.message or f"{len(a.parity.checks)} checks")
+    if a.parity is not None and a.parity.memcheck is not None:   # a GPU task (tools/judge/sanitize.py)
+        m = a.parity.memcheck
+        steps.add("memcheck", {"skipped": "not available", "error": "note"}.get(m.status, m.status), m.message)
     if a.bench is not None:
         summary.bench = [a.bench]
         r = a.bench

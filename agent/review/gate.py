@@ -149,7 +149,7 @@ def gate(task_dir: Path, against: str | None, limit: float, runs_dir: Path | Non
         a = Attempt(iteration=0, run_id="gate", started="", parent_sha=sha)
         try:
             cur.evaluate_candidate(lib, base_lib, times, into=a, launch_context=cur.launch_context(b, None),
-                                   verify_launch=True)
+                                   verify_launch=True, memcheck=True)
         except IterationEnded as e:
             e.fill(a)
             res.parity = a.parity

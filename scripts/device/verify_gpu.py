@@ -83,7 +83,11 @@ CASES = [
           ("short_window", ("unwritten", "mismatch", "nondeterministic", "output_state", "stale_input"), ("range ",)),
           ("half2_partials", ("mismatch", "imprecise"), ("range ",)),
           ("half2_warp_stats", ("mismatch", "unwritten", "nan_inf", "imprecise"), ("range ",)),
-          ("exp2_floor", ("imprecise", "mismatch"), ("parity",)))],
+          ("exp2_floor", ("imprecise", "mismatch"), ("parity",)),
+          # the memcheck form: right outputs, an access past the end of x or y that no guard sees
+          ("tail_rmw", ("invalid_access",), ("Invalid __global__",)),
+          ("tail_overread", ("invalid_access",), ("Invalid __global__",)),
+          ("rows_past_m", ("invalid_access", "crashed", "error"), ("Invalid __global__", "illegal", "crashed")))],
     ("vec8_after_fault", "good", "a real improvement right after the illegal access (VEC 1 -> 8), in a clean process",
      [("#define VEC 1 ", "#define VEC 8 ")], "kept", (), ()),
 ]

@@ -61,20 +61,25 @@ def _task_stamp(task: Task) -> tuple:
 def run_candidate(task: Task, lib_path: Path, baseline_lib: Path | None, *, seed: int | None = None,
                   shapes: list[dict] | None = None, launch_context: dict | None = None,
                   warm: WarmChild | None = None, with_reference: bool = False,
-                  scratch_root: Path | None = None, parity_extent: str = "full") -> CandidateChecks:
+                  scratch_root: Path | None = None, parity_extent: str = "full",
+                  memcheck: bool = False) -> CandidateChecks:
     """The loop's candidate check in ONE child process: with `launch_context` ({limits, kernels,
     parent}: see tools.measure.launch.from_plan) the static launch check of the library's own plan, and
     nothing runs if it fails; then parity; then, only if it passed, the bench against the baseline.
     The same checks as tools.measure.launch.static_check + run_parity + run_bench, two torch starts and two
     CUDA contexts fewer per iteration. A crash or timeout is charged to the stage the child had
     entered (it says so on stderr). `warm` (prestart_candidate) is used if it still serves this
-    task's files, else a child is started here; either way it is spent."""
+    task's files, else a child is started here; either way it is spent. `memcheck`: on a GPU, after parity,
+    the candidate under compute-sanitizer memcheck (tools/judge/sanitize.py) before the bench."""
     seed = secrets.randbits(31) if seed is None else seed
     shapes = [dict(s) for s in (shapes or [task.spec.main])]
     job = {"lib": str(Path(lib_path).resolve()), "seed": seed, "shapes": shapes, "launch_context": launch_context,
            "baseline_lib": str(Path(baseline_lib).resolve()) if baseline_lib is not None else None,
-           "no_reference": not with_reference, "parity_extent": parity_extent}
+           "no_reference": not with_reference, "parity_extent": parity_extent, "memcheck": memcheck}
     timeout = task.spec.parity.timeout_s + task.spec.bench.timeout_s
+    if memcheck and task.backend.gpu:
+        from tools.judge.sanitize import TIMEOUT_S
+        timeout += TIMEOUT_S
     t0 = time.monotonic()
     if warm is None or not warm.serves(task):
         if warm is not None:
@@ -106,4 +111,4 @@ def run_candidate(task: Task, lib_path: Path, baseline_lib: Path | None, *, seed
         return CandidateChecks(launch_ok, ParityResult(status=ParityStatus.ok, message=lost, seconds=dt),
                                failed_bench(proc, data, shapes, dt))
     return CandidateChecks(launch_ok, ParityResult(status=child_status(proc.status), seconds=dt,
-                                                   message=child_failure("parity", proc, data)), None)
+                                                   message=child_failure(stage, proc, data)), None)

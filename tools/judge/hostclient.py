@@ -91,13 +91,16 @@ class _Forked:
 class HostClient:
     """One host process, started now in a scratch directory under `root` (the judge's own)."""
 
-    def __init__(self, task_root: Path, root: Path):
+    def __init__(self, task_root: Path, root: Path, wrap: list[str] | None = None, env: dict[str, str] | None = None):
+        """`wrap`: a command the host runs under (compute-sanitizer, tools/judge/sanitize.py), with `env` added to
+        its environment; the host is then started afresh, not forked."""
         self.scratch = Scratch(root, "host")
+        self.wrapped = bool(wrap)
         self.io = self.scratch.dir / "io"
         self.io.mkdir()
-        env = {**self.scratch.env(), "PYTHONUNBUFFERED": "1"}
-        self.proc = _fork_host(self.scratch.dir, env) or subprocess.Popen(
-            [sys.executable, "-m", "tools.judge.host"], cwd=self.scratch.dir, env={**os.environ, **env},
+        env = {**self.scratch.env(), "PYTHONUNBUFFERED": "1", **(env or {})}
+        self.proc = (None if wrap else _fork_host(self.scratch.dir, env)) or subprocess.Popen(
+            [*(wrap or []), sys.executable, "-m", "tools.judge.host"], cwd=self.scratch.dir, env={**os.environ, **env},
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, preexec_fn=die_with_parent)
         self._send({"op": "init", "task": str(task_root), "io": str(self.io)})
         self.started = False
@@ -121,6 +124,8 @@ class HostClient:
 
     def _answer(self) -> dict:
         line = self.proc.stdout.readline(MAX_ANSWER)
+        while self.wrapped and line.startswith(b"========="):   # the wrapper's own lines (compute-sanitizer)
+            line = self.proc.stdout.readline(MAX_ANSWER)
         if not line:
             raise self._dead()
         try:
@@ -162,10 +167,30 @@ class HostClient:
                     continue
         return sorted(out)
 
+    def finish(self, timeout: float) -> int | None:
+        """Let the host end on its own (its requests closed) within `timeout` seconds, so that a wrapper
+        reports; its exit code, or None where it had to be killed."""
+        try:
+            self.proc.stdin.close()
+        except OSError:
+            pass
+        try:
+            return self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            from tools.isolation.proctree import kill_tree
+            kill_tree(self.proc.pid)    # the host under the wrapper, then the wrapper
+            self.proc.kill()
+            self.proc.wait()
+            return None
+
     def close(self) -> list:
         """End the host; remove the judge's buffer files (what is left in the scratch directory is the
         kernel's: listed, answered to the agent for the record, removed)."""
-        if self.proc.poll() is None:
+        if self.proc.poll() is None and self.wrapped:
+            from tools.isolation.proctree import kill_tree
+            kill_tree(self.proc.pid)    # the host under the wrapper (compute-sanitizer), then the wrapper
+            self.proc.kill()
+        elif self.proc.poll() is None:
             self.proc.kill()
         self.proc.wait()
         shutil.rmtree(self.io, ignore_errors=True)

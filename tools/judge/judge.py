@@ -122,8 +122,27 @@ def evaluate(task, mod, remote: Remote, job: dict, shapes: list[dict]) -> dict:
     par = checked_parity(task, mod, remote, job)
     if par.status != ParityStatus.ok:
         return {"launch": launch, "parity": par.model_dump(mode="json"), "bench": None}
+    if job.get("memcheck") and task.backend.gpu:
+        mark("memcheck")
+        par = sanitized(task, mod, job, par)
+        if par.status != ParityStatus.ok:
+            return {"launch": launch, "parity": par.model_dump(mode="json"), "bench": None}
     mark("bench")
     return {"launch": launch, "parity": par.model_dump(mode="json"), "bench": {"results": bench(task, mod, remote, job, shapes)}}
+
+
+def sanitized(task, mod, job: dict, par):
+    """Parity's result with compute-sanitizer memcheck's on the candidate (tools/judge/sanitize.py), in a host of
+    its own: a failure there is parity's `invalid_access`; a machine without the sanitizer says so."""
+    from tools.judge.sanitize import memcheck
+    from tools.results import ParityStatus, SanitizerResult
+    res = SanitizerResult(**memcheck(task, mod, job, Path(os.environ.get("AGENT_SCRATCH") or os.getcwd()),
+                                     int(job.get("seed") or 0)))
+    if res.status == "failed":
+        return par.model_copy(update={"status": ParityStatus.invalid_access, "message": res.message, "memcheck": res,
+                                      "seconds": par.seconds + res.seconds})
+    return par.model_copy(update={"message": f"{par.message}; {res.message}", "memcheck": res,
+                                  "seconds": par.seconds + res.seconds})
 
 
 def run(mode: str, task, mod, host: HostClient, job: dict, shapes: list[dict]) -> dict:

@@ -1,0 +1,121 @@
+"""compute-sanitizer memcheck on a CUDA candidate about to be kept (tools/judge/sanitize.py, issue 40).
+
+On CI (no GPU, no sanitizer): the host runs under a wrapper command, ends on its own and leaves no process; the
+shapes memcheck takes are small, tails first; the parser quotes the first invalid access of a real report (the
+sanitizer's own, on tail_rmw.cu, tests/fixtures/sanitizer/); a machine without the sanitizer says so. On the
+device (`-m gpu`): the adversaries of the memcheck form fail `invalid_access`, the honest kernel passes."""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+from tools.judge import sanitize
+from tools.task import load_task
+
+ROOT = Path(__file__).resolve().parents[1]
+CHEATS = ROOT / "tests" / "fixtures" / "cuda_cheats" / "softmax"
+
+
+@pytest.mark.skipif(shutil.which("g++") is None or not sys.platform.startswith("linux"), reason="needs g++ and Linux")
+def test_a_wrapped_host_computes_then_ends_on_its_own(tmp_path):
+    """The host started under a wrapper (as under compute-sanitizer): the wrapper's environment reaches it, its
+    calls are right, and closing its requests ends it (the wrapper's report is written at that exit)."""
+    import torch
+
+    from tests.fixtures.cpu_faults.faults import make_task
+    from tools.judge.hostclient import HostClient, Remote
+    task, lib = make_task(tmp_path, "correct")
+    mod = task.module()
+    root = tmp_path / "judge"
+    root.mkdir()
+    # a wrapper that, like compute-sanitizer, runs the host as its child and exits with its code
+    wrap = [sys.executable, "-c", "import subprocess, sys; sys.exit(subprocess.call(sys.argv[1:]))"]
+    host = HostClient(task.root, root, wrap=wrap, env={"AGENT_WRAPPED": "yes"})
+    try:
+        host.ask({"op": "load", "id": "candidate", "path": str(lib)})
+        pid = host.info["pid"]
+        assert pid != host.proc.pid            # the host runs under the wrapper, not forked from this process
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            env = f.read().split(b"\0")
+        assert b"AGENT_WRAPPED=yes" in env
+        shape = dict(task.spec.shapes[0])
+        inputs = mod.make_inputs(shape, 1, "cpu", task.spec.distributions[0])
+        out = torch.empty_like(mod.empty_output(shape, *inputs))
+        Remote(host).run("candidate", shape, out, *inputs)
+        assert torch.allclose(out, mod.reference(shape, *inputs).to(out.dtype), atol=1e-3, rtol=1e-3)
+        assert host.finish(timeout=30) == 0
+    finally:
+        host.close()
+    assert not os.path.exists(f"/proc/{pid}")
+
+
+def test_memcheck_takes_small_shapes_and_the_tails():
+    task = load_task(ROOT / "kernels" / "softmax")
+    got = sanitize.shapes(task.spec, task.module(), random.Random(7))
+    assert 10 <= len(got) <= sanitize.MAX_SHAPES
+    sizes = [s["M"] * s["N"] for s, _ in got]
+    assert max(sizes) <= sanitize.MAX_ELEMENTS
+    labels = [label for _, label in got]
+    assert "M=333,N=4097" in labels and "M=4096,N=1000" in labels   # listed shapes with ragged rows
+    assert "M=8192,N=4096" not in labels                               # the largest left to parity
+    assert any(label.startswith("hidden ") for label in labels)
+    tails = {s["N"] for s, label in got if label.startswith("range ")}
+    assert {1, 2, 3} <= tails                                           # rows shorter than a vector
+    assert len(set(labels)) == len(labels)
+
+
+def test_the_parser_quotes_the_first_invalid_access():
+    text = (ROOT / "tests" / "fixtures" / "sanitizer" / "memcheck_tail_rmw.log").read_text()
+    n, first = sanitize.parse_log(text)
+    assert n >= 1
+    assert first.startswith("Invalid __global__ ") and "softmax_kernel" in first, first
+    assert "out of bounds" in first and "nearest allocation" in first, first
+    assert sanitize.parse_log("========= COMPUTE-SANITIZER\n========= ERROR SUMMARY: 0 errors\n") == (0, "")
+
+
+def test_a_machine_without_the_sanitizer_says_so(tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.setenv("CUDA_HOME", str(tmp_path))
+    monkeypatch.delenv("CUDA_PATH", raising=False)
+    if sanitize.find_sanitizer() is not None:
+        pytest.skip("this machine has /usr/local/cuda/bin/compute-sanitizer")
+    task = load_task(ROOT / "kernels" / "softmax")
+    res = sanitize.memcheck(task, task.module(), {"lib": "unused"}, tmp_path, seed=1)
+    assert res["status"] == "skipped" and "compute-sanitizer is not on this machine" in res["message"]
+
+
+def _gpu() -> bool:
+    try:
+        import torch
+        return torch.cuda.is_available()
+    except ImportError:
+        return False
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _gpu(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("name", ["tail_rmw", "tail_overread", "rows_past_m", None])
+def test_memcheck_fails_an_access_past_an_end_and_passes_the_honest_kernel(tmp_path, name):
+    from tools.build.build import build
+    from tools.judge.candidate import run_candidate
+    d = tmp_path / "softmax"
+    shutil.copytree(ROOT / "kernels" / "softmax", d, ignore=shutil.ignore_patterns("__pycache__"))
+    if name is not None:
+        shutil.copy(CHEATS / f"{name}.cu", d / "softmax.cu")
+    task = load_task(d)
+    b = build(task, tmp_path / "b")
+    assert b.status.value == "ok", b.message
+    _, par, _ = run_candidate(task, Path(b.lib_path), None, parity_extent="quick", memcheck=True,
+                              scratch_root=tmp_path / "s")
+    assert par.memcheck is not None and par.memcheck.seconds > 0
+    if name is None:
+        assert par.status.value == "ok" and par.memcheck.status == "ok", par.message
+    else:   # parity passes it (the output is right); memcheck does not
+        assert par.status.value == "invalid_access" and par.memcheck.status == "failed", par.message
+        assert "Invalid __global__" in par.message

@@ -1,0 +1,162 @@
+"""compute-sanitizer memcheck on a CUDA candidate about to be kept (issue 40): an access outside every allocation
+fails the candidate even when its output is right and the bytes it touched came back unchanged.
+
+Parity sees what a kernel leaves in memory: its output, 64 KiB of poisoned guard around it, its inputs. It
+cannot see a read past the end of an input (the max pass reads a whole vector at a ragged end, masks the lanes
+it should not have read), nor a read-modify-write past the end of the output that puts the bytes back: the
+output is right and the guard unchanged, but on a user's tensor the access lands in another allocation or in
+unmapped memory (a fault, or another tensor's bytes racing with its owner).
+tests/fixtures/cuda_cheats/softmax/ holds such kernels (README.md there, "Memcheck forms").
+
+How: a second host (tools/judge/host.py) started under `compute-sanitizer --tool memcheck`, with PyTorch's caching
+allocator off (PYTORCH_NO_CUDA_MEMORY_CACHING=1: every tensor is then its own cudaMalloc of its exact size; with the
+cache a tensor is a block rounded to 512 bytes inside a 2 MiB segment, and memcheck sees nothing past its end).
+The candidate is called once per shape on inputs and an output of their exact sizes (no guard: an output inside
+a guarded buffer has valid memory on both sides). The shapes: the listed and hidden ones, then the extremes of the
+task's [dims] (tails, short rows) while they stay small, at most MAX_SHAPES. The sanitizer's report goes to a
+file in the judge's directory (the fenced host cannot write there); its first error is quoted in the verdict.
+Where the machine has no compute-sanitizer the check is skipped, and the record says so.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import random
+import re
+import shutil
+import time
+from pathlib import Path
+
+MAX_SHAPES = 24            # the candidate's calls under the sanitizer (each one instrumented, its buffers cudaMalloc'ed)
+MAX_ELEMENTS = 1 << 24     # the largest shape checked: the product of its dimensions
+TIMEOUT_S = 240.0          # the memcheck's share of the confirmation child's budget (tools/judge/candidate.py)
+ERROR_EXIT = 86            # the sanitizer's exit code when it reported an error
+
+
+def find_sanitizer() -> str | None:
+    """compute-sanitizer on PATH, else under $CUDA_HOME or /usr/local/cuda; None where the machine has none."""
+    found = shutil.which("compute-sanitizer")
+    if found:
+        return found
+    for root in (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda"):
+        if root and os.access(p := os.path.join(root, "bin", "compute-sanitizer"), os.X_OK):
+            return p
+    return None
+
+
+def command(tool: str, log: Path) -> list[str]:
+    """The wrapper for the host's command line: memcheck, its report in `log`, exit code ERROR_EXIT on an error."""
+    return [tool, "--tool", "memcheck", "--leak-check", "no", "--report-api-errors", "no", "--print-limit", "20",
+            "--error-exitcode", str(ERROR_EXIT), "--log-file", str(log)]
+
+
+def environment() -> dict[str, str]:
+    """The host's environment under the sanitizer: every tensor its own allocation of its exact size."""
+    return {"PYTORCH_NO_CUDA_MEMORY_CACHING": "1"}
+
+
+def shapes(spec, mod, rng: random.Random) -> list[tuple[dict, str]]:
+    """(shape, label) checked under memcheck: the listed and hidden shapes up to MAX_ELEMENTS, then the [dims]
+    extremes under it (short rows and tails first: where an access runs past an end), at most MAX_SHAPES."""
+    from tools.measure.ranges import range_shapes
+    from tools.task import shape_label
+    out: list[tuple[dict, str]] = [(dict(s), "") for s in spec.shapes]
+    if spec.parity.hidden_shapes and hasattr(mod, "hidden_shapes"):
+        out += [(dict(s), "hidden ") for s in list(mod.hidden_shapes(random.Random(rng.getrandbits(32))))
+                [:spec.parity.hidden_shapes]]
+    extremes = [s for s, _ in range_shapes(spec, mod, random.Random(rng.getrandbits(32)))]
+    out += [(s, "range ") for s in sorted(extremes, key=_size)]
+    seen, keep = set(), []
+    for s, kind in out:
+        key = tuple(sorted(s.items()))
+        if key in seen or _size(s) > MAX_ELEMENTS:
+            continue
+        seen.add(key)
+        keep.append((s, kind + shape_label(s)))
+    return keep[:MAX_SHAPES]
+
+
+def _size(shape: dict) -> int:
+    return math.prod(int(v) for v in shape.values() if not isinstance(v, bool))
+
+
+# "========= Invalid __global__ read of size 16 bytes" and the lines under it, up to the next "=========" blank
+_ERROR = re.compile(r"^=+ (Invalid |Misaligned |Out-of-range |Malloc/Free error|Cuda API error|Program hit|"
+                    r"Barrier error|Warp |Uninitialized |Device heap)", re.M)
+_SUMMARY = re.compile(r"ERROR SUMMARY: (\d+) error", re.M)
+
+
+def parse_log(text: str) -> tuple[int, str]:
+    """(errors, the first error's lines joined) from a compute-sanitizer report. The count is the summary's where
+    the report has one (the sanitizer ended), else the error headers counted."""
+    heads = list(_ERROR.finditer(text))
+    m = _SUMMARY.search(text)
+    n = int(m.group(1)) if m else len(heads)
+    if not heads:
+        return n, ""
+    block = []
+    for line in text[heads[0].start():].splitlines()[:8]:
+        line = line.lstrip("= ").strip()
+        if not line and block:
+            break
+        if line.startswith("Saved host backtrace"):
+            break                 # the host frames: the launch's call stack, not the access
+        if line:
+            block.append(line)
+    return n, "; ".join(block)[:600]
+
+
+def memcheck(task, mod, job: dict, root: Path, seed: int) -> dict:
+    """The candidate (job["lib"]) under memcheck, in a host of its own. Returns a SanitizerResult's fields."""
+    import torch
+
+    from tools.judge.hostclient import HostClient, HostFailed, Remote
+    from tools.task_messages import make_inputs
+    t0 = time.monotonic()
+    tool = find_sanitizer()
+    if tool is None:
+        return {"tool": "memcheck", "status": "skipped", "seconds": 0.0,
+                "message": "memcheck skipped: compute-sanitizer is not on this machine (PATH, $CUDA_HOME/bin)"}
+    log = Path(root) / f"memcheck-{os.getpid()}-{seed}.log"
+    todo = shapes(task.spec, mod, random.Random(seed))
+    host = HostClient(task.root, Path(root), wrap=command(tool, log), env=environment())
+    done, failure, loaded = [], None, False
+    deadline = t0 + TIMEOUT_S * 0.8
+    try:
+        host.ask({"op": "load", "id": "candidate", "path": job["lib"]})
+        loaded = True
+        remote = Remote(host)
+        dist = task.spec.distributions[0]
+        for shape, label in todo:
+            if time.monotonic() > deadline:
+                break
+            inputs = make_inputs(mod, shape, seed, task.backend.torch_device, dist)
+            template = mod.empty_output(shape, *inputs)
+            out = torch.empty(template.shape, dtype=template.dtype, device=template.device)   # its own allocation
+            remote.run("candidate", shape, out, *inputs)
+            done.append(label)
+    except (HostFailed, RuntimeError) as e:
+        failure = " ".join(str(e).split())[:300]
+    finally:
+        rc = host.finish(timeout=60.0)
+        host.close()
+    text = log.read_text(errors="replace") if log.exists() else ""
+    log.unlink(missing_ok=True)
+    errors, first = parse_log(text)
+    secs = time.monotonic() - t0
+    where = f" (at {todo[len(done)][1]})" if failure is not None and len(done) < len(todo) else ""
+    if errors or rc == ERROR_EXIT:
+        return {"tool": "memcheck", "status": "failed", "seconds": secs, "errors": max(errors, 1), "shapes": len(done),
+                "message": f"compute-sanitizer memcheck: {errors or 'an'} invalid access{'es' * (errors != 1)}{where}: "
+                           f"{first or failure or 'see the sanitizer'}: the kernel reads or writes outside its "
+                           "tensors (right outputs or not, on a user's tensor that is another allocation or a fault)"}
+    if failure is not None and loaded:   # the kernel failed under the sanitizer, and only there
+        return {"tool": "memcheck", "status": "failed", "seconds": secs, "shapes": len(done),
+                "message": f"under compute-sanitizer memcheck the kernel's call failed{where}: {failure}"}
+    if failure is not None:   # the sanitizer or the host did not start: the machine's, not the candidate's
+        return {"tool": "memcheck", "status": "error", "seconds": secs, "shapes": 0,
+                "message": f"memcheck could not start: {failure}; report: {' '.join(text.split())[-300:]}"}
+    left = f", {len(todo) - len(done)} left out past its time" if len(done) < len(todo) else ""
+    return {"tool": "memcheck", "status": "ok", "seconds": secs, "shapes": len(done),
+            "message": f"memcheck clean on {len(done)} shapes{left} ({secs:.1f} s)"}
