@@ -26,10 +26,10 @@ def test_every_adversary_says_what_it_is_and_is_in_the_device_run():
     assert len(NAMES) >= 6
     for name in NAMES:
         first = (CHEATS / f"{name}.cu").read_text().splitlines()[0]
-        assert re.match(r"// CHEAT \((range|precision|memcheck), issue 40\): ", first), (name, first)
+        assert re.match(r"// CHEAT \((range|precision|memcheck|shared-state|output-state|stale-input), issue 40\): ", first), (name, first)
         assert f"`{name}.cu`" in readme, name
         # run through the loop on the device, or said why not (int_offsets needs the 2^31 shape, not landed)
-        assert f'("{name}",' in verify or name == "int_offsets", name
+        assert f'"{name}"' in verify or name == "int_offsets", name
 
 
 @pytest.mark.nvcc

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import random
 
+import pytest
+
 from tests.fixtures.cpu_faults.faults import compile_lib, make_task, source
 from tools.measure.probes import Probe, reentrant, two_threads
 
@@ -104,3 +106,42 @@ extern "C" void matmul(const float* A, const float* B, float* C, int M, int N, i
     assert "reentrant probe not run: slower than the baseline (never kept)" in res.message
     [res] = run_bench(task, lib, with_reference=False, shapes=[SHAPE])   # no baseline: nothing to be slower than
     assert "probe not run" not in res.message, res.message
+
+
+def _gpu() -> bool:
+    try:
+        import torch
+        return torch.cuda.is_available()
+    except ImportError:
+        return False
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _gpu(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("name", ["static_stats", "static_workspace", "static_counter", None])
+def test_two_streams_at_once_catch_state_shared_by_concurrent_calls_on_the_gpu(tmp_path, name):
+    """On a GPU each of the two threads calls on a CUDA stream of its own (issue 40): a softmax that keeps row
+    statistics, a workspace or a counter in static storage (tests/fixtures/cuda_cheats/softmax/) is right one call
+    at a time and `suspicious` here; the committed kernel's bench stays ok."""
+    import shutil
+    from pathlib import Path
+
+    from tools.build.build import build
+    from tools.measure.bench import run_bench
+    from tools.task import load_task
+    root = Path(__file__).resolve().parents[1]
+    d = tmp_path / "softmax"
+    shutil.copytree(root / "kernels" / "softmax", d, ignore=shutil.ignore_patterns("__pycache__"))
+    if name is not None:
+        shutil.copy(root / "tests" / "fixtures" / "cuda_cheats" / "softmax" / f"{name}.cu", d / "softmax.cu")
+    task = load_task(d)
+    b = build(task, tmp_path / "b")
+    assert b.status.value == "ok", b.message
+    # the main shape: the probe's third round takes the listed shape with the longest rows (the split paths)
+    [res] = run_bench(task, Path(b.lib_path), with_reference=False, shapes=[dict(task.spec.main)])
+    if name is None:
+        assert res.status.value == "ok", res.message
+    else:
+        assert res.status.value == "suspicious", res.message
+        assert "each thread on a CUDA stream of its own" in res.message or "outlives the stream" in res.message, \
+            res.message

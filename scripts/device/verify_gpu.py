@@ -88,6 +88,17 @@ CASES = [
           ("tail_rmw", ("invalid_access",), ("Invalid __global__",)),
           ("tail_overread", ("invalid_access",), ("Invalid __global__",)),
           ("rows_past_m", ("invalid_access", "crashed", "error"), ("Invalid __global__", "illegal", "crashed")))],
+    # the shared-state form: right one call at a time, wrong when two calls run at once on two streams
+    *[(name, "cheat", _first_line(name), [(None, _cheat(name))], "bench_failed", ("suspicious",),
+       ("two threads calling the candidate at once",))
+      for name in ("static_stats", "static_workspace", "static_counter")],
+    # the output-state and stale-input forms: right into a poisoned output on fresh inputs, wrong into an output
+    # that holds values, or after a few input values change in place
+    *[(name, "cheat", _first_line(name), [(None, _cheat(name))], "parity_failed", statuses, ())
+      for name, statuses in (
+          ("write_avoid", ("output_state", "stale_input")), ("resume_rows", ("output_state", "stale_input")),
+          ("zero_skip", ("output_state", "stale_input")), ("row_fingerprint", ("stale_input", "output_state")),
+          ("stats_cache", ("stale_input", "output_state")), ("pointer_memo", ("stale_input", "output_state")))],
     ("vec8_after_fault", "good", "a real improvement right after the illegal access (VEC 1 -> 8), in a clean process",
      [("#define VEC 1 ", "#define VEC 8 ")], "kept", (), ()),
 ]

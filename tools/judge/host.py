@@ -169,9 +169,9 @@ class Host:
         before = {k: self.bufs[k].clone() for k in keys}
         self.sync()
         threads_before = _threads()
-        t0 = time.perf_counter()
+        t0, late = time.perf_counter(), []
         if r.get("threads") == 2:
-            self._two_threads(todo)
+            late = self._two_threads(todo)
         else:
             for lib, shape, out, ins, _ in todo:
                 self.mod.run(lib, shape, out, *ins)
@@ -183,12 +183,16 @@ class Host:
             save(self.bufs[key], self._file(key))
         left = {tid: name for tid, name in _threads().items() if tid not in threads_before}
         return {"ok": True, "issue_ms": (t1 - t0) * 1e3, "total_ms": (t2 - t0) * 1e3, "changed": changed,
-                "threads_left": sorted(left.values())[:8]}
+                "threads_left": sorted(left.values())[:8], "late": late}
 
-    def _two_threads(self, todo: list) -> None:
-        """Each call in the thread it names, the two at once (the reentrancy probe, tools/measure/probes.py)."""
-        from tools.measure.probes import two_threads
-        two_threads(tuple([lambda c=c: self.mod.run(c[0], c[1], c[2], *c[3]) for c in todo if c[4] == t] for t in (0, 1)))
+    def _two_threads(self, todo: list) -> list[int]:
+        """Each call in the thread it names, the two at once (the reentrancy probe, tools/measure/probes.py); on a
+        GPU each thread on a stream of its own. Returns the calls whose work outlived their stream."""
+        from tools.measure.probes import late_calls, two_threads
+        outs = tuple([c[2] for c in todo if c[4] == t] for t in (0, 1)) if self.task.backend.gpu else None
+        late = two_threads(tuple([lambda c=c: self.mod.run(c[0], c[1], c[2], *c[3]) for c in todo if c[4] == t]
+                                 for t in (0, 1)), outs)
+        return late_calls([c[4] for c in todo], late)
 
     # --- the bench: arms over buffers already here, the per-rep clock -----------------------------
     def arms(self, r: dict) -> dict:

@@ -209,6 +209,7 @@ class Remote:
         # freed and another made at the same address is a different object, and goes out again
         self.synced: dict[str, tuple] = {}
         self.threads_left: list[str] = []   # threads a call started and left running (names, the first seen)
+        self.late: list[int] = []           # the latest two-thread call's calls whose work outlived their stream
 
     def _key(self, t, kind: str) -> str:
         if not t.is_contiguous():
@@ -270,6 +271,8 @@ class Remote:
         ans = self.host.ask({"op": "call", "shape": shape, "put": put, "calls": calls, "threads": threads,
                              "get": list(outs) if transfer else [], "check": transfer})
         total = time.perf_counter() - t0
+        late = ans.get("late") or []
+        self.late = [int(n) for n in late if isinstance(n, int) and 0 <= n < len(pairs)]
         left = ans.get("threads_left")
         if isinstance(left, list) and left and not self.threads_left:
             self.threads_left = [str(x)[:40] for x in left[:8]]

@@ -67,11 +67,13 @@ class HostRuns:
     def calls(self, pairs: list[tuple], transfer: bool = True) -> tuple[float, float]:
         return self.remote.calls("candidate", self.shape, pairs, transfer)
 
-    def together(self, calls: list[tuple]) -> None:
+    def together(self, calls: list[tuple]) -> list[int]:
         """The candidate on each (thread, shape, out, inputs), thread 0's and 1's in two threads of the host at
-        once. The outputs come back here."""
+        once (on a GPU each on a stream of its own). The outputs come back here; returns the calls whose work
+        outlived their stream, as the host says (the outputs it sends are what that stream's synchronize saw)."""
         self.remote.calls("candidate", self.shape, [(o, i) for _, _, o, i in calls], threads=2,
                           shapes=[s for _, s, _, _ in calls], thread_of=[t for t, _, _, _ in calls])
+        return self.remote.late
 
     def threads(self) -> int | None:
         """torch's CPU threads in the host, as it said when it started."""

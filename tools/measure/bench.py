@@ -80,7 +80,7 @@ class LocalRuns:
 
     def __init__(self, mod, lib, baseline, shape: dict, backend):
         self.mod, self.lib, self.baseline, self.shape = mod, lib, baseline, shape
-        self.clock = backend.clock()
+        self.clock, self.gpu = backend.clock(), backend.gpu
 
     def arms(self, sets: list[tuple], outs: list, with_reference: bool) -> list[tuple[str, object]]:
         mod, shape, n = self.mod, self.shape, len(sets)
@@ -101,12 +101,14 @@ class LocalRuns:
         self.clock.sync()
         return t1 - t0, time.perf_counter() - t0
 
-    def together(self, calls: list[tuple]) -> None:
+    def together(self, calls: list[tuple]) -> list[int]:
         """The candidate on each (thread, shape, out, inputs), thread 0's and 1's at once (ctypes lets go of
-        the GIL)."""
-        from tools.measure.probes import two_threads
-        two_threads(tuple([lambda s=s, o=o, i=i: self.mod.run(self.lib, s, o, *i) for t, s, o, i in calls if t == n]
-                          for n in (0, 1)))
+        the GIL), on a GPU each thread on a stream of its own. Returns the calls whose work outlived their stream."""
+        from tools.measure.probes import late_calls, two_threads
+        outs = tuple([o for t, _, o, _ in calls if t == n] for n in (0, 1)) if self.gpu else None
+        late = two_threads(tuple([lambda s=s, o=o, i=i: self.mod.run(self.lib, s, o, *i) for t, s, o, i in calls
+                                  if t == n] for n in (0, 1)), outs)
+        return late_calls([c[0] for c in calls], late)
 
     def time_pairs(self, sets: list[tuple], outs: list, n: int) -> list[float]:
         k = len(sets)

@@ -16,10 +16,12 @@ marks the bench `suspicious` (the candidate is rejected with it).
   seen before (a memo on its inputs, whole or partial) is fast only on the repeats. The class, not one
   cheat: the output of a repeated call is right whatever the kernel skipped, so no output check can see
   it, and the roofline sees it only when nearly all the work is skipped;
-- reentrant (CPU): two threads calling the candidate at once, each on its own inputs and output, the
+- reentrant: two threads calling the candidate at once, each on its own inputs and output, the
   main shape beside itself and beside the smallest listed shape, every output checked: a kernel that
   keeps a buffer or a variable in static storage (scratch, a packed panel, the dimensions) is wrong
-  here. Each thread's calls last about REENTRANT_MS so that the two overlap.
+  here. Each thread's calls last about REENTRANT_MS so that the two overlap. On a GPU each thread calls on a
+  CUDA stream of its own (a static device buffer or counter shared by two kernels running at once), and its
+  outputs are checked as that stream's synchronize alone leaves them (work outside the caller's stream).
 
 A new probe is a function of a `Probe` here, added to PROBES.
 """
@@ -45,6 +47,7 @@ REPEAT_BYTES = 128 << 20    # fresh inputs per try at most (at least 2 sets)
 REENTRANT_MS = 5.0          # each thread's calls last about this long (the candidate's median decides how many)
 REENTRANT_CALLS = 64        # calls per thread at most
 REENTRANT_BYTES = 256 << 20
+GATE_CYCLES = 40_000_000    # the spin that holds both streams while the threads queue their calls (~20 ms at 2 GHz)
 
 
 @dataclass
@@ -68,7 +71,9 @@ class Probe:
     flops: float | None
     nbytes: float | None
     time_pairs: Callable[[list, list, int], list[float]] | None = None
-    together: Callable[[list], None] | None = None   # (thread, shape, out, inputs) calls, two threads at once
+    # (thread, shape, out, inputs) calls, two threads at once; returns the positions of calls whose output changed
+    # after their own stream's synchronize (CUDA: two_threads)
+    together: Callable[[list], list[int]] | None = None
     rng: random.SystemRandom = field(default_factory=random.SystemRandom)
 
     def inputs(self, dist: str) -> tuple:
@@ -173,58 +178,126 @@ def repeat_speed(p: Probe) -> str | None:
             f"{k} fresh sets each): the timed calls did less work because they repeated earlier calls")
 
 
-def two_threads(work: tuple[list[Callable[[], None]], list[Callable[[], None]]]) -> None:
+def two_threads(work: tuple[list[Callable[[], None]], list[Callable[[], None]]], outs: tuple[list, list] | None = None
+                ) -> list[tuple[int, int]]:
     """Two threads released together, thread t making work[t] back to back; the first exception either
-    raised is raised here."""
+    raised is raised here. With `outs` (a CUDA task: thread t's outputs), each thread calls on a CUDA stream of its
+    own (torch's current stream is per thread: the task's `run` launches on it) and, after that stream's own
+    synchronize, copies its outputs, as a caller who reads them on that stream sees them; after a device-wide
+    synchronize each output is put back to that copy (so the judge checks what the caller's stream saw), and the
+    (thread, index) of every output that changed in between is returned: work that outlived the caller's stream."""
     import threading
     gate, errors = threading.Barrier(2), []
+    seen: dict[tuple[int, int], Any] = {}
 
-    def run(items):
+    def run(t, items):
         try:
             gate.wait(timeout=60)
-            for fn in items:
-                fn()
+            if outs is None:
+                for fn in items:
+                    fn()
+                return
+            import torch
+            stream = torch.cuda.Stream()
+            stream.wait_event(start)     # held until the gate opens: both threads' calls queued by then
+            with torch.cuda.stream(stream):
+                for fn in items:
+                    fn()
+            stream.synchronize()
+            for i, o in enumerate(outs[t]):
+                seen[(t, i)] = o.detach().to("cpu", copy=True)
         except BaseException as e:  # noqa: BLE001  (the kernel's or the task's error: raised below)
             errors.append(e)
             gate.abort()
-    threads = [threading.Thread(target=run, args=(items,), daemon=True) for items in work]
+    if outs is not None:
+        # the gate: one spin kernel on a stream of its own, then an event both threads' streams wait on, so that their
+        # calls, queued while it spins, start at the same moment on the GPU and run side by side (a spin per stream
+        # started each when its thread got there: short kernels of one stream ran between the other's, and a
+        # split-row softmax with a static per-row counter was kept: verify_gpu, H200)
+        import torch
+        gate_stream, start = torch.cuda.Stream(), torch.cuda.Event()
+        with torch.cuda.stream(gate_stream):
+            torch.cuda._sleep(GATE_CYCLES)
+        start.record(gate_stream)
+    threads = [threading.Thread(target=run, args=(t, items), daemon=True) for t, items in enumerate(work)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
     if errors:
         raise errors[0]
+    if outs is None:
+        return []
+    import torch
+    torch.cuda.synchronize()
+    late = []
+    for (t, i), copy in sorted(seen.items()):
+        o = outs[t][i]
+        if not torch.equal(o.detach().cpu().view(-1).view(torch.uint8), copy.view(-1).view(torch.uint8)):
+            late.append((t, i))
+            o.copy_(copy)
+    return late
+
+
+def late_calls(thread_of: list[int], late: list[tuple[int, int]]) -> list[int]:
+    """two_threads' (thread, index) pairs as positions in the list of calls whose threads are `thread_of`."""
+    mine = [[n for n, t in enumerate(thread_of) if t == want] for want in (0, 1)]
+    return [mine[t][i] for t, i in late]
 
 
 def reentrant(p: Probe) -> str | None:
     """Thread 1 calls the main shape k times; thread 2 the same, then (a second round) the smallest listed
-    shape and the main shape in turn, so that it runs as long and changes shape under thread 1's calls."""
-    if p.together is None or p.task.backend.gpu:
+    shape and the main shape in turn, so that it runs as long and changes shape under thread 1's calls; then (a
+    third round, where the task declares a reduction in [dims]) both on the listed shape with the longest reduction,
+    where a kernel takes its split path (several CTAs or threads a row, a workspace, a counter)."""
+    if p.together is None:
         return None
     import math
+    size = lambda s: math.prod(int(v) for v in s.values() if not isinstance(v, bool))   # noqa: E731
+    small = min((dict(s) for s in p.task.spec.shapes), key=size)
+    rounds = [([p.shape] * _calls(p, p.shape),) * 2]
+    rounds.append((rounds[0][0], [s for _ in range(len(rounds[0][0])) for s in (small, p.shape)]))
+    red = [d for d, r in p.task.spec.dims.items() if r.reduction]
+    longest = max((dict(s) for s in p.task.spec.shapes), key=lambda s: math.prod(int(s.get(d, 1)) for d in red))
+    if red and longest != p.shape:
+        rounds.append(([longest] * _calls(p, longest),) * 2)
     dist = p.task.spec.distributions[0]
-    set_bytes = sum(t.numel() * t.element_size() for t in p.sets[0])
-    k = max(1, min(REENTRANT_CALLS, math.ceil(REENTRANT_MS / max(p.cand_ms, 1e-3)),
-                   REENTRANT_BYTES // max(4 * set_bytes, 1)))
-    small = min((dict(s) for s in p.task.spec.shapes), key=lambda s: math.prod(int(v) for v in s.values()))
-    for second in ([p.shape] * k, [s for _ in range(k) for s in (small, p.shape)]):
+    for work in rounds:
         calls = []
-        for t, shapes in enumerate(([p.shape] * k, second)):
+        for t, shapes in enumerate(work):
             for shape in shapes:
                 x = make_inputs(p.mod, shape, p.rng.getrandbits(31), p.device, dist)
                 out = p.mod.empty_output(shape, *x)
                 poison_(out)
                 calls.append((t, shape, out, x, p.mod.reference(shape, *x)))
-        p.together([c[:4] for c in calls])
+        late = p.together([c[:4] for c in calls]) or []
+        if late:
+            t, shape = calls[late[0]][0], calls[late[0]][1]
+            return (f"two threads calling the candidate at once, each on a CUDA stream of its own: after its stream's "
+                    f"synchronize, the output of a call of thread {t + 1} on {shape_label(shape)} ({len(late)} call"
+                    f"{'s' * (len(late) != 1)} in all) still changed until a device-wide synchronize: the kernel's work "
+                    "outlives the stream it was given (it must run on the caller's stream, or join it)")
         for t, shape, out, x, exp in calls:
             why = wrong(p.task, shape, out, exp, dist)
             if why is not None:
-                return (f"two threads calling the candidate at once (thread 1 on {shape_label(p.shape)}, thread 2 on "
-                        f"{' and '.join(dict.fromkeys(shape_label(s) for s in second))}, each call on its own inputs and "
-                        f"output): a call of thread {t + 1} on {shape_label(shape)} was wrong {why}: the calls share "
-                        "state (a static buffer or variable); a kernel must be safe to call from two threads at once")
+                on = [" and ".join(dict.fromkeys(shape_label(s) for s in w)) for w in work]
+                return (f"two threads calling the candidate at once (thread 1 on {on[0]}, thread 2 on {on[1]}, each call "
+                        f"on its own inputs and output{', each thread on a CUDA stream of its own' if p.task.backend.gpu else ''}"
+                        f"): a call of thread {t + 1} on {shape_label(shape)} was wrong {why}: the calls share state (a "
+                        "static buffer, variable or counter); a kernel must be safe to call from two threads at once")
         del calls
     return None
+
+
+def _calls(p: Probe, shape: dict) -> int:
+    """Calls a thread makes on `shape`: about REENTRANT_MS of them at the main shape's median (scaled by the shapes'
+    sizes), REENTRANT_CALLS at most, and their inputs and outputs under REENTRANT_BYTES in all."""
+    import math
+    size = lambda s: math.prod(int(v) for v in s.values() if not isinstance(v, bool))   # noqa: E731
+    scale = size(shape) / max(size(p.shape), 1)
+    set_bytes = sum(t.numel() * t.element_size() for t in p.sets[0]) * scale
+    return max(1, min(REENTRANT_CALLS, math.ceil(REENTRANT_MS / max(p.cand_ms * scale, 1e-3)),
+                      int(REENTRANT_BYTES // max(4 * set_bytes, 1))))
 
 
 PROBES: tuple[Callable[[Probe], str | None], ...] = (fresh_inputs, burst, roofline, side_stream, repeat_speed, reentrant)
