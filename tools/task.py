@@ -145,6 +145,12 @@ def shape_label(shape: Shape) -> str:
     return ",".join(f"{k}={int(v)}" for k, v in shape.items())
 
 
+def shape_size(shape: Shape) -> int:
+    """The product of a shape's dimensions (its flags left out): a bound on the size of its tensors."""
+    import math
+    return math.prod(int(v) for v in shape.values() if not isinstance(v, bool))
+
+
 class Task:
     """A loaded task: the validated spec plus where it lives."""
 

@@ -177,21 +177,21 @@ class HostClient:
         try:
             return self.proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
-            from tools.isolation.proctree import kill_tree
-            kill_tree(self.proc.pid)    # the host under the wrapper, then the wrapper
-            self.proc.kill()
+            self._kill()
             self.proc.wait()
             return None
+
+    def _kill(self) -> None:
+        if self.wrapped:
+            from tools.isolation.proctree import kill_tree
+            kill_tree(self.proc.pid)    # the host under the wrapper (compute-sanitizer), then the wrapper
+        self.proc.kill()
 
     def close(self) -> list:
         """End the host; remove the judge's buffer files (what is left in the scratch directory is the
         kernel's: listed, answered to the agent for the record, removed)."""
-        if self.proc.poll() is None and self.wrapped:
-            from tools.isolation.proctree import kill_tree
-            kill_tree(self.proc.pid)    # the host under the wrapper (compute-sanitizer), then the wrapper
-            self.proc.kill()
-        elif self.proc.poll() is None:
-            self.proc.kill()
+        if self.proc.poll() is None:
+            self._kill()
         self.proc.wait()
         shutil.rmtree(self.io, ignore_errors=True)
         return self.scratch.close()

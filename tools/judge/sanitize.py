@@ -20,7 +20,6 @@ Where the machine has no compute-sanitizer the check is skipped, and the record 
 
 from __future__ import annotations
 
-import math
 import os
 import random
 import re
@@ -60,25 +59,21 @@ def shapes(spec, mod, rng: random.Random) -> list[tuple[dict, str]]:
     """(shape, label) checked under memcheck: the listed and hidden shapes up to MAX_ELEMENTS, then the [dims]
     extremes under it (short rows and tails first: where an access runs past an end), at most MAX_SHAPES."""
     from tools.measure.ranges import range_shapes
-    from tools.task import shape_label
+    from tools.task import shape_label, shape_size
     out: list[tuple[dict, str]] = [(dict(s), "") for s in spec.shapes]
     if spec.parity.hidden_shapes and hasattr(mod, "hidden_shapes"):
         out += [(dict(s), "hidden ") for s in list(mod.hidden_shapes(random.Random(rng.getrandbits(32))))
                 [:spec.parity.hidden_shapes]]
     extremes = [s for s, _ in range_shapes(spec, mod, random.Random(rng.getrandbits(32)))]
-    out += [(s, "range ") for s in sorted(extremes, key=_size)]
+    out += [(s, "range ") for s in sorted(extremes, key=shape_size)]
     seen, keep = set(), []
     for s, kind in out:
         key = tuple(sorted(s.items()))
-        if key in seen or _size(s) > MAX_ELEMENTS:
+        if key in seen or shape_size(s) > MAX_ELEMENTS:
             continue
         seen.add(key)
         keep.append((s, kind + shape_label(s)))
     return keep[:MAX_SHAPES]
-
-
-def _size(shape: dict) -> int:
-    return math.prod(int(v) for v in shape.values() if not isinstance(v, bool))
 
 
 # "========= Invalid __global__ read of size 16 bytes" and the lines under it, up to the next "=========" blank

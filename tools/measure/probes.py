@@ -34,7 +34,7 @@ from typing import Any, Callable
 
 from tools.measure.compare import compare, describe, dtype_name, poison_, tolerance_for
 from tools.measure.roofline import floor_ms
-from tools.task import Task, shape_label
+from tools.task import Task, shape_label, shape_size
 from tools.task_messages import make_inputs
 
 SIDE_STREAM_MIN_WALL_MS = 0.05
@@ -253,8 +253,7 @@ def reentrant(p: Probe) -> str | None:
     if p.together is None:
         return None
     import math
-    size = lambda s: math.prod(int(v) for v in s.values() if not isinstance(v, bool))   # noqa: E731
-    small = min((dict(s) for s in p.task.spec.shapes), key=size)
+    small = min((dict(s) for s in p.task.spec.shapes), key=shape_size)
     rounds = [([p.shape] * _calls(p, p.shape),) * 2]
     rounds.append((rounds[0][0], [s for _ in range(len(rounds[0][0])) for s in (small, p.shape)]))
     red = [d for d, r in p.task.spec.dims.items() if r.reduction]
@@ -293,8 +292,7 @@ def _calls(p: Probe, shape: dict) -> int:
     """Calls a thread makes on `shape`: about REENTRANT_MS of them at the main shape's median (scaled by the shapes'
     sizes), REENTRANT_CALLS at most, and their inputs and outputs under REENTRANT_BYTES in all."""
     import math
-    size = lambda s: math.prod(int(v) for v in s.values() if not isinstance(v, bool))   # noqa: E731
-    scale = size(shape) / max(size(p.shape), 1)
+    scale = shape_size(shape) / max(shape_size(p.shape), 1)
     set_bytes = sum(t.numel() * t.element_size() for t in p.sets[0]) * scale
     return max(1, min(REENTRANT_CALLS, math.ceil(REENTRANT_MS / max(p.cand_ms * scale, 1e-3)),
                       int(REENTRANT_BYTES // max(4 * set_bytes, 1))))
