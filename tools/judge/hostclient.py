@@ -246,13 +246,13 @@ class Remote:
 
     def calls(self, lib: str, shape: dict, pairs: list[tuple], transfer: bool = True,
               keep_outs: bool = False, threads: int = 1, shapes: list[dict] | None = None,
-              thread_of: list[int] | None = None) -> tuple[float, float]:
+              thread_of: list[int] | None = None) -> tuple[float, float, float | None]:
         """Run lib on each (out, inputs) back to back in the host. With `transfer`, changed inputs go there
         first, each output is poisoned there and comes back after, and so does any input a call changed
         (without: the buffers are already there, as the bench's are); with `keep_outs`, each output goes
         there as it is here instead of poisoned (parity's output-state check); `threads` 2 makes them in two
         threads at once (`thread_of` each call's, 0 or 1), `shapes` each call's shape. Returns (seconds to issue the calls, seconds in all on
-        the judge's clock)."""
+        the judge's clock, seconds between events on the host's stream around the calls or None)."""
         import time
         calls, outs, ins = [], {}, {}
         for n, (out, inputs) in enumerate(pairs):
@@ -282,8 +282,10 @@ class Remote:
             for key in ans.get("changed") or []:
                 if key in ins:
                     self._back(key, ins[key])
-        issue = ans.get("issue_ms")
-        return (min(float(issue) / 1e3, total) if isinstance(issue, (int, float)) else total), total
+        issue, span = ans.get("issue_ms"), ans.get("stream_ms")
+        # the host's words, held to the judge's clock: neither can exceed the time the judge saw pass
+        span = min(float(span) / 1e3, total) if isinstance(span, (int, float)) and span >= 0 else None
+        return (min(float(issue) / 1e3, total) if isinstance(issue, (int, float)) else total), total, span
 
     def run(self, lib: str, shape: dict, out, *inputs) -> None:
         """tools.measure.parity's `run`: one call."""

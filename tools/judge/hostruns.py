@@ -64,7 +64,7 @@ class HostRuns:
         r.host.ask({"op": "arms", "shape": self.shape, "arms": labels, "outs": [r._out(o)[1] for o in outs],
                     "sets": [[{"key": r._key(t, "i"), "shape": list(t.shape)} for t in s] for s in sets]})
 
-    def calls(self, pairs: list[tuple], transfer: bool = True) -> tuple[float, float]:
+    def calls(self, pairs: list[tuple], transfer: bool = True) -> tuple[float, float, float | None]:
         return self.remote.calls("candidate", self.shape, pairs, transfer)
 
     def together(self, calls: list[tuple]) -> list[int]:
