@@ -31,6 +31,8 @@ import sys
 import threading
 import time
 
+from tools.isolation.capture import Capture, pump
+
 _SERVER: ForkServer | None = None
 _LOCK = threading.Lock()
 # imported once in the server: what every judge imports (not tools.judge.judge itself: runpy runs it afresh)
@@ -121,7 +123,7 @@ class ForkedChild:
     def __init__(self, server: ForkServer, pid: int, args: list[str], stdin_w, stdout_r: int, stderr_r: int):
         self.server, self.pid, self.args = server, pid, args
         self.stdin = os.fdopen(stdin_w, "w") if stdin_w is not None else None
-        self._fds = {stdout_r: bytearray(), stderr_r: bytearray()}
+        self._fds = {stdout_r: Capture(), stderr_r: Capture()}
         self._out, self._err = stdout_r, stderr_r
         self._open = {stdout_r, stderr_r}
         self.returncode: int | None = None
@@ -157,19 +159,9 @@ class ForkedChild:
             except (BrokenPipeError, ValueError):
                 pass
             self.stdin = None
-        while self._open:
-            left = None if deadline is None else deadline - time.monotonic()
-            if left is not None and left <= 0:
-                raise subprocess.TimeoutExpired(self.args, timeout, output=self._text(self._out),
-                                                stderr=self._text(self._err))
-            ready, _, _ = select.select(list(self._open), [], [], left)
-            for fd in ready:
-                chunk = os.read(fd, 1 << 16)
-                if chunk:
-                    self._fds[fd] += chunk
-                else:
-                    os.close(fd)
-                    self._open.discard(fd)
+        pump(self._fds, self._open, deadline, lambda: self.poll() is not None, os.close,
+             lambda: subprocess.TimeoutExpired(self.args, timeout, output=self._text(self._out),
+                                               stderr=self._text(self._err)))
         self.wait(None if deadline is None else max(0.0, deadline - time.monotonic()))
         return self._text(self._out), self._text(self._err)
 
@@ -179,7 +171,11 @@ class ForkedChild:
         self._open.clear()
 
     def _text(self, fd: int) -> str:
-        return self._fds[fd].decode(errors="replace")
+        return self._fds[fd].text()
+
+    @property
+    def dropped(self) -> int:
+        return sum(c.dropped for c in self._fds.values())
 
     def __del__(self) -> None:
         try:

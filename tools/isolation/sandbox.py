@@ -22,6 +22,7 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
+from tools.isolation.capture import CappedPopen
 from tools.isolation.proctree import KILL_WAIT_S, kill_tree
 from tools.isolation.scratch import Scratch
 
@@ -47,6 +48,8 @@ class ProcResult(BaseModel):
     stdout: str = ""
     stderr: str = ""
     argv: list[str]
+    # bytes of stdout and stderr left out between what was kept of each (tools/isolation/capture.py)
+    dropped_bytes: int = 0
 
     def tail(self, n: int = 20) -> str:
         lines = (self.stderr or self.stdout).strip().splitlines()
@@ -54,6 +57,10 @@ class ProcResult(BaseModel):
 
     def reason(self) -> str:
         """One line for the reader who must act on it."""
+        said = self._reason()
+        return said + (f" ({self.dropped_bytes} bytes of its output dropped)" if self.dropped_bytes else "")
+
+    def _reason(self) -> str:
         if self.status == ProcStatus.timeout:
             return f"timed out after {self.seconds:.1f}s (process group killed)"
         if self.status == ProcStatus.crashed:
@@ -171,9 +178,9 @@ def _spawn(argv: list[str], cwd: Path | str | None, env: dict[str, str] | None,
     # to the agent right after it.
     held = _hold_sigint()
     try:
-        proc = subprocess.Popen(argv, cwd=cwd, env=full_env, stdin=subprocess.PIPE if pipe_stdin else subprocess.DEVNULL,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                preexec_fn=functools.partial(_child_setup, os.getpid()))
+        proc = CappedPopen(argv, cwd=cwd, env=full_env, stdin=subprocess.PIPE if pipe_stdin else subprocess.DEVNULL,
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                           preexec_fn=functools.partial(_child_setup, os.getpid()))
     except BaseException as e:
         if held:
             signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
@@ -198,7 +205,7 @@ def _finish(proc: subprocess.Popen, argv: list[str], t0: float, timeout_s: float
         kill_tree(proc.pid)
         out, err = _drain(proc)
         return ProcResult(status=ProcStatus.timeout, seconds=time.monotonic() - t0, stdout=out or "",
-                          stderr=err or "", argv=argv)
+                          stderr=err or "", argv=argv, dropped_bytes=getattr(proc, "dropped", 0))
     except KeyboardInterrupt:
         kill_tree(proc.pid)
         raise
@@ -212,7 +219,8 @@ def _finish(proc: subprocess.Popen, argv: list[str], t0: float, timeout_s: float
         status, sig = ProcStatus.crashed, signal.Signals(-rc).name
     else:
         status, sig = ProcStatus.failed, None
-    return ProcResult(status=status, returncode=rc, signal=sig, seconds=dt, stdout=out, stderr=err, argv=argv)
+    return ProcResult(status=status, returncode=rc, signal=sig, seconds=dt, stdout=out, stderr=err, argv=argv,
+                      dropped_bytes=getattr(proc, "dropped", 0))
 
 
 def _drain(proc: subprocess.Popen) -> tuple[str, str]:
