@@ -77,6 +77,13 @@ def test_every_cpu_cheat_and_fault_is_rejected_and_the_loop_goes_on(tmp_path):
         where = f"{case.name}: {rec.outcome.value} / {rec.reason}"
         if case.kind != "good" and case.expect != "patch_did_not_apply":   # a refused patch records no proposal
             assert rec.proposal is not None and rec.proposal.hypothesis.startswith(f"[{case.name}]"), where
+        if (case.status == ("imprecise",) and rec.outcome.value == "implausible" and "parity imprecise" in rec.reason
+                and rec.decision == Decision.reverted):
+            # a precision cheat near its budget (bfp_b: 6.0x against 5x on one hidden shape, under it on others) can
+            # pass the loop's quick parity on the hidden shapes it drew, and is then refused by the same check at the
+            # re-verification of its implausible speedup (.ci/run at a0cb07c): the error budget caught it all the same
+            assert case.reason in rec.reason, where
+            continue
         assert rec.outcome.value == case.expect, where
         if case.kind == "good":
             continue
