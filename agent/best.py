@@ -17,6 +17,7 @@ from agent.figures import Figure, best_figure, estimate
 from agent.runlog import RunConfig, RunState, StageTimes, write_json_atomic
 from agent.view import View
 from tools.profile.model import ProfileReport
+from tools.judge.budgets import derive
 from tools.results import BenchResult, LaunchResult
 from tools.measure.stats import ci_text
 from tools.task import shape_label
@@ -34,6 +35,7 @@ class Best:
         self.initial_lib = run_dir / "initial" / lib_name
         self.launch: LaunchResult | None = None
         self.profile: ProfileReport | None = None
+        evaluator.budgets = state.stage_budgets      # a resumed run keeps the budgets its setup measured
 
     def save(self) -> None:
         write_json_atomic(self.run_dir / "state.json", self.state)
@@ -51,7 +53,7 @@ class Best:
             # reference): before, parity and the bench were two children, a torch start-up more per run
             a = ev.evaluate_candidate(self.lib, None, times, launch_context=ev.launch_context(b, None),
                                       with_reference=True, verify_launch=True)
-            self.launch, bench = a.launch, a.bench
+            self.launch, bench, par = a.launch, a.bench, a.parity
         except IterationEnded as e:
             raise SetupFailed(f"the initial kernel cannot be the starting point: {e.reason}") from None
         cand, ref = bench.timing("candidate"), bench.timing("reference")
@@ -62,6 +64,10 @@ class Best:
         st.chain_vs_initial, st.initial_vs_reference = 1.0, bench.speedup_vs_reference
         st.best_sha = head_sha
         st.initial_knobs = {k: v for k, v in ev.task.read_knobs().items() if v is not None}
+        spec = ev.task.spec
+        # the stages' own seconds in the child (from its stage mark on: what a budget counts), not its start-up
+        st.stage_budgets = ev.budgets = derive({"parity": par.seconds if par else times.parity, "bench": bench.seconds},
+                                               {"parity": spec.parity.timeout_s, "bench": spec.bench.timeout_s})
         dump(self.run_dir / "initial" / "bench.json", bench)
         self.reprofile(self.run_dir / "initial")
         self.save()
@@ -70,6 +76,9 @@ class Best:
             ", reference unstable: no figure against it (its rounds disagreed in two benches; initial/bench.json)"
             if ref else "")
         self.view.message(f"initial: {st.initial_ms * 1e3:.1f} us{vs_ref}")
+        if st.stage_budgets:
+            self.view.message("candidate stage budgets: " + ", ".join(
+                f"{k} {b.seconds:g} s ({b.basis})" for k, b in st.stage_budgets.items()))
 
     def reprofile(self, out_dir: Path) -> None:
         """Profile the best library (CUDA only: a CPU task has no counters; the heuristic explores its

@@ -95,6 +95,8 @@ class Evaluator:
     def __init__(self, task: Task, build_dir: Path, limits: DeviceLimits | None, scratch_root: Path | None = None,
                  checkout: Path | str | None = None):
         self.task, self.build_dir, self.limits = task, build_dir, limits
+        # the loop's candidate stages' time limits, measured at the run's setup (agent/best.py, tools/judge/budgets.py)
+        self.budgets: dict = {}
         # an earlier build of the task whose objects of non-editable sources may be linked as they are
         # (the sweep: a torch extension's binding compiled once, not per configuration)
         self.reuse_objects: Path | list[Path] | None = None
@@ -225,7 +227,8 @@ class Evaluator:
         failure raises the stage's IterationEnded with its typed result. The child's start-up, where
         a prestart() `warm` child does not hide it, is charged to parity. `parity_extent`: "quick" leaves
         the [dims] extremes to a parity(extent="range") before a keep (the loop's probe budget). `memcheck`: on a
-        GPU, the candidate under compute-sanitizer memcheck after parity (tools/judge/sanitize.py)."""
+        GPU, the candidate under compute-sanitizer memcheck after parity (tools/judge/sanitize.py). The loop's
+        candidates ("quick") are held to `budgets`; the confirmation, `agent check` and `agent gate` to the task's."""
         from tools.judge.candidate import run_candidate
         a = Attempt(iteration=0, run_id="", started="", parent_sha="") if into is None else into
         if launch_context is None:
@@ -235,7 +238,8 @@ class Evaluator:
         t0, before = time.monotonic(), self._modes()
         launch, par, bench = run_candidate(self.task, lib, baseline, launch_context=launch_context, warm=warm,
                                            with_reference=with_reference, scratch_root=self.scratch_root,
-                                           parity_extent=parity_extent, memcheck=memcheck)
+                                           parity_extent=parity_extent, memcheck=memcheck,
+                                           budgets=self.budgets if parity_extent == "quick" else None)
         total = time.monotonic() - t0
         l_secs = launch.seconds if launch is not None else 0.0
         b_secs = sum(b.seconds for b in bench) if bench else 0.0

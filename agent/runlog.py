@@ -16,7 +16,7 @@ from pathlib import Path
 from pydantic import BaseModel, Field, ValidationError
 
 from agent.proposal import Proposal
-from tools.results import BenchResult, BuildResult, LaunchResult, ParityResult, ScratchFile
+from tools.results import BenchResult, BuildResult, LaunchResult, ParityResult, ScratchFile, StageBudget
 
 SCHEMA_VERSION = 1
 
@@ -180,6 +180,8 @@ class RunState(BaseModel):
     # that bench's medians by arm (candidate: the best, baseline: the initial kernel, reference where
     # its figure was stable), so that the times shown beside the figures are the same measurement's
     confirmed_ms: dict[str, float] | None = None
+    # each candidate stage's time limit, from the initial kernel's seconds in it (tools/judge/budgets.py)
+    stage_budgets: dict[str, StageBudget] = Field(default_factory=dict)
 
 
 # --- reading and writing ------------------------------------------------------------------

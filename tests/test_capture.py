@@ -50,6 +50,13 @@ def test_a_flood_of_output_is_capped_and_the_result_line_survives():
     assert f"({r.dropped_bytes} bytes of its output dropped)" in r.reason()
 
 
+def _running(pid: int) -> bool:
+    try:
+        return open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except OSError:
+        return False
+
+
 def _kill(pid: int) -> None:
     try:
         os.kill(pid, 9)
@@ -94,6 +101,11 @@ def test_the_fork_servers_children_keep_the_same_promises(tmp_path):
     try:
         assert r.status == ProcStatus.ok and daemon is not None, (r.reason(), r.stdout)
         assert took < 300 / 2, f"{took:.1f} s: the caller waited on the daemon's pipes"
+        # adopted by the server (a subreaper), not by init, and ended when the child it escaped from ended
+        deadline = time.monotonic() + 10
+        while _running(int(daemon)) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not _running(int(daemon)), "the double-forked daemon outlived its child"
     finally:
         if daemon:
             _kill(int(daemon))

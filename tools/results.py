@@ -201,6 +201,12 @@ class SpeedupCI(BaseModel):
         return self.low > 1.0 or self.high < 1.0
 
 
+class StageBudget(BaseModel):
+    """A candidate stage's time limit, measured at the run's setup (tools/judge/budgets.py)."""
+    seconds: float
+    basis: str = ""
+
+
 class ScratchFile(BaseModel):
     """A file a candidate process left in its scratch directory (listed, then removed with it)."""
     path: str                    # relative to the scratch directory

@@ -65,13 +65,17 @@ class Capture:
 
 
 def pump(caps: dict[int, Capture], open_fds: set[int], deadline: float | None, ended: Callable[[], bool],
-         close: Callable[[int], None], on_timeout: Callable[[], Exception]) -> None:
+         close: Callable[[int], None], on_timeout: Callable[[], Exception], clock=None, clock_fd: int | None = None) -> None:
     """Read the open pipes into their Captures until each is at its end, closing each there (`close(fd)`); the
     child is `ended()` when it has exited. At the deadline, raise `on_timeout()` (what was read is kept); pipes
-    still open PIPE_GRACE_S after the child ended are closed unread: their writer is a descendant, never waited on."""
+    still open PIPE_GRACE_S after the child ended are closed unread: their writer is a descendant, never waited on.
+    `clock` (tools.judge.budgets.StageClock) reads `clock_fd`'s bytes as they come and may bring the deadline
+    nearer (`clock.deadline()`: the stage's)."""
     grace_end = None
     while open_fds:
         now = time.monotonic()
+        if clock is not None and clock.deadline() is not None:
+            deadline = clock.deadline() if deadline is None else min(deadline, clock.deadline())
         if deadline is not None and now >= deadline:
             raise on_timeout()
         if grace_end is None and ended():
@@ -87,6 +91,8 @@ def pump(caps: dict[int, Capture], open_fds: set[int], deadline: float | None, e
             chunk = os.read(fd, 1 << 16)
             if chunk:
                 caps[fd].add(chunk)
+                if clock is not None and fd == clock_fd:
+                    clock.feed(chunk)
             else:
                 close(fd)
                 open_fds.discard(fd)
@@ -110,7 +116,7 @@ class CappedPopen(subprocess.Popen):
     def _texts(self) -> tuple[str, str]:
         return tuple(self._caps[fd].text() if fd in self._caps else "" for fd in (self._fd_out, self._fd_err))
 
-    def communicate(self, input=None, timeout=None):   # noqa: A002 (Popen's own signature)
+    def communicate(self, input=None, timeout=None, clock=None):   # noqa: A002 (Popen's own signature)
         deadline = None if timeout is None else time.monotonic() + timeout
         if self.stdin is not None:
             try:
@@ -122,7 +128,7 @@ class CappedPopen(subprocess.Popen):
             self.stdin = None
         files = {f.fileno(): f for f in (self.stdout, self.stderr) if f is not None and not f.closed}
         pump(self._caps, self._open, deadline, lambda: self.poll() is not None, lambda fd: files[fd].close(),
-             lambda: subprocess.TimeoutExpired(self.args, timeout, *self._texts()))
+             lambda: subprocess.TimeoutExpired(self.args, timeout, *self._texts()), clock, self._fd_err)
         self.wait(None if deadline is None else max(0.0, deadline - time.monotonic()))
         return self._texts()
 

@@ -9,7 +9,7 @@ import time
 KILL_WAIT_S = 5.0
 
 
-def _proc_table() -> dict[int, tuple[int, int, str]]:
+def proc_table() -> dict[int, tuple[int, int, str]]:
     """pid -> (ppid, session id, state) for every process visible in /proc."""
     out: dict[int, tuple[int, int, str]] = {}
     try:
@@ -37,7 +37,7 @@ def _live(pid: int, table: dict[int, tuple[int, int, str]]) -> bool:
 
 def tree_of(leader: int, table: dict[int, tuple[int, int, str]] | None = None) -> set[int]:
     """The live members of the session `leader` leads, and the live descendants of any of them."""
-    table = _proc_table() if table is None else table
+    table = proc_table() if table is None else table
     kids: dict[int, list[int]] = {}
     for pid, (ppid, _, _) in table.items():
         kids.setdefault(ppid, []).append(pid)
@@ -84,7 +84,7 @@ def kill_tree(leader: int, wait_s: float = KILL_WAIT_S) -> int:
         pass
     alive, deadline = set(found), time.monotonic() + wait_s
     while alive and time.monotonic() < deadline:
-        table = _proc_table()
+        table = proc_table()
         alive = {p for p in alive if _live(p, table)}
         if alive:
             time.sleep(0.01)

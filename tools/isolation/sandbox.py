@@ -122,9 +122,10 @@ class Prestarted:
     def alive(self) -> bool:
         return not isinstance(self._proc, ProcResult) and self._proc.poll() is None
 
-    def run(self, job: str, timeout_s: float) -> ProcResult:
-        """Hand the child its job (one line on stdin) and wait for it, at most timeout_s from now.
-        ProcResult.seconds counts from now, not from the start."""
+    def run(self, job: str, timeout_s: float, clock=None) -> ProcResult:
+        """Hand the child its job (one line on stdin) and wait for it, at most timeout_s from now (and, with a
+        `clock`, tools.judge.budgets.StageClock, at most its stage's budget). ProcResult.seconds counts from now,
+        not from the start."""
         if self.used:
             raise RuntimeError("a pre-started child runs one job")
         self.used = True
@@ -132,7 +133,8 @@ class Prestarted:
             self.close()
             return self._proc
         try:
-            return _finish(self._proc, self.argv, time.monotonic(), timeout_s, job if job.endswith("\n") else job + "\n")
+            return _finish(self._proc, self.argv, time.monotonic(), timeout_s, job if job.endswith("\n") else job + "\n",
+                           clock)
         finally:
             self.close()
 
@@ -197,10 +199,12 @@ def _spawn(argv: list[str], cwd: Path | str | None, env: dict[str, str] | None,
     return proc
 
 
-def _finish(proc: subprocess.Popen, argv: list[str], t0: float, timeout_s: float, stdin: str | None) -> ProcResult:
-    """Wait for a spawned child (feeding it `stdin`), killing its group on timeout or Ctrl-C."""
+def _finish(proc: subprocess.Popen, argv: list[str], t0: float, timeout_s: float, stdin: str | None,
+            clock=None) -> ProcResult:
+    """Wait for a spawned child (feeding it `stdin`), killing its group on timeout (or its stage's budget, by
+    `clock`) or Ctrl-C."""
     try:
-        out, err = proc.communicate(input=stdin, timeout=timeout_s)
+        out, err = proc.communicate(input=stdin, timeout=timeout_s, **({"clock": clock} if clock is not None else {}))
     except subprocess.TimeoutExpired:
         kill_tree(proc.pid)
         out, err = _drain(proc)

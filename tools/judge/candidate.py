@@ -11,7 +11,8 @@ from typing import NamedTuple
 
 from tools.measure.bench import failed_bench
 from tools.measure.parity import child_failure, child_status
-from tools.results import BenchResult, LaunchResult, LaunchStatus, ParityResult, ParityStatus
+from tools.judge.budgets import StageClock
+from tools.results import BenchResult, LaunchResult, LaunchStatus, ParityResult, ParityStatus, StageBudget
 from tools.isolation.sandbox import STAGE_MARK, Prestarted, ProcStatus, child_json, prestart_python
 from tools.task import Task
 
@@ -62,7 +63,7 @@ def run_candidate(task: Task, lib_path: Path, baseline_lib: Path | None, *, seed
                   shapes: list[dict] | None = None, launch_context: dict | None = None,
                   warm: WarmChild | None = None, with_reference: bool = False,
                   scratch_root: Path | None = None, parity_extent: str = "full",
-                  memcheck: bool = False) -> CandidateChecks:
+                  memcheck: bool = False, budgets: dict[str, StageBudget] | None = None) -> CandidateChecks:
     """The loop's candidate check in ONE child process: with `launch_context` ({limits, kernels,
     parent}: see tools.measure.launch.from_plan) the static launch check of the library's own plan, and
     nothing runs if it fails; then parity; then, only if it passed, the bench against the baseline.
@@ -70,7 +71,8 @@ def run_candidate(task: Task, lib_path: Path, baseline_lib: Path | None, *, seed
     CUDA contexts fewer per iteration. A crash or timeout is charged to the stage the child had
     entered (it says so on stderr). `warm` (prestart_candidate) is used if it still serves this
     task's files, else a child is started here; either way it is spent. `memcheck`: on a GPU, after parity,
-    the candidate under compute-sanitizer memcheck (tools/judge/sanitize.py) before the bench."""
+    the candidate under compute-sanitizer memcheck (tools/judge/sanitize.py) before the bench. `budgets`: each
+    stage's seconds measured at the run's setup (tools/judge/budgets.py); the task's timeouts still bound the whole."""
     seed = secrets.randbits(31) if seed is None else seed
     shapes = [dict(s) for s in (shapes or [task.spec.main])]
     job = {"lib": str(Path(lib_path).resolve()), "seed": seed, "shapes": shapes, "launch_context": launch_context,
@@ -85,7 +87,9 @@ def run_candidate(task: Task, lib_path: Path, baseline_lib: Path | None, *, seed
         if warm is not None:
             warm.close()
         warm = prestart_candidate(task, scratch_root)   # started cold: the same child, given its job at once
-    proc = warm.proc.run(json.dumps(job), timeout)
+    clock = StageClock(budgets) if budgets else None
+    proc = warm.proc.run(json.dumps(job), timeout, clock)
+    overrun = clock.overrun() if clock is not None and proc.status == ProcStatus.timeout else None
     data = child_json(proc.stdout)     # what the host left in its scratch directory goes to the record
     dt = time.monotonic() - t0
     if proc.status == ProcStatus.ok and data is not None:
@@ -109,6 +113,6 @@ def run_candidate(task: Task, lib_path: Path, baseline_lib: Path | None, *, seed
                                             message=child_failure("launch plan", proc, data)), None, None)
     if stage == "bench":
         return CandidateChecks(launch_ok, ParityResult(status=ParityStatus.ok, message=lost, seconds=dt),
-                               failed_bench(proc, data, shapes, dt))
+                               failed_bench(proc, data, shapes, dt, overrun))
     return CandidateChecks(launch_ok, ParityResult(status=child_status(proc.status), seconds=dt,
-                                                   message=child_failure(stage, proc, data)), None)
+                                                   message=child_failure(stage, proc, data, overrun)), None)

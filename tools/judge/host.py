@@ -101,11 +101,15 @@ class Host:
 
     def init(self, r: dict) -> dict:
         from tools.task import load_task
+        from tools.isolation import limits
         self.task, self.io = load_task(r["task"]), r["io"]
         self.mod = self.task.module()
         self.task.backend.warm_up()
         import torch
-        return {"ok": True, "pid": os.getpid(), "threads": torch.get_num_threads()}
+        # before any candidate library is loaded (tools/isolation/limits.py)
+        spec = self.task.spec
+        got = limits.apply(limits.wanted(self.task.backend.gpu, spec.parity.timeout_s + spec.bench.timeout_s, self.io))
+        return {"ok": True, "pid": os.getpid(), "threads": torch.get_num_threads(), "limits": got}
 
     def load(self, r: dict) -> dict:
         self.libs[r["id"]] = self.task.backend.load(r["path"])

@@ -119,6 +119,11 @@ class HostClient:
         except subprocess.TimeoutExpired:
             rc = None
         if rc is not None and rc < 0:
+            from tools.isolation.limits import fired
+            limit = fired(-rc, self.info.get("limits") or {})
+            if limit is not None:
+                return HostFailed("crashed", f"the kernel's host process was stopped by {limit} "
+                                             f"({signal.Signals(-rc).name})")
             return HostFailed("crashed", f"the kernel's host process crashed with {signal.Signals(-rc).name}")
         return HostFailed("crashed", f"the kernel's host process exited (code {rc}) in the middle of a call")
 

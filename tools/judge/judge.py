@@ -68,7 +68,10 @@ def wrote_files(host: HostClient, task, before: frozenset = frozenset()) -> str 
     if not bad:
         return None
     listed = ", ".join(f"{p} ({n} B)" for p, n in bad[:5]) + (f" and {len(bad) - 5} more" if len(bad) > 5 else "")
-    return (f"the kernel wrote files in its working directory: {listed}: a kernel must not do file I/O (task.toml "
+    # Python ignores SIGXFSZ, so a write past the host's file-size limit fails (EFBIG) and the file stops there
+    cap = (host.info.get("limits") or {}).get("fsize_bytes")
+    at_cap = f"; stopped at the host's file-size limit (RLIMIT_FSIZE, {cap} bytes)" if any(n == cap for _, n in bad) else ""
+    return (f"the kernel wrote files in its working directory: {listed}{at_cap}: a kernel must not do file I/O (task.toml "
             "[parity] allow_files = {\"NAME\" = \"why\"} allows one by name)")
 
 

@@ -64,12 +64,12 @@ def run_bench(task: Task, lib_path: Path, *, baseline_lib: Path | None = None, s
     return failed_bench(proc, data, shapes, dt)
 
 
-def failed_bench(proc, data: dict | None, shapes: list[dict], dt: float) -> list[BenchResult]:
+def failed_bench(proc, data: dict | None, shapes: list[dict], dt: float, overrun: str | None = None) -> list[BenchResult]:
     """A bench child that did not answer: one typed result per shape."""
     from tools.measure.parity import child_failure
     status = {ProcStatus.timeout: BenchStatus.timeout, ProcStatus.crashed: BenchStatus.crashed}.get(
         proc.status, BenchStatus.error)
-    msg = child_failure("bench", proc, data)
+    msg = child_failure("bench", proc, data, overrun)
     return [BenchResult(status=status, message=msg, shape=s, seconds=dt) for s in shapes]
 
 

@@ -70,10 +70,13 @@ def child_status(st: ProcStatus) -> ParityStatus:
         st, ParityStatus.error)
 
 
-def child_failure(stage: str, proc, data: dict | None) -> str:
-    """One line (plus the stderr tail) for a child that did not answer normally."""
+def child_failure(stage: str, proc, data: dict | None, overrun: str | None = None) -> str:
+    """One line (plus the stderr tail) for a child that did not answer normally; `overrun`, the stage budget that
+    killed it (tools.judge.budgets.StageClock.overrun)."""
     tail = proc.tail(4).replace("\n", " | ")
     tail = f"; stderr: {tail}" if tail else " (nothing on stderr)"
+    if proc.status == ProcStatus.timeout and overrun:
+        return f"{stage} timed out: {overrun} (the kernel hangs or is far too slow){tail}"
     if proc.status == ProcStatus.timeout:
         return f"{stage} timed out after {proc.seconds:.1f}s (the kernel hangs or is far too slow){tail}"
     if proc.status == ProcStatus.crashed:
