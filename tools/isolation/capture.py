@@ -71,11 +71,17 @@ def pump(caps: dict[int, Capture], open_fds: set[int], deadline: float | None, e
     still open PIPE_GRACE_S after the child ended are closed unread: their writer is a descendant, never waited on.
     `clock` (tools.judge.budgets.StageClock) reads `clock_fd`'s bytes as they come and may bring the deadline
     nearer (`clock.deadline()`: the stage's)."""
-    grace_end = None
+    grace_end, overall = None, deadline
     while open_fds:
         now = time.monotonic()
-        if clock is not None and clock.deadline() is not None:
-            deadline = clock.deadline() if deadline is None else min(deadline, clock.deadline())
+        if clock is not None:
+            deadline = _nearer(overall, clock.deadline())
+            if deadline is not None and now >= deadline:
+                # what is already in the pipes first: a stage mark that came in time moves the deadline (one chunk a
+                # pipe: a flood cannot hold the deadline off)
+                for fd in select.select(list(open_fds), [], [], 0)[0]:
+                    _read(fd, caps, open_fds, close, clock, clock_fd)
+                deadline = _nearer(overall, clock.deadline())
         if deadline is not None and now >= deadline:
             raise on_timeout()
         if grace_end is None and ended():
@@ -88,14 +94,22 @@ def pump(caps: dict[int, Capture], open_fds: set[int], deadline: float | None, e
         limits = [t - now for t in (deadline, grace_end) if t is not None] + [0.25]
         ready, _, _ = select.select(list(open_fds), [], [], max(0.0, min(limits)))
         for fd in ready:
-            chunk = os.read(fd, 1 << 16)
-            if chunk:
-                caps[fd].add(chunk)
-                if clock is not None and fd == clock_fd:
-                    clock.feed(chunk)
-            else:
-                close(fd)
-                open_fds.discard(fd)
+            _read(fd, caps, open_fds, close, clock, clock_fd)
+
+
+def _read(fd: int, caps: dict[int, Capture], open_fds: set[int], close, clock, clock_fd: int | None) -> None:
+    chunk = os.read(fd, 1 << 16)
+    if chunk:
+        caps[fd].add(chunk)
+        if clock is not None and fd == clock_fd:
+            clock.feed(chunk)
+    else:
+        close(fd)
+        open_fds.discard(fd)
+
+
+def _nearer(a: float | None, b: float | None) -> float | None:
+    return b if a is None else a if b is None else min(a, b)
 
 
 class CappedPopen(subprocess.Popen):

@@ -9,8 +9,9 @@ candidate library is loaded (issue 41). What each guards, and where a limit cann
 - RLIMIT_NOFILE: 4096 open descriptors (or the hard limit, if lower): a leak fails with EMFILE in the kernel.
 - RLIMIT_NPROC: the user's processes now plus 512: a fork bomb fails with EAGAIN. Not enforced for root
   (CAP_SYS_RESOURCE): there the kill of the host's tree at the stage's end is what stops it.
-- RLIMIT_AS: the machine's physical memory, CPU tasks only. A CUDA process reserves address space far past the
-  memory it uses (unified addressing), so a GPU host has none.
+- RLIMIT_AS: the machine's physical memory (16 GiB at the least: a small machine's host still maps torch and a
+  malloc arena per thread), CPU tasks only. A CUDA process reserves address space far past the memory it uses
+  (unified addressing), so a GPU host has none.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import signal
 FILES = 4096
 EXTRA_PROCS = 512
 MIN_FSIZE = 1 << 30
+MIN_AS = 16 << 30
 
 NAMES = {"cpu_s": "RLIMIT_CPU", "fsize_bytes": "RLIMIT_FSIZE", "nofile": "RLIMIT_NOFILE", "nproc": "RLIMIT_NPROC",
          "as_bytes": "RLIMIT_AS"}
@@ -60,7 +62,7 @@ def wanted(gpu: bool, timeouts_s: float, scratch: str) -> dict[str, int]:
            "nofile": FILES, "nproc": _user_procs() + EXTRA_PROCS}
     mem = _mem_total()
     if not gpu and mem:
-        out["as_bytes"] = mem
+        out["as_bytes"] = max(mem, MIN_AS)
     for item in filter(None, os.environ.get("AGENT_HOST_LIMITS", "").split(",")):
         name, _, value = item.partition("=")
         if name.strip() in NAMES:

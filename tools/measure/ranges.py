@@ -31,6 +31,12 @@ SWEEP = 17                          # each dimension takes every value 1..SWEEP 
 INDEX_CAP = 1 << 27                 # the product of the shape's dimensions at most (an upper bound on a tensor)
 
 
+def _elements(shape: dict) -> int:
+    """The product of a shape's sizes: a flag or a zero (attention's `causal = 0`) counts as 1, not as 0, which
+    would let any shape under the cap."""
+    return math.prod(max(1, int(v)) for v in shape.values() if not isinstance(v, bool))
+
+
 def range_shapes(spec, mod, rng: random.Random) -> list[tuple[dict, str]]:
     """(shape, why) for each extreme shape of the task's [dims] (none without it), duplicates dropped."""
     dims = spec.dims
@@ -54,12 +60,11 @@ def range_shapes(spec, mod, rng: random.Random) -> list[tuple[dict, str]]:
         for v in range(max(1, dims[d].min), min(SWEEP, dims[d].max) + 1):   # each tail of a 4-, 8- or 16-wide vector
             out.append(({**main, **{e: fit(e, rng.choice(WIDE)) for e in dims if e != d}, d: v}, f"{d} = {v}"))
     big = {**main, **{d: fit(d, rng.choice(PAST_16)) for d in dims}}
-    ints = [d for d, v in big.items() if not isinstance(v, bool)]
     for d in reversed(list(dims)):   # within the cap: dimensions back to their minimum, the last first
-        if math.prod(int(big[e]) for e in ints) <= INDEX_CAP:
+        if _elements(big) <= INDEX_CAP:
             break
         big[d] = dims[d].min
-    if math.prod(int(big[e]) for e in ints) <= INDEX_CAP:
+    if _elements(big) <= INDEX_CAP:
         out.append((big, "index products past 2^16"))
     valid = getattr(mod, "valid_shape", None)
     seen, keep = set(), []
