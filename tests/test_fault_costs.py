@@ -31,18 +31,20 @@ FLOOD = ("#include <cstdio>\n#include <cstring>\nstatic char flood_buf[1 << 22];
          "    fflush(stdout);\n}\n\n")
 
 
-def _run_peak(root: Path, edits: list[Edit], tmp: Path) -> tuple[int, subprocess.CompletedProcess]:
+def _agent_peak(root: Path, proposals: list[Proposal], tmp: Path, extra_env: dict | None = None,
+                after=None) -> tuple[int, subprocess.CompletedProcess]:
+    """`agent optimize kernels/matmul_cpu` replaying `proposals`, one iteration each, with the agent's own peak memory
+    (VmHWM, sampled while it runs); `after()`, if given, runs once the agent has exited, whatever happened."""
     props = tmp / f"props{len(list(tmp.glob('props*')))}.json"
-    props.write_text(json.dumps([Proposal(hypothesis="a change", edits=edits, predicted=PredictedEffect(
-        metric="time.median_ms", direction="down", speedup=1.1)).model_dump()]))
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+    props.write_text(json.dumps([p.model_dump() for p in proposals]))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
+           **(extra_env or {})}
     for k in ("AGENT_BASE_URL", "AGENT_MODEL", "OPENAI_BASE_URL", "OPENAI_API_KEY", "AGENT_API_KEY"):
         env.pop(k, None)
     proc = subprocess.Popen([sys.executable, "-m", "agent", "optimize", "kernels/matmul_cpu", "--proposer", "replay",
-                             "--replay", str(props), "--iters", "1", "--quiet"], cwd=root, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    peak = [0]
-    done = threading.Event()
+                             "--replay", str(props), "--iters", str(len(proposals)), "--target", "100x", "--quiet"],
+                            cwd=root, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    peak, done = [0], threading.Event()
 
     def sample() -> None:
         while not done.wait(0.2):
@@ -54,10 +56,19 @@ def _run_peak(root: Path, edits: list[Edit], tmp: Path) -> tuple[int, subprocess
                 return
     t = threading.Thread(target=sample, daemon=True)
     t.start()
-    out, err = proc.communicate(timeout=900)
-    done.set()
-    t.join()
+    try:
+        out, err = proc.communicate(timeout=1500)
+    finally:
+        done.set()
+        t.join()
+        if after is not None:
+            after()
     return peak[0], subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+def _run_peak(root: Path, edits: list[Edit], tmp: Path) -> tuple[int, subprocess.CompletedProcess]:
+    return _agent_peak(root, [Proposal(hypothesis="a change", edits=edits, predicted=PredictedEffect(
+        metric="time.median_ms", direction="down", speedup=1.1))], tmp)
 
 
 def test_a_flood_of_output_does_not_grow_the_agent(tmp_path):
@@ -130,60 +141,41 @@ def test_every_fault_of_the_issue_costs_seconds_and_leaves_nothing(tmp_path):
     from tests.userrepo import snapshot
     root = make_user_repo(tmp_path / "user")
     before = snapshot(root)
-    props = tmp_path / "faults.json"
-    props.write_text(json.dumps([Proposal(hypothesis=f"[{f.name}] {f.what}", predicted=PredictedEffect(
+    proposals = [Proposal(hypothesis=f"[{f.name}] {f.what}", predicted=PredictedEffect(
         metric="time.median_ms", direction="down", speedup=1.2), edits=[
         Edit(file="matmul.cpp", search="#include <cstddef>\n", replace="#include <cstddef>\n" + f.prelude),
-        Edit(file="matmul.cpp", search=SIG, replace=SIG + f.body)]).model_dump() for f in FAULTS]))
-    tag = f"AGENT_FAULT_TAG=faults-{uuid.uuid4().hex}"
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
-           tag.split("=")[0]: tag.split("=")[1]}
-    for k in ("AGENT_BASE_URL", "AGENT_MODEL", "OPENAI_BASE_URL", "OPENAI_API_KEY", "AGENT_API_KEY"):
-        env.pop(k, None)
-    proc = subprocess.Popen([sys.executable, "-m", "agent", "optimize", "kernels/matmul_cpu", "--proposer", "replay",
-                             "--replay", str(props), "--iters", str(len(FAULTS)), "--target", "100x", "--quiet"],
-                            cwd=root, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    peak, done = [0], threading.Event()
+        Edit(file="matmul.cpp", search=SIG, replace=SIG + f.body)]) for f in FAULTS]
+    tag = f"faults-{uuid.uuid4().hex}"       # in the agent's environment: every process of the run inherits it
+    found: dict = {}
 
-    def sample() -> None:
-        while not done.wait(0.2):
-            try:
-                for line in Path(f"/proc/{proc.pid}/status").read_text().splitlines():
-                    if line.startswith("VmHWM:"):
-                        peak[0] = max(peak[0], int(line.split()[1]) * 1024)
-            except OSError:
-                return
-    t = threading.Thread(target=sample, daemon=True)
-    t.start()
-    try:
-        out, err = proc.communicate(timeout=1500)
-    finally:
-        done.set()
-        t.join()
+    def leftovers() -> None:
         import time
         settle = time.monotonic() + 10       # the agent has exited: its fork server's death signal is on its way
-        while (left := _tagged(tag.split("=")[1])) and time.monotonic() < settle:
+        while (left := _tagged(tag)) and time.monotonic() < settle:
             time.sleep(0.1)
-        seen = {pid: (Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")[:200].decode(errors="replace"),
-                      Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[:4]) for pid in left
-                if Path(f"/proc/{pid}").exists()}
-        for pid in left:         # never leave them on the machine, whatever the test finds
+        found["left"] = left
+        found["seen"] = {}
+        for pid in left:         # what each is (for the message), then never leave it on the machine
             try:
+                found["seen"][pid] = (Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")[:200],
+                                      Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[:4])
                 os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
+            except OSError:
                 pass
-    assert proc.returncode == 0, err[-3000:]
+    peak, res = _agent_peak(root, proposals, tmp_path, {"AGENT_FAULT_TAG": tag}, after=leftovers)
+    left, seen = found["left"], found["seen"]
+    assert res.returncode == 0, res.stderr[-3000:]
     run = sorted((root / "runs").iterdir())[-1]
     budgets = read_state(run).stage_budgets
     recs = read_iterations(run)
     table = "\n".join(f"{f.name:12s} {r.outcome.value:15s} parity {r.times.parity:6.1f} s bench {r.times.bench:6.1f} s "
                       f"{r.reason[:120]}" for f, r in zip(FAULTS, recs))
-    print(f"\n{table}\nbudgets {budgets}\nagent peak {peak[0] >> 20} MiB; left running: {left}")
+    print(f"\n{table}\nbudgets {budgets}\nagent peak {peak >> 20} MiB; left running: {left}")
     assert [r.iteration for r in recs] == list(range(1, len(FAULTS) + 1)), table
     assert all(r.decision != Decision.kept for r in recs), table
     for f, r in zip(FAULTS, recs):
         assert r.times.parity <= 3 * budgets["parity"].seconds and r.times.bench <= 3 * budgets["bench"].seconds, \
             (f.name, r.times, budgets)
     assert left == [], f"processes the faults started are still running: {seen}\n{table}"
-    assert 0 < peak[0] <= AGENT_PEAK_BOUND, f"the agent peaked at {peak[0] >> 20} MiB\n{table}"
+    assert 0 < peak <= AGENT_PEAK_BOUND, f"the agent peaked at {peak >> 20} MiB\n{table}"
     assert snapshot(root) == before

@@ -91,10 +91,12 @@ def test_the_loop_pays_for_the_range_shapes_only_before_a_keep(tmp_path):
 
     root = verification_repo(tmp_path / "user")
     fast = next(c for c in CASES if c.name == "strip8_overlap")
-    slow = proposal(fast).model_copy(deep=True)   # three times the work: slower, inside the stage budgets (issue 41)
+    # ten times the work: slower than the parent (strip8_overlap alone is ~5.6x faster), inside the 3x of the initial
+    # kernel that the stage budgets promise (issue 41; 40 times over outran them on .ci/run)
+    slow = proposal(fast).model_copy(deep=True)
     body = slow.edits[0].content.replace('extern "C" void matmul(', "static void matmul_once(")
     slow.edits[0].content = body + ('\nextern "C" void matmul(const float* A, const float* B, float* C, int M, int N, '
-                                    'int K) {\n    for (int r = 0; r < 3; ++r) {\n        matmul_once(A, B, C, M, N, K);\n'
+                                    'int K) {\n    for (int r = 0; r < 10; ++r) {\n        matmul_once(A, B, C, M, N, K);\n'
                                     '        asm volatile("" ::: "memory");   // not dead code\n    }\n}\n')
     props = tmp_path / "props.json"
     props.write_text(json.dumps([p.model_dump() for p in (slow, proposal(fast), proposal(GOOD))]))
