@@ -4,7 +4,7 @@ A candidate that prints 4 MB on each of 25 calls grew the agent from 258 MB to 7
 whole; a helper process that kept the inherited pipes open held a stage for 192 s after its leader had exited.
 Each pipe is read into a Capture, which keeps the first HEAD_BYTES, the last TAIL_BYTES (the child's result is its
 last stdout line, its error at the end of stderr) and, from what falls between, only the stage marks
-(tools.isolation.sandbox.STAGE_MARK: which stage a crash is charged to), counting the bytes it dropped. `pump` reads
+(STAGE_MARK: which stage a crash is charged to), counting the bytes it dropped. `pump` reads
 a child's pipes to their end within a deadline, and gives up on them PIPE_GRACE_S after the child itself ended:
 whatever still holds them is a descendant, and the kill that follows takes it.
 """
@@ -19,7 +19,10 @@ from typing import Callable
 
 HEAD_BYTES = 64 << 10
 TAIL_BYTES = 1 << 20
-MARK = b"@@agent-stage "      # tools.isolation.sandbox.STAGE_MARK (imported here would be a cycle)
+# a child that runs stages in turn writes this and the stage's name on stderr as it enters each, so that the parent can
+# charge a crash or a timeout to the stage the child was in (tools.isolation.sandbox re-exports it)
+STAGE_MARK = "@@agent-stage "
+MARK = STAGE_MARK.encode()
 MAX_MARKS = 64
 PIPE_GRACE_S = 2.0
 

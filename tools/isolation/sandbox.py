@@ -22,14 +22,11 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
-from tools.isolation.capture import CappedPopen
+from tools.isolation.capture import STAGE_MARK, CappedPopen  # noqa: F401 (STAGE_MARK: re-exported)
 from tools.isolation.proctree import KILL_WAIT_S, kill_tree
 from tools.isolation.scratch import Scratch
 
 REPO_ROOT = Path(__file__).resolve().parents[2]   # tools/isolation/sandbox.py -> the repository
-# a child that runs stages in turn writes this and the stage's name on stderr as it enters each, so that
-# the parent can charge a crash or a timeout to the stage the child was in
-STAGE_MARK = "@@agent-stage "
 
 
 class ProcStatus(str, Enum):
@@ -204,7 +201,7 @@ def _finish(proc: subprocess.Popen, argv: list[str], t0: float, timeout_s: float
     """Wait for a spawned child (feeding it `stdin`), killing its group on timeout (or its stage's budget, by
     `clock`) or Ctrl-C."""
     try:
-        out, err = proc.communicate(input=stdin, timeout=timeout_s, **({"clock": clock} if clock is not None else {}))
+        out, err = proc.communicate(input=stdin, timeout=timeout_s, clock=clock)
     except subprocess.TimeoutExpired:
         kill_tree(proc.pid)
         out, err = _drain(proc)

@@ -9,7 +9,7 @@ stage's fixed part (the reference, the comparisons, the child's own start) does 
 started cold on a loaded machine. The bench's rep counts follow the kernel's cost (its budget is milliseconds of
 reps), so a slower kernel's bench takes about as long as the initial one's.
 
-The child says which stage it is in by a mark on stderr (tools.isolation.sandbox.STAGE_MARK, tools/judge/judge.py's
+The child says which stage it is in by a mark on stderr (tools.isolation.capture.STAGE_MARK, tools/judge/judge.py's
 mark()); StageClock reads them as they come (tools/isolation/capture.py's pump) and moves the deadline. Each stage
 counts once, from its first mark: a mark the kernel prints itself cannot buy time, only end its stage early.
 """
@@ -18,12 +18,12 @@ from __future__ import annotations
 
 import time
 
+from tools.isolation.capture import MARK
 from tools.results import StageBudget
 
 FACTOR = 4.0
 FLOOR_S = 15.0
 STAGES = ("parity", "bench")
-MARK = b"@@agent-stage "
 
 
 def derive(measured: dict[str, float], ceilings: dict[str, float]) -> dict[str, StageBudget]:

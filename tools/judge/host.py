@@ -171,20 +171,17 @@ class Host:
                  c.get("thread", 0)) for c in r["calls"]]
         keys = {x["key"] for c in r["calls"] for x in c["inputs"]} if r.get("check") else set()
         before = {k: self.bufs[k].clone() for k in keys}
-        from tools.measure.probes import span_events
-        ev = span_events(self.task.backend.gpu and r.get("threads") != 2)
+        from tools.measure.probes import StreamSpan
+        span = StreamSpan(self.task.backend.gpu and r.get("threads") != 2)
         self.sync()
         threads_before = _threads()
         t0, late = time.perf_counter(), []
         if r.get("threads") == 2:
             late = self._two_threads(todo)
         else:
-            if ev:
-                ev[0].record()
-            for lib, shape, out, ins, _ in todo:
-                self.mod.run(lib, shape, out, *ins)
-            if ev:
-                ev[1].record()
+            with span:
+                for lib, shape, out, ins, _ in todo:
+                    self.mod.run(lib, shape, out, *ins)
         t1 = time.perf_counter()
         self.sync()
         t2 = time.perf_counter()
@@ -193,7 +190,7 @@ class Host:
             save(self.bufs[key], self._file(key))
         left = {tid: name for tid, name in _threads().items() if tid not in threads_before}
         return {"ok": True, "issue_ms": (t1 - t0) * 1e3, "total_ms": (t2 - t0) * 1e3, "changed": changed,
-                "stream_ms": ev[0].elapsed_time(ev[1]) if ev else None,
+                "stream_ms": span.ms(),
                 "threads_left": sorted(left.values())[:8], "late": late}
 
     def _two_threads(self, todo: list) -> list[int]:

@@ -28,7 +28,7 @@ import sys
 import time
 from pathlib import Path
 
-from tools.measure.probes import BEFORE_KEEP, PROBES, Probe, span_events
+from tools.measure.probes import BEFORE_KEEP, PROBES, Probe, StreamSpan
 from tools.measure.refcheck import settle
 from tools.measure.rounds import SpotCheck, interleaved
 from tools.results import BenchResult, BenchStatus, DevicePeak, SpeedupCI
@@ -93,18 +93,16 @@ class LocalRuns:
         return arms
 
     def calls(self, pairs: list[tuple], transfer: bool = True) -> tuple[float, float, float | None]:
-        ev = span_events(self.gpu)
+        span = StreamSpan(self.gpu)
         self.clock.sync()
         t0 = time.perf_counter()
-        if ev:
-            ev[0].record()
-        for out, inputs in pairs:
-            self.mod.run(self.lib, self.shape, out, *inputs)
-        if ev:
-            ev[1].record()
+        with span:
+            for out, inputs in pairs:
+                self.mod.run(self.lib, self.shape, out, *inputs)
         t1 = time.perf_counter()
         self.clock.sync()
-        return t1 - t0, time.perf_counter() - t0, (ev[0].elapsed_time(ev[1]) / 1e3 if ev else None)
+        ms = span.ms()
+        return t1 - t0, time.perf_counter() - t0, (ms / 1e3 if ms is not None else None)
 
     def together(self, calls: list[tuple]) -> list[int]:
         """The candidate on each (thread, shape, out, inputs), thread 0's and 1's at once (ctypes lets go of

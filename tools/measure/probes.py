@@ -40,14 +40,28 @@ from tools.task_messages import make_inputs
 SIDE_STREAM_MIN_WALL_MS = 0.05
 
 
-def span_events(gpu: bool):
-    """Two timing events on the caller's stream, for `calls`: the first recorded before a burst of calls, the second
-    after, read after the device is synchronized. The side-stream probe holds the burst's wall time to the span
-    between them, taken in the same burst (None on the CPU)."""
-    if not gpu:
-        return None
-    import torch
-    return torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+class StreamSpan:
+    """Timing events on the caller's stream around a burst of calls, for `calls` (`with span:` around the calls;
+    `ms()` once the device is synchronized, None on the CPU). The side-stream probe holds the burst's wall time to
+    the span between them, taken in the same burst."""
+
+    def __init__(self, gpu: bool):
+        self.ev = None
+        if gpu:
+            import torch
+            self.ev = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+
+    def __enter__(self) -> StreamSpan:
+        if self.ev:
+            self.ev[0].record()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.ev:
+            self.ev[1].record()
+
+    def ms(self) -> float | None:
+        return self.ev[0].elapsed_time(self.ev[1]) if self.ev else None
 BURST = 3
 BURST_REPEATS = 4
 REPEAT_RATIO = 2.0          # a first call this much slower than a repeated one, every try: suspicious
