@@ -69,6 +69,8 @@ class Best:
         st.stage_budgets = ev.budgets = derive({"parity": par.seconds if par else times.parity, "bench": bench.seconds},
                                                {"parity": spec.parity.timeout_s, "bench": spec.bench.timeout_s})
         dump(self.run_dir / "initial" / "bench.json", bench)
+        if par is not None:   # what each shape's check cost, the ranges' among them
+            dump(self.run_dir / "initial" / "parity.json", par)
         self.reprofile(self.run_dir / "initial")
         self.save()
         rci = bench.speedup_vs_reference_ci

@@ -10,7 +10,7 @@ import pytest
 from tests.fixtures.cheats.cheats import source as cheat_source
 from tests.fixtures.cpu_faults.faults import compile_lib, make_task
 from tools.measure.ranges import INDEX_CAP, range_shapes
-from tools.task import TaskError, load_task
+from tools.task import TaskError, load_task, shape_size
 
 ROOT = __import__("pathlib").Path(__file__).resolve().parents[1]
 
@@ -113,17 +113,20 @@ def test_the_loop_pays_for_the_range_shapes_only_before_a_keep(tmp_path):
     assert any(c.label.startswith("range ") for c in kept.checks) and all(c.ok for c in kept.checks)
 
 
-def test_a_flag_of_zero_in_the_shape_does_not_lift_the_element_cap(tmp_path):
+def test_a_flag_of_zero_in_the_shape_does_not_lift_the_element_cap():
     """attention's main shape holds `causal = 0`: multiplied in, every range shape's element count was 0, under any
-    cap (found by the helper writing tests/fixtures/cuda_cheats/attention/)."""
-    import shutil
-    d = tmp_path / "attention_fwd"
-    shutil.copytree(ROOT / "kernels" / "attention_fwd", d, ignore=shutil.ignore_patterns("__pycache__"))
-    toml = d / "task.toml"
-    dims = "\n[dims]\nB = { min = 1, max = 4096 }\nH = { min = 1, max = 4096 }\nS = { min = 1, max = 65536, reduction = true }\n"
-    toml.write_text(toml.read_text().replace("\n[metrics]", dims + "\n[metrics]"))
-    task = load_task(d)
-    got = range_shapes(task.spec, task.module(), random.Random(5))
-    [big] = [s for s, why in got if why == "index products past 2^16"]
-    assert big["causal"] == 0 and math.prod(v for k, v in big.items() if k != "causal") <= INDEX_CAP, big
-    # (beside the longest S the others are small, not capped: [dims] for attention needs B = H = 1 there, issue 40)
+    cap (found by the helper writing tests/fixtures/cuda_cheats/attention/). And beside the longest S, B and H are
+    1, not 15 or 17: the reference holds B*H*S*S scores (issue 40)."""
+    for name in ("attention_fwd", "attention_ext"):
+        task = load_task(ROOT / "kernels" / name)
+        got = range_shapes(task.spec, task.module(), random.Random(5))
+        assert all(s["causal"] == 0 and math.prod(v for k, v in s.items() if k != "causal") <= INDEX_CAP
+                   for s, _ in got), got
+        [longest] = [s for s, why in got if why == "the longest reduction"]
+        assert (longest["S"], longest["B"], longest["H"]) == (65536, 1, 1), longest
+        [big] = [s for s, why in got if why == "index products past 2^16"]
+        assert big["B"] * big["H"] > 65535, big    # past a grid dimension's limit
+        assert {s["S"] for s, why in got if why.startswith("S = ")} == set(range(1, 18))
+        # the same count everywhere a shape's size is taken (the reentrant probe's calls, memcheck's shapes): as 0
+        # it made every non-causal shape "the smallest" and 64 calls of the main shape a thread (~20 s a bench)
+        assert shape_size(task.spec.main) == 32 * 8 * 512 * 64

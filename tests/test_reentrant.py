@@ -145,3 +145,26 @@ def test_two_streams_at_once_catch_state_shared_by_concurrent_calls_on_the_gpu(t
         assert res.status.value == "suspicious", res.message
         assert "each thread on a CUDA stream of its own" in res.message or "outlives the stream" in res.message, \
             res.message
+
+
+def test_state_shared_only_by_small_calls_is_caught_on_both_threads(tmp_path):
+    """A kernel that takes a path of its own on small shapes, through a static scratch (issue 40's small-grid form:
+    tests/fixtures/cuda_cheats/attention/small_grid_partials.cu), shares nothing on the main shape: only a round with
+    the smallest listed shape on both threads (M=16,N=24,K=8 here) finds it. The honest kernel passes (test above)."""
+    from tools.measure.bench import run_bench
+    task, _ = make_task(tmp_path, "correct", rounds=3)
+    lib = compile_lib(source("correct").replace('extern "C" void matmul(', "static void general(") + r'''
+static float panel[1 << 12];   // small problems: C built in a preallocated panel, no allocation per call
+extern "C" void matmul(const float* A, const float* B, float* C, int M, int N, int K) {
+    if ((long)M * N > (1 << 12)) { general(A, B, C, M, N, K); return; }
+    for (int i = 0; i < M * N; ++i) panel[i] = 0.0f;
+    for (int r = 0; r < 64; ++r)   // (the same sum 64 times over, 1/64 each: slow enough to overlap)
+        for (int i = 0; i < M; ++i)
+            for (int k = 0; k < K; ++k)
+                for (int j = 0; j < N; ++j) panel[i * N + j] += A[(size_t)i * K + k] * B[(size_t)k * N + j] / 64.0f;
+    for (int i = 0; i < M * N; ++i) C[i] = panel[i];
+}
+''', tmp_path / "libsmallpanel.so")
+    [res] = run_bench(task, lib, with_reference=False, shapes=[SHAPE])
+    assert res.status.value == "suspicious", res.message
+    assert "thread 1 on M=16,N=24,K=8, thread 2 on M=16,N=24,K=8" in res.message, res.message

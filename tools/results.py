@@ -144,6 +144,7 @@ class ShapeCheck(BaseModel):
     got: float | None = None
     err_ratio: float | None = None   # the error as a multiple of the reference implementation's (error budget)
     message: str = ""
+    seconds: float | None = None     # what the check cost, the reference's calls included
 
 
 class SanitizerResult(BaseModel):
@@ -233,6 +234,7 @@ class BenchResult(BaseModel):
     peak: DevicePeak | None = None             # None: a CPU, or a GPU without a known spec sheet
     threads: int | None = None                 # torch's CPU threads in the process that timed (TaskSpec.threads)
     seconds: float = 0.0
+    probe_seconds: dict[str, float] = {}       # what each probe that ran cost (tools/measure/probes.py)
 
     def timing(self, label: str) -> TimingStats | None:
         return next((t for t in self.timings if t.label == label), None)

@@ -146,9 +146,11 @@ def shape_label(shape: Shape) -> str:
 
 
 def shape_size(shape: Shape) -> int:
-    """The product of a shape's dimensions (its flags left out): a bound on the size of its tensors."""
+    """The product of a shape's dimensions, a bound on the size of its tensors: a flag, or a value under 1
+    (attention's `causal = 0`, an int), counts as 1 (as 0 it made every attention shape's size 0: the reentrant
+    probe made 64 calls of the main shape a thread, and memcheck took shapes of any size)."""
     import math
-    return math.prod(int(v) for v in shape.values() if not isinstance(v, bool))
+    return math.prod(max(1, int(v)) for v in shape.values() if not isinstance(v, bool))
 
 
 class Task:

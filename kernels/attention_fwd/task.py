@@ -54,13 +54,33 @@ def make_inputs(shape, seed, device, dist):
     return tuple(t.to(torch.float16).contiguous() for t in (q, k, v))
 
 
+REF_SCORES = 1 << 28   # fp32 scores the reference holds at once (1 GiB)
+
+
 def reference(shape, q, k, v):
-    """fp32 SDPA on the upcast inputs, math backend (plain fp32 matmuls and softmax; no TF32)."""
+    """fp32 SDPA on the upcast inputs, math backend (plain fp32 matmuls and softmax; no TF32). The math backend
+    holds all B*H*S*S scores at once (16 GiB at [dims]' longest S): past REF_SCORES it runs a group of heads, or a
+    block of query rows (the causal mask then given as rows >= columns), at a time."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
+    b, h, s, d, causal = _dims(shape)
+    sdpa = torch.nn.functional.scaled_dot_product_attention
     with sdpa_kernel(SDPBackend.MATH):
-        return torch.nn.functional.scaled_dot_product_attention(
-            q.float(), k.float(), v.float(), is_causal=bool(shape["causal"]))
+        if b * h * s * s <= REF_SCORES:
+            return sdpa(q.float(), k.float(), v.float(), is_causal=bool(causal))
+        qf, kf, vf = (t.reshape(b * h, s, d) for t in (q, k, v))
+        out = torch.empty((b * h, s, d), dtype=torch.float32, device=q.device)
+        heads, rows = max(1, REF_SCORES // (s * s)), min(s, max(1, REF_SCORES // s))
+        for h0 in range(0, b * h, heads):
+            kc, vc = kf[h0:h0 + heads].float(), vf[h0:h0 + heads].float()
+            for r0 in range(0, s, rows):
+                qc = qf[h0:h0 + heads, r0:r0 + rows].float()
+                mask = None
+                if causal:
+                    mask = (torch.arange(r0, r0 + qc.shape[1], device=q.device)[:, None]
+                            >= torch.arange(s, device=q.device)[None, :])
+                out[h0:h0 + heads, r0:r0 + rows] = sdpa(qc, kc, vc, attn_mask=mask)
+        return out.view(b, h, s, d)
 
 
 def timing_reference(shape, q, k, v):

@@ -234,16 +234,19 @@ def _bench_shape(task, mod, runs, shape, with_reference, device_name="") -> Benc
                   sets=sets, outs=outs, cand_ms=cand_med, flops=flops, nbytes=nbytes, time_pairs=runs.time_pairs,
                   together=runs.together)
     slower = ci is not None and ci.high < 1.0   # never kept: the probes that matter only for a keep are left out
+    cost: dict[str, float] = {}
     for check in PROBES if status == BenchStatus.ok else ():
         if slower and check in BEFORE_KEEP:
             msg += f"; {check.__name__} probe not run: slower than the baseline (never kept)"
             continue
+        t1 = time.monotonic()
         why = check(probe)
+        cost[check.__name__] = round(time.monotonic() - t1, 3)
         if why is not None:
             status, msg = BenchStatus.suspicious, why
             break
     return BenchResult(status=status, message=msg, shape=shape, timings=timings, speedup_vs_baseline=ci,
-                       speedup_vs_reference=vs_ref, speedup_vs_reference_ci=ref_ci, threads=threads)
+                       speedup_vs_reference=vs_ref, speedup_vs_reference_ci=ref_ci, threads=threads, probe_seconds=cost)
 
 
 def _again(runs, arms, b, spot) -> tuple[dict[str, list[float]], dict[str, SpeedupCI], str | None]:

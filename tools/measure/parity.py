@@ -136,6 +136,7 @@ def check(task: Task, mod, lib, *, seed: int, hidden: bool = True, run=None, run
         dists = spec.distributions if kind != "range " or _reduction_extreme(spec, shape) else spec.distributions[:1]
         for dist in dists:
             for s in seeds[:1] if kind == "range " else seeds:
+                t1 = time.monotonic()
                 try:
                     c = _one(task, mod, lib, shape, label, dist, s, device, bufs, sync, run or mod.run,
                              run_kept or (mod.run if run is None else None))
@@ -148,7 +149,8 @@ def check(task: Task, mod, lib, *, seed: int, hidden: bool = True, run=None, run
                     c["message"] = describe(label, dist, c, *c.pop("tol"))
                 c.pop("tol", None)
                 checks.append(ShapeCheck(shape=shape, label=label, dist=dist, seed=s, hidden=is_hidden,
-                                         ok=c["status"] == "ok", **{k: v for k, v in c.items() if k != "ok"}))
+                                         ok=c["status"] == "ok", seconds=round(time.monotonic() - t1, 4),
+                                         **{k: v for k, v in c.items() if k != "ok"}))
                 if c["status"] != "ok":
                     break
             else:

@@ -281,7 +281,8 @@ def reentrant(p: Probe) -> str | None:
     """Thread 1 calls the main shape k times; thread 2 the same, then (a second round) the smallest listed
     shape and the main shape in turn, so that it runs as long and changes shape under thread 1's calls; then (a
     third round, where the task declares a reduction in [dims]) both on the listed shape with the longest reduction,
-    where a kernel takes its split path (several CTAs or threads a row, a workspace, a counter)."""
+    where a kernel takes its split path (several CTAs or threads a row, a workspace, a counter); last both on the
+    smallest listed shape, whose grids are in flight together (a path or a split only small grids take)."""
     if p.together is None:
         return None
     import math
@@ -292,15 +293,24 @@ def reentrant(p: Probe) -> str | None:
     longest = max((dict(s) for s in p.task.spec.shapes), key=lambda s: math.prod(int(s.get(d, 1)) for d in red))
     if red and longest != p.shape:
         rounds.append(([longest] * _calls(p, longest),) * 2)
+    if small != p.shape:   # a small grid on both threads: both in flight at once (a split only small grids take)
+        rounds.append(([small] * _calls(p, small),) * 2)
     dist = p.task.spec.distributions[0]
     for work in rounds:
-        calls = []
+        # each thread its own two input sets a shape, read by its calls in turn (the two threads' calls in flight
+        # together never compute the same values, which would hide a race): the reference is computed per set,
+        # not per call (attention's bench paid ~30 s for a reference per call), each call its own output
+        calls, sets = [], {}
         for t, shapes in enumerate(work):
-            for shape in shapes:
-                x = make_inputs(p.mod, shape, p.rng.getrandbits(31), p.device, dist)
+            for n, shape in enumerate(shapes):
+                key = (t, n % 2, tuple(sorted(shape.items())))
+                if key not in sets:
+                    x = make_inputs(p.mod, shape, p.rng.getrandbits(31), p.device, dist)
+                    sets[key] = (x, p.mod.reference(shape, *x))
+                x, exp = sets[key]
                 out = p.mod.empty_output(shape, *x)
                 poison_(out)
-                calls.append((t, shape, out, x, p.mod.reference(shape, *x)))
+                calls.append((t, shape, out, x, exp))
         late = p.together([c[:4] for c in calls]) or []
         if late:
             t, shape = calls[late[0]][0], calls[late[0]][1]
@@ -316,18 +326,20 @@ def reentrant(p: Probe) -> str | None:
                         f"on its own inputs and output{', each thread on a CUDA stream of its own' if p.task.backend.gpu else ''}"
                         f"): a call of thread {t + 1} on {shape_label(shape)} was wrong {why}: the calls share state (a "
                         "static buffer, variable or counter); a kernel must be safe to call from two threads at once")
-        del calls
+        del calls, sets
     return None
 
 
 def _calls(p: Probe, shape: dict) -> int:
     """Calls a thread makes on `shape`: about REENTRANT_MS of them at the main shape's median (scaled by the shapes'
-    sizes), REENTRANT_CALLS at most, and their inputs and outputs under REENTRANT_BYTES in all."""
+    sizes), REENTRANT_CALLS at most, and both threads' outputs under REENTRANT_BYTES (each call its own output; the
+    inputs and references are two sets a thread, whatever the count)."""
     import math
     scale = shape_size(shape) / max(shape_size(p.shape), 1)
-    set_bytes = sum(t.numel() * t.element_size() for t in p.sets[0]) * scale
+    out_bytes = sum(t.numel() * t.element_size() for t in (p.outs[0] if isinstance(p.outs[0], (tuple, list))
+                                                          else (p.outs[0],))) * scale
     return max(1, min(REENTRANT_CALLS, math.ceil(REENTRANT_MS / max(p.cand_ms * scale, 1e-3)),
-                      int(REENTRANT_BYTES // max(4 * set_bytes, 1))))
+                      int(REENTRANT_BYTES // max(2 * out_bytes, 1))))
 
 
 PROBES: tuple[Callable[[Probe], str | None], ...] = (fresh_inputs, burst, roofline, side_stream, repeat_speed, reentrant)

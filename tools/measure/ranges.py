@@ -8,7 +8,8 @@ tested reduction length and not at the longest. So, for each dimension with a ra
 - every dimension at its minimum, and twice every dimension at a small tail value (1, 2, 3, 5, 7, 9, 15,
   17: under and over the vector widths 4, 8, 16);
 - one dimension at a time at its largest, the others small (a long row, a long column, the longest
-  reduction: the cost of one row, not of the whole largest shape);
+  reduction: the cost of one row, not of the whole largest shape), or at their minimum where small ones would
+  take the shape past INDEX_CAP elements;
 - one dimension at a time at every value 1..17, the others past 30: every tail of a 4-, 8- or 16-wide vector,
   at every alignment of a row's start (two random tail shapes let a fast path wrong at N = 11, 13-15 through:
   tests/fixtures/cuda_cheats/softmax/short_window.cu), and the shortest reductions, the error budget's sharpest
@@ -21,8 +22,9 @@ the GPU). A task's `valid_shape(shape)` in task.py, where it has one, drops a sh
 
 from __future__ import annotations
 
-import math
 import random
+
+from tools.task import shape_size
 
 TAILS = (1, 2, 3, 5, 7, 9, 15, 17)
 PAST_16 = (257, 259, 263, 269)      # any two of them multiply past 2^16
@@ -31,10 +33,6 @@ SWEEP = 17                          # each dimension takes every value 1..SWEEP 
 INDEX_CAP = 1 << 27                 # the product of the shape's dimensions at most (an upper bound on a tensor)
 
 
-def _elements(shape: dict) -> int:
-    """The product of a shape's sizes: a flag or a zero (attention's `causal = 0`) counts as 1, not as 0, which
-    would let any shape under the cap."""
-    return math.prod(max(1, int(v)) for v in shape.values() if not isinstance(v, bool))
 
 
 def range_shapes(spec, mod, rng: random.Random) -> list[tuple[dict, str]]:
@@ -55,16 +53,19 @@ def range_shapes(spec, mod, rng: random.Random) -> list[tuple[dict, str]]:
         # the others small; beside the longest reduction 15 or 17, so that the output holds enough elements for
         # the error budget's RMS (tools/measure/compare.py MIN_ELEMENTS)
         small = TAILS[6:] if r.reduction else TAILS[2:6]
-        out.append(({**main, **{e: fit(e, rng.choice(small)) for e in dims if e != d}, d: r.max}, what))
+        shape = {**main, **{e: fit(e, rng.choice(small)) for e in dims if e != d}, d: r.max}
+        if shape_size(shape) > INDEX_CAP:   # the others at their minimum: attention's longest S beside B = H = 1
+            shape.update({e: dims[e].min for e in dims if e != d})
+        out.append((shape, what))
     for d in dims:   # every value 1..17 of one dimension, the others past 30 (so rows start at every alignment):
         for v in range(max(1, dims[d].min), min(SWEEP, dims[d].max) + 1):   # each tail of a 4-, 8- or 16-wide vector
             out.append(({**main, **{e: fit(e, rng.choice(WIDE)) for e in dims if e != d}, d: v}, f"{d} = {v}"))
     big = {**main, **{d: fit(d, rng.choice(PAST_16)) for d in dims}}
     for d in reversed(list(dims)):   # within the cap: dimensions back to their minimum, the last first
-        if _elements(big) <= INDEX_CAP:
+        if shape_size(big) <= INDEX_CAP:
             break
         big[d] = dims[d].min
-    if _elements(big) <= INDEX_CAP:
+    if shape_size(big) <= INDEX_CAP:
         out.append((big, "index products past 2^16"))
     valid = getattr(mod, "valid_shape", None)
     seen, keep = set(), []
