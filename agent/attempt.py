@@ -50,6 +50,7 @@ class Attempt(BaseModel):
     confirm_error: str | None = None          # the confirmation (or the fresh-seed parity) failed: why
     profile_summary: dict | None = None
     scratch_files: list[ScratchFile] = []    # what its processes left in their scratch directories
+    output_dropped_bytes: int = 0             # what its children printed past the output cap (tools/isolation/capture.py)
     times: StageTimes = Field(default_factory=StageTimes)
     usage: Usage = Field(default_factory=Usage)
 
@@ -62,7 +63,7 @@ class Attempt(BaseModel):
 # the Attempt's fields that the iteration record carries as they are (confirm_error is in the reason)
 _RECORDED = ("run_id", "iteration", "started", "proposal", "proposal_error", "patch", "patch_message", "parent_sha",
              "commit_sha", "rejected_ref", "build", "launch", "parity", "bench", "confirm", "profile_summary",
-             "scratch_files", "times", "usage")
+             "scratch_files", "output_dropped_bytes", "times", "usage")
 
 
 class Verdict(BaseModel):

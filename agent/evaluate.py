@@ -236,10 +236,12 @@ class Evaluator:
                                     message="CPU task: no launch geometry" if not self.task.backend.gpu
                                     else "no device limits known: no launch check")
         t0, before = time.monotonic(), self._modes()
-        launch, par, bench = run_candidate(self.task, lib, baseline, launch_context=launch_context, warm=warm,
-                                           with_reference=with_reference, scratch_root=self.scratch_root,
-                                           parity_extent=parity_extent, memcheck=memcheck,
-                                           budgets=self.budgets if parity_extent == "quick" else None)
+        launch, par, bench, dropped = run_candidate(self.task, lib, baseline, launch_context=launch_context,
+                                                    warm=warm, with_reference=with_reference,
+                                                    scratch_root=self.scratch_root, parity_extent=parity_extent,
+                                                    memcheck=memcheck,
+                                                    budgets=self.budgets if parity_extent == "quick" else None)
+        a.output_dropped_bytes += dropped
         total = time.monotonic() - t0
         l_secs = launch.seconds if launch is not None else 0.0
         b_secs = sum(b.seconds for b in bench) if bench else 0.0

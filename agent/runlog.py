@@ -138,6 +138,7 @@ class IterationRecord(BaseModel):
     confirm: BenchResult | None = None   # the second, independent bench a gain must survive to be kept
     profile_summary: dict | None = None  # compact profile of the new best (after a keep)
     scratch_files: list[ScratchFile] = []   # what the candidate's processes wrote in their scratch dirs
+    output_dropped_bytes: int = 0      # what the candidate's children printed past the output cap, left out
     decision: Decision
     outcome: Outcome
     reason: str                        # one line, also shown to the proposer next time

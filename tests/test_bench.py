@@ -188,24 +188,24 @@ def test_candidate_checks_share_one_child_and_a_crash_is_charged_to_its_stage(tm
 
     task, lib = make_task(tmp_path, "correct", rounds=4)
     base = compile_lib(source("correct"), tmp_path / "base.so")
-    launch, par, bench = check(task, lib, base)
+    launch, par, bench, _ = check(task, lib, base)
     assert launch is None   # no launch context: a CPU task
     assert par.status == ParityStatus.ok and len(par.checks) == 12, par.message
     assert bench is not None and bench[0].status == BenchStatus.ok, bench
     assert bench[0].speedup_vs_baseline.rounds == 4 and bench[0].timing("reference") is None
     # a crash during the bench: parity is reported passed, the bench crashed
     late = compile_lib(_crash_after(400), tmp_path / "late.so")
-    _, par, bench = check(task, late, base)
+    _, par, bench, _ = check(task, late, base)
     assert par.status == ParityStatus.ok, par.message
     assert bench[0].status == BenchStatus.crashed and "SIGSEGV" in bench[0].message
     assert "@@agent-stage" not in bench[0].message
     # a crash during parity: parity crashed, no bench
     early = compile_lib(_crash_after(1), tmp_path / "early.so")
-    _, par, bench = check(task, early, base)
+    _, par, bench, _ = check(task, early, base)
     assert par.status == ParityStatus.crashed and "SIGSEGV" in par.message and bench is None
     # a wrong kernel: parity's own verdict, no bench
     task_w, wrong = make_task(tmp_path, "offbyone")
-    _, par, bench = check(task_w, wrong, base)
+    _, par, bench, _ = check(task_w, wrong, base)
     assert par.status == ParityStatus.mismatch and bench is None
 
 
@@ -222,7 +222,7 @@ def test_a_prestarted_child_is_used_only_for_the_files_it_loaded_and_never_outli
     module = task.root / task.spec.module
     os.utime(module, ns=(time.time_ns(), module.stat().st_mtime_ns + 10**9))
     assert not warm.serves(task)
-    _, par, bench = run_candidate(task, lib, base, shapes=[SHAPE], warm=warm)
+    _, par, bench, _ = run_candidate(task, lib, base, shapes=[SHAPE], warm=warm)
     assert par.status == ParityStatus.ok and bench[0].status == BenchStatus.ok
     assert not warm.proc.alive and warm.proc.used
     # a child never given a job ends when it is closed (the loop closes it when the build fails)

@@ -56,7 +56,9 @@ def test_the_adversary_builds_and_answers_its_plan(tmp_path, name):
 def test_every_attention_adversary_says_what_it_is():
     import re
     readme = (ATTENTION / "README.md").read_text()
-    assert len(ATT_NAMES) >= 9 and "not yet run on a GPU" in readme
+    # run on a GPU through the loop by the script the README names (VERIFICATION.md has what caught each)
+    assert len(ATT_NAMES) >= 9 and "scripts/device/verify_attention.py" in readme
+    assert (ROOT / "scripts" / "device" / "verify_attention.py").is_file()
     for name in ATT_NAMES:
         first = (ATTENTION / f"{name}.cu").read_text().splitlines()[0]
         assert re.match(FIRST, first), (name, first)

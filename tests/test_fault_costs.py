@@ -83,6 +83,8 @@ def test_a_flood_of_output_does_not_grow_the_agent(tmp_path):
     runs = sorted((root / "runs").iterdir())
     [rec] = read_iterations(runs[-1])
     assert rec.iteration == 1                       # judged, the run went on to its end
+    # what was left out is counted in the record: up to 100 MiB printed, at most 64 KiB + 1 MiB kept a stream
+    assert rec.output_dropped_bytes > 50 << 20, rec.output_dropped_bytes
     assert calm > 0 and peak > 0
     assert peak <= calm + (64 << 20), f"the agent peaked at {peak >> 20} MiB against {calm >> 20} MiB for a comment"
 

@@ -111,7 +111,7 @@ def test_memcheck_fails_an_access_past_an_end_and_passes_the_honest_kernel(tmp_p
     task = load_task(d)
     b = build(task, tmp_path / "b")
     assert b.status.value == "ok", b.message
-    _, par, _ = run_candidate(task, Path(b.lib_path), None, parity_extent="quick", memcheck=True,
+    _, par, _, _ = run_candidate(task, Path(b.lib_path), None, parity_extent="quick", memcheck=True,
                               scratch_root=tmp_path / "s")
     assert par.memcheck is not None and par.memcheck.seconds > 0
     if name is None:

@@ -247,7 +247,7 @@ def test_cuda_launch_faults_are_rejected_statically_without_a_gpu(tmp_path):
         # nothing; so does a child pre-started before the build
         ctx = Evaluator(task, tmp_path, limits).launch_context(b, None)
         for warm in (None, prestart_candidate(task)):
-            launch, par, bench = run_candidate(task, Path(b.lib_path), None, launch_context=ctx, warm=warm)
+            launch, par, bench, _ = run_candidate(task, Path(b.lib_path), None, launch_context=ctx, warm=warm)
             assert launch.status.value == "rejected" and rule in {v.rule for v in launch.violations}, launch.message
             assert launch.violations == res.violations and par is None and bench is None
         lib = tmp_path / f"lib-{name}.so"
@@ -259,7 +259,7 @@ def test_cuda_launch_faults_are_rejected_statically_without_a_gpu(tmp_path):
     b = build(task, tmp_path / "build-ok")
     ctx = {"limits": limits.model_dump(mode="json"), "kernels": [k.model_dump(mode="json") for k in b.kernels],
            "parent": None}
-    launch, par, _ = run_candidate(task, Path(b.lib_path), None, launch_context=ctx)
+    launch, par, _, _ = run_candidate(task, Path(b.lib_path), None, launch_context=ctx)
     assert launch.status.value == "ok" and launch.main_ctas and launch.launches, launch.message
     assert par is not None
     if not _gpu():

@@ -61,11 +61,11 @@ def main() -> int:
         name, tname = names[i % len(names)], TASKS[i % len(TASKS)]
         ctask, clib = cheats[name]
         t0 = time.monotonic()
-        _, cpar, cbench = run_candidate(ctask, clib, None, parity_extent="quick", scratch_root=work / "s")
+        _, cpar, cbench, _ = run_candidate(ctask, clib, None, parity_extent="quick", scratch_root=work / "s")
         cheat = cpar.status.value if cpar.status.value != "ok" else (cbench[0].status.value if cbench else "-")
         t1 = time.monotonic()
         task, lib = honest[tname]
-        _, par, bench = run_candidate(task, lib, None, with_reference=True, parity_extent="full", scratch_root=work / "s")
+        _, par, bench, _ = run_candidate(task, lib, None, with_reference=True, parity_extent="full", scratch_root=work / "s")
         ok = par.status.value == "ok" and bool(bench) and bench[0].status.value == "ok"
         row = {"repeat": i, "after": name, "after_status": cheat, "after_s": round(t1 - t0, 1), "task": tname,
                "parity": par.status.value, "bench": bench[0].status.value if bench else None, "refused": not ok,

@@ -75,7 +75,7 @@ def main() -> int:
         row = {"name": name, "honest": honest, "build": b.status.value}
         if b.status.value == "ok":
             t0 = time.monotonic()
-            _, par, bench = run_candidate(task, Path(b.lib_path), None, parity_extent="full", memcheck=True,
+            _, par, bench, _ = run_candidate(task, Path(b.lib_path), None, parity_extent="full", memcheck=True,
                                           scratch_root=work / key / "scratch")
             row["seconds"] = round(time.monotonic() - t0, 1)
             row["parity"] = {"status": par.status.value, "message": par.message[:600], "seconds": round(par.seconds, 1)}

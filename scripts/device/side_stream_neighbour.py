@@ -103,7 +103,7 @@ def main() -> int:
     nb = subprocess.Popen([sys.executable, "-c", NEIGHBOUR, str(secs * 3)], stdout=subprocess.PIPE, text=True)
     nb.stdout.readline()
     for i in range(3):
-        _, par, bench = run_candidate(task, Path(b.lib_path), None, with_reference=True, scratch_root=work / "s")
+        _, par, bench, _ = run_candidate(task, Path(b.lib_path), None, with_reference=True, scratch_root=work / "s")
         ok = par.status.value == "ok" and bool(bench) and bench[0].status.value == "ok"
         msg = (par.message if par.status.value != "ok" else bench[0].message if bench else "")[:300]
         checks.append({"refused": not ok, "message": msg})
@@ -124,7 +124,7 @@ def main() -> int:
     (work / "side" / "softmax.cu").write_text(src)
     side = load_task(work / "side")
     sb = build(side, work / "side_build")
-    _, par, bench = run_candidate(side, Path(sb.lib_path), None, with_reference=True, scratch_root=work / "s")
+    _, par, bench, _ = run_candidate(side, Path(sb.lib_path), None, with_reference=True, scratch_root=work / "s")
     cheat = (par.message if par.status.value != "ok" else bench[0].message if bench else "")[:300]
     cheat_refused = not (par.status.value == "ok" and bool(bench) and bench[0].status.value == "ok")
     print(f"side_stream cheat, quiet GPU: {'refused ' if cheat_refused else 'KEPT '}{cheat}", flush=True)

@@ -40,6 +40,7 @@ import threading
 import time
 from pathlib import Path
 
+from tools.isolation.forkserver import end_adopted, subreaper
 from tools.judge.hostclient import HostClient, HostFailed, Remote
 from tools.judge.hostruns import HostRuns
 from tools.judge.judge import wrote_files
@@ -88,6 +89,7 @@ class _Reporter:
                 self.write({"i": i, "status": "timeout", "seconds": time.monotonic() - t0, "stop": True,
                             "message": f"parity and bench ran past {self.limit_s:.0f}s (the kernel hangs or is "
                                        "far too slow); the evaluation child was ended"})
+                end_adopted(os.getpid(), set())   # the host and whatever this child adopted, before it goes
                 os._exit(0)
 
 
@@ -184,6 +186,16 @@ def _screen(task, mod, remote: Remote, lib_path: str, ctx: dict | None = None) -
 
 
 def main(argv: list[str] | None = None) -> int:
+    """A subreaper (issue 41): not forked by the fork server, this child would leave a kernel's double-forked daemon
+    to init, past the kill of its tree; adopted here, it is ended with the batch."""
+    subreaper()
+    try:
+        return _main(argv)
+    finally:
+        end_adopted(os.getpid(), set())
+
+
+def _main(argv: list[str] | None) -> int:
     ap = argparse.ArgumentParser(prog="python -m tools.judge._batch_child")
     ap.add_argument("--task", required=True)
     ap.add_argument("--baseline-lib", required=True)

@@ -23,6 +23,7 @@ class CandidateChecks(NamedTuple):
     launch: LaunchResult | None
     parity: ParityResult | None
     bench: list[BenchResult] | None
+    dropped_bytes: int = 0     # the child's output (the candidate's prints among it) past the capture's cap
 
 
 def prestart_candidate(task: Task, scratch_root: Path | None = None) -> WarmChild:
@@ -97,10 +98,11 @@ def run_candidate(task: Task, lib_path: Path, baseline_lib: Path | None, *, seed
             launch = None if data.get("launch") is None else LaunchResult.model_validate(data["launch"])
             par = None if data["parity"] is None else ParityResult.model_validate(data["parity"])
             bench = None if data["bench"] is None else [BenchResult.model_validate(r) for r in data["bench"]["results"]]
-            return CandidateChecks(launch, par, bench)
+            return CandidateChecks(launch, par, bench, proc.dropped_bytes)
         except (KeyError, TypeError, ValueError) as e:
             return CandidateChecks(None, ParityResult(status=ParityStatus.error, seconds=dt,
-                                                      message=f"evaluate child answered malformed JSON: {e}"), None)
+                                                      message=f"evaluate child answered malformed JSON: {e}"), None,
+                                   proc.dropped_bytes)
     lines = proc.stderr.splitlines()
     marks = [ln[len(STAGE_MARK):].strip() for ln in lines if ln.startswith(STAGE_MARK)]
     proc = proc.model_copy(update={"stderr": "\n".join(ln for ln in lines if not ln.startswith(STAGE_MARK))})
@@ -110,9 +112,11 @@ def run_candidate(task: Task, lib_path: Path, baseline_lib: Path | None, *, seed
     launch_ok = (LaunchResult(status=LaunchStatus.ok, message=lost) if launch_context is not None else None)
     if stage == "launch":
         return CandidateChecks(LaunchResult(status=LaunchStatus.error, seconds=dt,
-                                            message=child_failure("launch plan", proc, data)), None, None)
+                                            message=child_failure("launch plan", proc, data)), None, None,
+                               proc.dropped_bytes)
     if stage == "bench":
         return CandidateChecks(launch_ok, ParityResult(status=ParityStatus.ok, message=lost, seconds=dt),
-                               failed_bench(proc, data, shapes, dt, overrun))
+                               failed_bench(proc, data, shapes, dt, overrun), proc.dropped_bytes)
     return CandidateChecks(launch_ok, ParityResult(status=child_status(proc.status), seconds=dt,
-                                                   message=child_failure(stage, proc, data, overrun)), None)
+                                                   message=child_failure(stage, proc, data, overrun)), None,
+                           proc.dropped_bytes)
