@@ -116,21 +116,6 @@ def test_a_hang_costs_its_stage_budget_and_a_slower_honest_kernel_is_not_killed(
     assert rec.outcome == Outcome.not_faster and "budget" not in rec.reason, (rec.outcome, rec.reason)
 
 
-def _tagged(tag: str) -> list[int]:
-    """Live processes whose environment carries tag (inherited from the agent's run: anything the faults started)."""
-    out = []
-    for d in os.listdir("/proc"):
-        if d.isdigit():
-            try:
-                env = Path(f"/proc/{d}/environ").read_bytes()
-                state = Path(f"/proc/{d}/stat").read_text().rsplit(")", 1)[1].split()[0]
-            except OSError:
-                continue
-            if tag.encode() in env and state not in ("Z", "X"):
-                out.append(int(d))
-    return out
-
-
 def test_every_fault_of_the_issue_costs_seconds_and_leaves_nothing(tmp_path):
     """tests/fixtures/faults/faults.py's kernels, one iteration each, in ONE run: each survived, the run went on to the
     next, the stage seconds within 3x of the budget measured at setup, nothing left running after the run, the agent's
@@ -139,7 +124,7 @@ def test_every_fault_of_the_issue_costs_seconds_and_leaves_nothing(tmp_path):
     import uuid
 
     from agent.runlog import Decision, read_state
-    from tests.fixtures.faults.faults import FAULTS
+    from tests.fixtures.faults.faults import FAULTS, tagged
     from tests.userrepo import snapshot
     root = make_user_repo(tmp_path / "user")
     before = snapshot(root)
@@ -153,7 +138,7 @@ def test_every_fault_of_the_issue_costs_seconds_and_leaves_nothing(tmp_path):
     def leftovers() -> None:
         import time
         settle = time.monotonic() + 10       # the agent has exited: its fork server's death signal is on its way
-        while (left := _tagged(tag)) and time.monotonic() < settle:
+        while (left := tagged(tag)) and time.monotonic() < settle:
             time.sleep(0.1)
         found["left"] = left
         found["seen"] = {}

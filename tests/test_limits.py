@@ -49,3 +49,26 @@ def test_a_kernel_that_writes_past_its_file_size_limit_is_stopped_and_the_limit_
     assert res.status == ParityStatus.side_effect, res.message
     assert "matmul_cache.bin (1048576 B); stopped at the host's file-size limit (RLIMIT_FSIZE, 1048576 bytes)" \
         in res.message, res.message
+
+
+FORKS = ("#include <cstddef>\n#include <cstdio>\n#include <unistd.h>\n#include <sys/wait.h>\n",
+         "                       int M, int N, int K) {\n"
+         "    { pid_t p = fork();\n"
+         "      if (p == 0) { FILE* f = fopen(\"forked_child.txt\", \"w\"); if (f) { fputs(\"ran\\n\", f); fclose(f); } _exit(0); }\n"
+         "      if (p > 0) waitpid(p, nullptr, 0); }\n")
+
+
+def test_a_kernel_cannot_start_a_process_in_a_cpu_host_whoever_runs_it(tmp_path, monkeypatch):
+    """tools/isolation/nofork.py: fork fails with EPERM in the host (root included, where RLIMIT_NPROC does not hold),
+    so the kernel's child never writes its file and parity is ok; with the filter off (AGENT_HOST_NOFORK=0) the
+    same kernel's child runs, and its file is the side effect the judge names. Threads still start (torch's)."""
+    from tests.fixtures.cpu_faults.faults import compile_lib, source
+    task, _ = make_task(tmp_path, "correct")
+    src = source("correct").replace("#include <cstddef>\n", FORKS[0], 1)
+    assert src.count(FORKS[1].splitlines(True)[0]) == 1
+    lib = compile_lib(src.replace(FORKS[1].splitlines(True)[0], FORKS[1]), tmp_path / "libforks.so")
+    res = run_parity(task, lib)
+    assert res.status == ParityStatus.ok, res.message
+    monkeypatch.setenv("AGENT_HOST_NOFORK", "0")
+    res = run_parity(task, lib)
+    assert res.status == ParityStatus.side_effect and "forked_child.txt" in res.message, res.message

@@ -29,6 +29,9 @@ def test_a_kernel_with_static_scratch_is_caught_and_the_honest_kernel_is_not(tmp
     task, honest = make_task(tmp_path, "correct", rounds=3)
     [res] = run_bench(task, honest, with_reference=False, shapes=[SHAPE])
     assert res.status.value == "ok", res.message
+    # each probe's cost is in the record (attention's reentrant probe was found taking 20 s of a 25 s bench so)
+    assert {"fresh_inputs", "burst", "reentrant"} <= set(res.probe_seconds), res.probe_seconds
+    assert all(v >= 0 for v in res.probe_seconds.values()) and res.probe_seconds["reentrant"] > 0
     lib = compile_lib(source("correct").replace('extern "C" void matmul(', "static void unused(") + r'''
 #include <cstring>
 #include <vector>

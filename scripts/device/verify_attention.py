@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -32,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from agent.proposal import Edit, PredictedEffect, Proposal   # noqa: E402
 from agent.runlog import read_config, read_iterations, read_state   # noqa: E402
-from verify_gpu import _device, _stage, git, snapshot   # noqa: E402
+from verify_gpu import _device, _stage, git, make_user_repo, snapshot   # noqa: E402
 
 CHEATS = REPO / "tests" / "fixtures" / "cuda_cheats" / "attention"
 TASK = REPO / "kernels" / "attention_fwd"
@@ -43,23 +42,6 @@ HONEST = [("smem_pad_2", "SMEM_PAD 0 -> 2 (conflict-free K reads)", [("#define S
 TOML_FAST = {r"seeds = 2\nhidden_shapes = 2\n": "seeds = 1\nhidden_shapes = 1\n",
              r"\[bench\]\nwarmup_ms = 25\nrep_ms = 100\n": "[bench]\nwarmup_ms = 10\nrep_ms = 30\nrounds = 6\n"
                                                           "input_sets = 2\n"}
-
-
-def make_user_repo(root: Path) -> Path:
-    dst = root / "kernels" / "attention_fwd"
-    shutil.copytree(TASK, dst, ignore=shutil.ignore_patterns("__pycache__"))
-    toml = dst / "task.toml"
-    text = toml.read_text()
-    for pat, rep in TOML_FAST.items():
-        text, n = re.subn(pat, rep, text, count=1)
-        assert n == 1, f"task.toml no longer holds {pat!r}"
-    toml.write_text(text)
-    (root / "README.md").write_text("user project\n")
-    git(root, "init", "-q", "-b", "main")
-    git(root, "add", "-A")
-    git(root, "commit", "-qm", "user: initial")
-    (root / "README.md").write_text("user project\nwork in progress\n")   # uncommitted work no run may touch
-    return root
 
 
 def cases(names: list[str]) -> list[tuple[str, str, str, list]]:
@@ -81,7 +63,7 @@ def main() -> int:
     todo = cases(names)
     out = Path(os.environ.get("OUT") or tempfile.mkdtemp(prefix="verify-attention-out-"))
     work = Path(tempfile.mkdtemp(prefix="verify-attention-"))
-    root = make_user_repo(work / "user")
+    root = make_user_repo(work / "user", "attention_fwd", TOML_FAST)
     before = snapshot(root)
     props = work / "attention_cheats.json"
     props.write_text(json.dumps([Proposal(

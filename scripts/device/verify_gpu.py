@@ -113,13 +113,16 @@ def git(cwd: Path, *args: str) -> str:
     return subprocess.run(["git", *args], cwd=cwd, env=env, check=True, capture_output=True, text=True).stdout.strip()
 
 
-def make_user_repo(root: Path) -> Path:
-    dst = root / "kernels" / "softmax"
-    shutil.copytree(REPO / "kernels" / "softmax", dst, ignore=shutil.ignore_patterns("__pycache__"))
+def make_user_repo(root: Path, task: str = "softmax", fast: dict[str, str] = TOML_FAST) -> Path:
+    """A user's git repository holding a copy of kernels/`task`, its task.toml's budgets shortened by `fast`
+    (pattern -> replacement, each must match), and uncommitted work no run may touch."""
+    dst = root / "kernels" / task
+    shutil.copytree(REPO / "kernels" / task, dst, ignore=shutil.ignore_patterns("__pycache__"))
     toml = dst / "task.toml"
     text = toml.read_text()
-    for pat, rep in TOML_FAST.items():
-        text = re.sub(pat, rep, text, count=1)
+    for pat, rep in fast.items():
+        text, n = re.subn(pat, rep, text, count=1)
+        assert n == 1, f"{task}/task.toml no longer holds {pat!r}"
     toml.write_text(text)
     (root / "README.md").write_text("user project\n")
     git(root, "init", "-q", "-b", "main")

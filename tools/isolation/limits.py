@@ -8,7 +8,8 @@ candidate library is loaded (issue 41). What each guards, and where a limit cann
   judge's file check names the limit.
 - RLIMIT_NOFILE: 4096 open descriptors (or the hard limit, if lower): a leak fails with EMFILE in the kernel.
 - RLIMIT_NPROC: the user's processes now plus 512: a fork bomb fails with EAGAIN. Not enforced for root
-  (CAP_SYS_RESOURCE): there the kill of the host's tree at the stage's end is what stops it.
+  (CAP_SYS_RESOURCE): there the seccomp filter of tools/isolation/nofork.py (no process starts in a CPU host at
+  all) and the kill of the host's tree at the stage's end are what stop it.
 - RLIMIT_AS: the machine's physical memory (16 GiB at the least: a small machine's host still maps torch and a
   malloc arena per thread), CPU tasks only. A CUDA process reserves address space far past the memory it uses
   (unified addressing), so a GPU host has none.

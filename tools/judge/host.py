@@ -101,7 +101,7 @@ class Host:
 
     def init(self, r: dict) -> dict:
         from tools.task import load_task
-        from tools.isolation import limits
+        from tools.isolation import limits, nofork
         self.task, self.io = load_task(r["task"]), r["io"]
         self.mod = self.task.module()
         self.task.backend.warm_up()
@@ -109,7 +109,12 @@ class Host:
         # before any candidate library is loaded (tools/isolation/limits.py)
         spec = self.task.spec
         got = limits.apply(limits.wanted(self.task.backend.gpu, spec.parity.timeout_s + spec.bench.timeout_s, self.io))
-        return {"ok": True, "pid": os.getpid(), "threads": torch.get_num_threads(), "limits": got}
+        # and no new processes (tools/isolation/nofork.py): not yet on a GPU host, AGENT_HOST_NOFORK decides
+        want = os.environ.get("AGENT_HOST_NOFORK", "0" if self.task.backend.gpu else "1") == "1"
+        why = nofork.install() if want else "off"
+        got["nofork"] = int(why is None)
+        return {"ok": True, "pid": os.getpid(), "threads": torch.get_num_threads(), "limits": got,
+                **({"nofork": why} if why not in (None, "off") else {})}
 
     def load(self, r: dict) -> dict:
         self.libs[r["id"]] = self.task.backend.load(r["path"])

@@ -33,8 +33,6 @@ SWEEP = 17                          # each dimension takes every value 1..SWEEP 
 INDEX_CAP = 1 << 27                 # the product of the shape's dimensions at most (an upper bound on a tensor)
 
 
-
-
 def range_shapes(spec, mod, rng: random.Random) -> list[tuple[dict, str]]:
     """(shape, why) for each extreme shape of the task's [dims] (none without it), duplicates dropped."""
     dims = spec.dims
