@@ -199,18 +199,59 @@ def write_json_atomic(path: Path, model: BaseModel) -> None:
     os.replace(tmp, path)
 
 
+def mend_tail(run_dir: Path) -> tuple[Path, int] | None:
+    """A last record cut short by a kill during its write (the file does not end in a newline: each record is one
+    write of a line) is moved to iterations.jsonl.torn-N and the file cut back to its last whole line, so that the next
+    record is never appended onto it (issue 42: `agent report` then failed on the joined line). Returns (where the
+    torn bytes went, how many), or None when the file ends whole."""
+    p = run_dir / "iterations.jsonl"
+    try:
+        data = p.read_bytes()
+    except FileNotFoundError:
+        return None
+    if not data or data.endswith(b"\n"):
+        return None
+    cut = data.rfind(b"\n") + 1
+    n = 1
+    while (aside := run_dir / f"iterations.jsonl.torn-{n}").exists():
+        n += 1
+    with open(aside, "wb") as f:
+        f.write(data[cut:])
+        f.flush()
+        os.fsync(f.fileno())
+    with open(p, "r+b") as f:
+        f.truncate(cut)
+        f.flush()
+        os.fsync(f.fileno())
+    return aside, len(data) - cut
+
+
 def append_iteration(run_dir: Path, rec: IterationRecord) -> None:
+    mend_tail(run_dir)   # never onto a torn line (resume_run says so where it finds one)
     with open(run_dir / "iterations.jsonl", "a") as f:
         f.write(rec.model_dump_json() + "\n")
         f.flush()
         os.fsync(f.fileno())
 
 
+def _load(p: Path, what: str) -> dict:
+    """A run file's JSON object, or one line naming the file (a kill or a disk fault can leave it damaged)."""
+    try:
+        data = json.loads(p.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise LogError(f"{p}: the run's {what} is damaged ({type(e).__name__}: {' '.join(str(e).split())[:120]}); "
+                       "the run cannot be read until it is restored") from None
+    if not isinstance(data, dict):
+        raise LogError(f"{p}: the run's {what} is damaged (not a JSON object); the run cannot be read until it is "
+                       "restored")
+    return data
+
+
 def read_config(run_dir: Path) -> RunConfig:
     p = run_dir / "run.json"
     if not p.exists():
         raise LogError(f"{run_dir}: no run.json (not a run folder?)")
-    data = json.loads(p.read_text())
+    data = _load(p, "configuration")
     _check_version(data, str(p))
     try:
         return RunConfig.model_validate(data)
@@ -222,9 +263,13 @@ def read_state(run_dir: Path) -> RunState:
     p = run_dir / "state.json"
     if not p.exists():
         return RunState(status="unknown")
-    data = json.loads(p.read_text())
+    data = _load(p, "state")
     _check_version(data, str(p))
-    return RunState.model_validate(data)
+    try:
+        return RunState.model_validate(data)
+    except ValidationError as e:
+        raise LogError(f"{p}: the run's state is damaged (does not match the schema: {e.errors()[0]['msg']}); the "
+                       "run cannot be read until it is restored") from None
 
 
 def read_iterations(run_dir: Path) -> list[IterationRecord]:

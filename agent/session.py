@@ -18,7 +18,7 @@ from agent.loop import Loop, load_run, now
 from agent.proposers.base import Proposer
 from agent.proposers.retry import RetryFirst, is_retry, undecided
 from agent.evaluate import snapshot_lib
-from agent.runlog import Decision, RunConfig, StageTimes, hold_run, write_json_atomic
+from agent.runlog import Decision, RunConfig, StageTimes, hold_run, mend_tail, write_json_atomic
 from agent.view import View
 from tools.build.reuse import latest_builds
 from tools.task import Task, first_fitting_task, load_task
@@ -232,6 +232,9 @@ def resume_run(run_dir: Path, view: View, extra: dict | None = None) -> Loop:
     if state.status == "failed":
         raise UsageError(f"run {cfg.run_id} failed at setup ({state.stop_reason}); start a new one")
     hold_run(run_dir)
+    if (torn := mend_tail(run_dir)) is not None:
+        view.message(f"the last record was cut short by the kill ({torn[1]} bytes): moved to {escape(str(torn[0]))}, "
+                     "the records go on from the last whole one")
     repo = gitops.open_repo(Path(cfg.repo))
     rgit = gitops.RunGit.attach(repo, Path(cfg.worktree), cfg.branch, cfg.run_id)
     for f in rgit.clear_stale_locks():

@@ -1,0 +1,61 @@
+"""Records that survive a kill (issue 42, first slice), through the real entry points: a last record cut short by a
+kill mid-write is moved aside on `agent resume`, never appended onto, and `report`, `show` and `runs` read the run; a
+damaged state.json or run.json is refused in one line naming the file, not a traceback."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+
+from agent.runlog import read_iterations, read_state
+from tests.test_kill_safety import _comment, _faster, _start, _wait_stage
+from tests.userrepo import agent, make_user_repo
+
+
+def test_a_torn_last_record_is_moved_aside_on_resume_and_the_run_reads_whole(tmp_path):
+    root = make_user_repo(tmp_path / "user")
+    (tmp_path / "p.json").write_text(json.dumps([_faster(0), _comment(1), _comment(2)]))
+    run = root / "runs" / "torn"
+    proc = _start(root, ["optimize", "kernels/matmul_cpu", "--proposer", "replay", "--replay", str(tmp_path / "p.json"),
+                         "--iters", "3", "--target", "100x", "--run-id", "torn"], tmp_path / "agent.log")
+    _wait_stage(proc, run, 2, "propose", time.time() - 60, tmp_path / "unused")
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=120)
+    [kept] = read_iterations(run)
+    assert kept.decision.value == "kept"
+    # what a kill during the write of iteration 2's record leaves: the first half of a line, no newline
+    half = kept.model_copy(update={"iteration": 2}).model_dump_json()
+    with open(run / "iterations.jsonl", "a") as f:
+        f.write(half[:len(half) // 2])
+    res = agent(root, "resume", "torn", timeout=600)
+    out = res.stdout + res.stderr
+    assert res.returncode == 0, out[-3000:]
+    assert "the last record was cut short by the kill" in out and "iterations.jsonl.torn-1" in out, out[-2000:]
+    assert (run / "iterations.jsonl.torn-1").read_text() == half[:len(half) // 2]
+    lines = (run / "iterations.jsonl").read_text().splitlines()
+    assert all(json.loads(line) for line in lines)               # every line whole: nothing joined onto the torn one
+    assert [r.iteration for r in read_iterations(run)] == [1, 2, 3] and read_state(run).status == "done"
+    for cmd in (["report", "torn"], ["show", "torn", "--iter", "1"], ["runs"]):
+        res = agent(root, *cmd, timeout=120)
+        assert res.returncode == 0, (cmd, (res.stdout + res.stderr)[-2000:])
+
+
+def test_a_damaged_state_or_config_is_refused_in_one_line_naming_the_file(tmp_path):
+    root = make_user_repo(tmp_path / "user")
+    (tmp_path / "p.json").write_text(json.dumps([_comment(0)]))
+    res = agent(root, "optimize", "kernels/matmul_cpu", "--proposer", "replay", "--replay", str(tmp_path / "p.json"),
+                "--iters", "1", "--target", "100x", "--run-id", "dmg", "--quiet", timeout=600)
+    assert res.returncode == 0, (res.stdout + res.stderr)[-2000:]
+    run = root / "runs" / "dmg"
+    for name, damage in (("state.json", '{"schema_version": '), ("state.json", '{"schema_version": 1, "status": 7}'),
+                         ("run.json", "\x00\x01")):
+        good = (run / name).read_bytes()
+        (run / name).write_text(damage)
+        for cmd in (["resume", "dmg"], ["report", "dmg"]):
+            res = agent(root, *cmd, timeout=120)
+            out = res.stdout + res.stderr
+            assert res.returncode != 0 and "Traceback" not in out, (name, cmd, out[-2000:])
+            assert f"{run / name}: the run's" in " ".join(out.split()), (name, cmd, out[-2000:])
+        (run / name).write_bytes(good)
