@@ -31,7 +31,8 @@ class LLMSettings(BaseModel):
     model: str = Field(min_length=1)
     base_url: str | None = None                       # None: the openai client's default (api.openai.com)
     api_key: SecretStr | None = Field(default=None, exclude=True, repr=False)
-    timeout_s: float = Field(default=120.0, gt=0)    # per HTTP request
+    timeout_s: float = Field(default=120.0, gt=0)    # per HTTP request: to connect, and between two reads
+    deadline_s: float = Field(default=600.0, gt=0)   # one call in all: every attempt, wait and byte of its reply
     max_attempts: int = Field(default=5, ge=1)       # tries per call, retryable errors only
     backoff_base_s: float = Field(default=1.0, ge=0) # exponential backoff with jitter: base * 2^n ...
     backoff_max_s: float = Field(default=30.0, ge=0) # ... capped here

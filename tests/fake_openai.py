@@ -28,6 +28,7 @@ class Scripted:
     delay_s: float = 0.0
     headers: dict[str, str] = field(default_factory=dict)
     reject_schema: bool = False       # answer 400 to a request with response_format json_schema, else serve
+    drip_s: float = 0.0               # send the body one byte at a time, this many seconds apart
 
 
 @dataclass
@@ -131,7 +132,12 @@ class FakeOpenAI:
                     for k, v in s.headers.items():
                         self.send_header(k, v)
                     self.end_headers()
-                    self.wfile.write(data)
+                    if not s.drip_s:
+                        self.wfile.write(data)
+                    for i in range(len(data)) if s.drip_s else ():
+                        self.wfile.write(data[i:i + 1])
+                        self.wfile.flush()
+                        time.sleep(s.drip_s)
                 except (BrokenPipeError, ConnectionResetError):
                     pass    # the client gave up (a timeout test)
 

@@ -155,6 +155,20 @@ def test_reply_slower_than_the_timeout(srv, task, tmp_path):
     assert len(srv.chat_requests) == 2 and time.monotonic() - t0 < 3
 
 
+def test_a_server_that_drips_its_reply_is_ended_at_the_calls_deadline(srv, task, tmp_path):
+    """Issue 42: a reply sent one byte every 0.2 s never trips timeout_s (each read comes within it: it held a run
+    420 s); the call's deadline (deadline_s, above the retries) ends it, and the reason names it. A reply that comes
+    whole within the deadline is read as before (every other test here)."""
+    from tests.fake_openai import completion
+    for _ in range(3):
+        srv.push(200, completion(json.dumps(GOOD)), drip_s=0.2)   # about 1 KB: minutes a reply
+    t0 = time.monotonic()
+    with pytest.raises(ProposalFailed, match="no whole reply within the call's deadline") as e:
+        LLMProposer(settings(srv, timeout_s=2, deadline_s=2.5), task).propose(context(task, tmp_path))
+    assert time.monotonic() - t0 < 15, time.monotonic() - t0       # one call, its retries included
+    assert "\n" not in str(e.value)
+
+
 def test_authentication_error_is_not_retried_and_ends_the_run(srv, task, tmp_path):
     srv.push(401, error_body("Incorrect API key provided"))
     with pytest.raises(LLMUnusable, match="refused the API key"):

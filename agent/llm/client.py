@@ -10,11 +10,17 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
 import openai
-from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_random_exponential
+
+try:   # the HTTP client openai is built on: httpx2 from openai 3 on, httpx before
+    import httpx2 as httpx
+except ImportError:   # pragma: no cover (the older openai)
+    import httpx
+from tenacity import Retrying, retry_if_exception, stop_after_attempt, stop_after_delay, wait_random_exponential
 
 from agent.llm.costs import call_cost, estimate_tokens, no_price_note
 from agent.llm.errors import ErrorKind, LLMError, from_exception, is_retryable
@@ -23,6 +29,37 @@ from agent.settings import LLMSettings
 
 log = logging.getLogger("agent.llm")
 BAD_REPLY = ErrorKind("bad_reply", False, False, "the endpoint's reply is not a chat completion")
+DEADLINE = ErrorKind("deadline", False, False, "the endpoint gave no whole reply within the call's deadline "
+                     "(deadline_s; a server that sends a byte now and then never trips timeout_s)")
+
+
+class _Deadline(httpx.HTTPTransport):
+    """httpx's timeouts bound each read, not a reply: a server that sends one byte every 2 s held a run 420 s
+    (issue 42). Every response body read here is held to `end` (monotonic seconds, set per call), and a read past
+    it raises a timeout; the wait for the headers is bounded per read by the request's own timeout (at most what
+    is left)."""
+
+    end: float = float("inf")
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        resp = super().handle_request(request)
+        end, inner = self.end, resp.stream
+
+        class Bounded(httpx.SyncByteStream):
+            def __iter__(self):
+                for chunk in inner:
+                    if time.monotonic() > end:
+                        raise httpx.ReadTimeout("past the call's deadline", request=request)
+                    yield chunk
+
+            def close(self) -> None:
+                inner.close()
+
+        if time.monotonic() > end:
+            inner.close()
+            raise httpx.ReadTimeout("past the call's deadline", request=request)
+        resp.stream = Bounded()
+        return resp
 
 
 @dataclass
@@ -39,8 +76,9 @@ class ChatReply:
 class LLMClient:
     def __init__(self, settings: LLMSettings):
         self.settings = settings
-        self._client = openai.OpenAI(api_key=settings.key(), base_url=settings.base_url,
-                                     timeout=settings.timeout_s, max_retries=0)
+        self._transport = _Deadline()
+        self._client = openai.OpenAI(api_key=settings.key(), base_url=settings.base_url, timeout=settings.timeout_s,
+                                     max_retries=0, http_client=httpx.Client(transport=self._transport))
         # None: not known yet; False: the server rejected json_schema once, use text from now on
         self.schema_supported: bool | None = None if settings.structured == "auto" else (
             settings.structured == "json_schema")
@@ -77,7 +115,9 @@ class LLMClient:
             params["temperature"] = s.temperature
         if s.max_tokens is not None:
             params["max_tokens"] = s.max_tokens
-        retrying = Retrying(stop=stop_after_attempt(s.max_attempts),
+        start = time.monotonic()
+        self._transport.end = end = start + s.deadline_s   # above tenacity's retries: the call's own deadline
+        retrying = Retrying(stop=stop_after_attempt(s.max_attempts) | stop_after_delay(s.deadline_s),
                             wait=wait_random_exponential(multiplier=s.backoff_base_s, max=s.backoff_max_s),
                             retry=retry_if_exception(is_retryable), reraise=True,
                             before_sleep=lambda st: log.warning(
@@ -88,8 +128,15 @@ class LLMClient:
             for attempt in retrying:
                 with attempt:
                     attempts = attempt.retry_state.attempt_number
-                    raw = self._client.chat.completions.with_raw_response.create(**params)
+                    left = end - time.monotonic()
+                    if left <= 0:
+                        raise LLMError(DEADLINE, f"{s.deadline_s:.0f} s spent", attempts)
+                    raw = self._client.chat.completions.with_raw_response.create(
+                        **params, timeout=min(s.timeout_s, left))
         except openai.OpenAIError as e:
+            if time.monotonic() >= end:
+                raise LLMError(DEADLINE, f"{s.deadline_s:.0f} s spent, {attempts} attempt{'s' * (attempts != 1)}; "
+                                         f"the last: {from_exception(e)}", attempts) from None
             raise from_exception(e, attempts) from None
         body = raw.text
         try:
