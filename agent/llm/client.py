@@ -78,7 +78,7 @@ class LLMClient:
         self.settings = settings
         self._transport = _Deadline()
         self._client = openai.OpenAI(api_key=settings.key(), base_url=settings.base_url, timeout=settings.timeout_s,
-                                     max_retries=0, http_client=httpx.Client(transport=self._transport))
+                                     max_retries=0, http_client=openai.DefaultHttpxClient(transport=self._transport))
         # None: not known yet; False: the server rejected json_schema once, use text from now on
         self.schema_supported: bool | None = None if settings.structured == "auto" else (
             settings.structured == "json_schema")
