@@ -9,9 +9,14 @@ import os
 import signal
 import time
 
+import pytest
+
 from agent.runlog import read_iterations, read_state
 from tests.test_kill_safety import _comment, _faster, _start, _wait_stage
 from tests.userrepo import agent, make_user_repo
+
+
+pytestmark = pytest.mark.slow   # two agent runs each (~20-25 s): the full suite, not the fast tier
 
 
 def test_a_torn_last_record_is_moved_aside_on_resume_and_the_run_reads_whole(tmp_path):

@@ -115,8 +115,7 @@ class LLMClient:
             params["temperature"] = s.temperature
         if s.max_tokens is not None:
             params["max_tokens"] = s.max_tokens
-        start = time.monotonic()
-        self._transport.end = end = start + s.deadline_s   # above tenacity's retries: the call's own deadline
+        self._transport.end = end = time.monotonic() + s.deadline_s   # above tenacity's retries: the call's own deadline
         retrying = Retrying(stop=stop_after_attempt(s.max_attempts) | stop_after_delay(s.deadline_s),
                             wait=wait_random_exponential(multiplier=s.backoff_base_s, max=s.backoff_max_s),
                             retry=retry_if_exception(is_retryable), reraise=True,

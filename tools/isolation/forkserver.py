@@ -32,6 +32,7 @@ import threading
 import time
 
 from tools.isolation.capture import Capture, pump
+from tools.isolation.proctree import end_adopted, subreaper
 
 _SERVER: ForkServer | None = None
 _LOCK = threading.Lock()
@@ -281,32 +282,6 @@ def serve(fd: int) -> int:
         for f in fds:
             os.close(f)
         _send(sock, {"id": req["id"], "pid": pid})
-
-
-def subreaper() -> None:
-    """Become the parent of any orphan among our descendants (PR_SET_CHILD_SUBREAPER): a kernel's double-forked
-    daemon (its own session, its parent gone) is adopted here instead of by init, where end_adopted finds it."""
-    import ctypes
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(36, 1, 0, 0, 0)
-    except OSError:
-        pass
-
-
-def end_adopted(me: int, mine: set[int]) -> None:
-    """Kill every child of ours we did not fork (orphans adopted from a judge's tree: issue 41 found a kernel's
-    double-forked daemon alive after its run), with whatever it started."""
-    from tools.isolation.proctree import proc_table, kill_tree
-    for pid, (ppid, _, state) in proc_table().items():
-        if ppid == me and pid not in mine and state not in ("Z", "X"):
-            for sig in (signal.SIGSTOP, None, signal.SIGKILL):   # stopped (it cannot fork), its tree, then itself
-                if sig is None:
-                    kill_tree(pid, wait_s=1.0)      # its session, if it leads one, and its descendants
-                    continue
-                try:
-                    os.kill(pid, sig)
-                except ProcessLookupError:
-                    break
 
 
 def _send(sock: socket.socket, msg: dict) -> None:

@@ -96,3 +96,28 @@ def _signal(pid: int, sig: int) -> None:
         os.kill(pid, sig)
     except (ProcessLookupError, PermissionError):
         pass
+
+
+def subreaper() -> None:
+    """Become the parent of any orphan among our descendants (PR_SET_CHILD_SUBREAPER): a kernel's double-forked
+    daemon (its own session, its parent gone) is adopted here instead of by init, where end_adopted finds it."""
+    import ctypes
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(36, 1, 0, 0, 0)
+    except OSError:
+        pass
+
+
+def end_adopted(me: int, mine: set[int]) -> None:
+    """Kill every child of ours we did not fork (orphans adopted from a judge's tree: issue 41 found a kernel's
+    double-forked daemon alive after its run), with whatever it started."""
+    for pid, (ppid, _, state) in proc_table().items():
+        if ppid == me and pid not in mine and state not in ("Z", "X"):
+            for sig in (signal.SIGSTOP, None, signal.SIGKILL):   # stopped (it cannot fork), its tree, then itself
+                if sig is None:
+                    kill_tree(pid, wait_s=1.0)      # its session, if it leads one, and its descendants
+                    continue
+                try:
+                    os.kill(pid, sig)
+                except ProcessLookupError:
+                    break

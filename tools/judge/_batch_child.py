@@ -40,7 +40,7 @@ import threading
 import time
 from pathlib import Path
 
-from tools.isolation.forkserver import end_adopted, subreaper
+from tools.isolation.proctree import end_adopted, subreaper
 from tools.judge.hostclient import HostClient, HostFailed, Remote
 from tools.judge.hostruns import HostRuns
 from tools.judge.judge import wrote_files

@@ -113,8 +113,7 @@ class Host:
         want = os.environ.get("AGENT_HOST_NOFORK", "0" if self.task.backend.gpu else "1") == "1"
         why = nofork.install() if want else "off"
         got["nofork"] = int(why is None)
-        return {"ok": True, "pid": os.getpid(), "threads": torch.get_num_threads(), "limits": got,
-                **({"nofork": why} if why not in (None, "off") else {})}
+        return {"ok": True, "pid": os.getpid(), "threads": torch.get_num_threads(), "limits": got, "nofork_off": why}
 
     def load(self, r: dict) -> dict:
         self.libs[r["id"]] = self.task.backend.load(r["path"])
