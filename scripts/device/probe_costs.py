@@ -1,12 +1,14 @@
 """Where a GPU bench's probes spend their time (issue 40: attention's reentrant probe cost 17-20 s a bench), on the
 GPU box:
 
-    python scripts/device/probe_costs.py [TASK]      # from the repo root; default attention_fwd
+    python scripts/device/probe_costs.py [TASK] [bench|wide]   # from the repo root; default attention_fwd bench
 
 Builds the task's kernel with its tensor-core knobs where it has them (a fast candidate: more calls per probe) and
 the committed kernel as its baseline, then runs the judge's bench (`python -m tools.judge.judge bench`, the same
 child the loop runs) under cProfile. Prints the bench's per-probe seconds and the judge's 25 costliest functions
-(cumulative); writes $OUT/probe_costs.prof and $OUT/probe_costs.txt.
+(cumulative); writes $OUT/probe_costs.prof and $OUT/probe_costs.txt. `wide`: the judge's parity on the [dims]
+extremes instead (`parity --extent range`, what a candidate about to be kept pays), the 2^31-element shape's
+check (tools/judge/wide.py) among them.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from tools.task import load_task   # noqa: E402
 
 def main() -> int:
     name = sys.argv[1] if len(sys.argv) > 1 else "attention_fwd"
+    mode = sys.argv[2] if len(sys.argv) > 2 else "bench"
     out = Path(os.environ.get("OUT") or tempfile.mkdtemp(prefix="probe-costs-out-"))
     out.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="probe-costs-"))
@@ -49,7 +52,8 @@ def main() -> int:
         libs[arm] = (d, b.lib_path)
     prof = out / "probe_costs.prof"
     argv = ["bench", "--task", str(libs["candidate"][0]), "--lib", str(libs["candidate"][1]), "--baseline-lib",
-            str(libs["baseline"][1]), "--no-reference"]
+            str(libs["baseline"][1]), "--no-reference"] if mode == "bench" else \
+        ["parity", "--task", str(libs["candidate"][0]), "--lib", str(libs["candidate"][1]), "--extent", "range"]
     code = (f"import cProfile\nfrom tools.judge.judge import main\n"
             f"cProfile.run({f'main({argv!r})'!r}, {str(prof)!r})\n")
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=400,
@@ -57,6 +61,9 @@ def main() -> int:
     text = res.stdout.strip().splitlines()
     try:
         data = json.loads(text[-1])
+        if mode != "bench":
+            print("parity", data.get("status"), round(data.get("seconds") or 0, 1), "s:", data.get("message", "")[-300:])
+            print("wide:", [(c["label"], c["seconds"]) for c in data.get("checks") or [] if c["label"].startswith("wide")])
         benches = [v for v in (data.values() if isinstance(data, dict) else data) if isinstance(v, list)]
         for b in [b for lst in benches for b in lst if isinstance(b, dict) and "probe_seconds" in b]:
             print("bench", b.get("status"), round(b.get("seconds", 0), 1), "s; probes:", b.get("probe_seconds"))

@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from agent.proposal import Edit, PredictedEffect, Proposal   # noqa: E402
 from agent.runlog import read_config, read_iterations, read_state   # noqa: E402
-from verify_gpu import _device, _stage, git, make_user_repo, snapshot   # noqa: E402
+from verify_gpu import _device, _stage, git, initial_wide, make_user_repo, snapshot, wide_seconds   # noqa: E402
 
 CHEATS = REPO / "tests" / "fixtures" / "cuda_cheats" / "attention"
 TASK = REPO / "kernels" / "attention_fwd"
@@ -98,7 +98,7 @@ def main() -> int:
         ok = kept == (kind == "good")
         rows.append({"pattern": name, "kind": kind, "description": pattern, "outcome": rec.outcome.value,
                      "status": st.status.value if st is not None else "-", "kept": kept, "reason": rec.reason[:400],
-                     "seconds": rec.wall_s and round(rec.wall_s, 1), "ok": ok})
+                     "seconds": rec.wall_s and round(rec.wall_s, 1), "wide_s": wide_seconds(rec), "ok": ok})
         if not ok:
             problems.append(f"{name}: {'kept' if kept else 'not kept'}: {rec.outcome.value}: {rec.reason[:200]}")
     missing = [r["pattern"] for r in rows if r["outcome"] == "missing"]
@@ -111,7 +111,9 @@ def main() -> int:
     if snapshot(root) != before:
         problems.append("the user's checkout changed")
     dev = _device()
-    result = {"device": dev, "seconds": round(elapsed, 1), "rows": rows, "problems": problems, "ok": not problems}
+    result = {"device": dev, "seconds": round(elapsed, 1), "rows": rows, "problems": problems, "ok": not problems,
+              "initial_wide": initial_wide(run)}
+    print(f"the initial kernel on the 2^31-element shape: {result['initial_wide']}")
     out.mkdir(parents=True, exist_ok=True)
     (out / "verify_attention.json").write_text(json.dumps(result, indent=2))
     for src, name in ((run / "iterations.jsonl", "iterations.jsonl"), (run / "initial" / "parity.json", "parity.json"),
@@ -121,7 +123,7 @@ def main() -> int:
     print(f"{'pattern':24s} {'kind':5s} {'outcome':16s} {'status':14s} kept  {'s':>6s} ok  reason")
     for r in rows:
         print(f"{r['pattern']:24s} {r['kind']:5s} {r['outcome']:16s} {r['status']:14s} {str(r['kept']):5s} {r['seconds']!s:>6s} "
-              f"{'yes' if r['ok'] else 'NO':3s} {r['reason'][:160]}")
+              f"{'yes' if r['ok'] else 'NO':3s} wide {r.get('wide_s')!s:>6s}s {r['reason'][:160]}")
     for p in problems:
         print(f"PROBLEM: {p}")
     print(f"verify_attention on {dev}: {sum(r['ok'] for r in rows)}/{len(rows)} as expected, "

@@ -1,6 +1,6 @@
 """The CUDA-only half of the verification suite (VERIFICATION.md), in one go on the GPU box:
 
-    python scripts/device/verify_gpu.py            # from the repo root; about 3-5 minutes on an H100/H200
+    python scripts/device/verify_gpu.py [NAME ...]   # from the repo root; about 3-5 minutes on an H100/H200
 
 Makes a user repository (a real git repo in a temp dir) holding kernels/softmax with shorter bench
 budgets, writes the CUDA cheats and faults below as replay proposals (search/replace edits of
@@ -87,7 +87,9 @@ CASES = [
           # the memcheck form: right outputs, an access past the end of x or y that no guard sees
           ("tail_rmw", ("invalid_access",), ("Invalid __global__",)),
           ("tail_overread", ("invalid_access",), ("Invalid __global__",)),
-          ("rows_past_m", ("invalid_access", "crashed", "error"), ("Invalid __global__", "illegal", "crashed")))],
+          ("rows_past_m", ("invalid_access", "crashed", "error"), ("Invalid __global__", "illegal", "crashed")),
+          # the index form: int row offsets, caught on the one shape past 2^31 elements (tools/judge/wide.py)
+          ("int_offsets", ("error", "crashed", "mismatch", "unwritten", "out_of_bounds"), ("wide ",)))],
     # the shared-state form: right one call at a time, wrong when two calls run at once on two streams
     *[(name, "cheat", _first_line(name), [(None, _cheat(name))], "bench_failed", ("suspicious",),
        ("two threads calling the candidate at once",))
@@ -135,6 +137,22 @@ def make_user_repo(root: Path, task: str = "softmax", fast: dict[str, str] = TOM
 def snapshot(root: Path) -> tuple:
     return (git(root, "rev-parse", "HEAD"), git(root, "status", "--porcelain", "--untracked-files=all"),
             (root / "README.md").read_text())
+
+
+def wide_seconds(rec) -> float | None:
+    """The seconds the check on the 2^31-element shape took in this record (tools/judge/wide.py), or None."""
+    checks = rec.parity.checks if rec is not None and rec.parity is not None else []
+    return next((c.seconds for c in checks if c.label.startswith("wide ")), None)
+
+
+def initial_wide(run: Path) -> dict | None:
+    """The honest initial kernel's check on the 2^31-element shape (runs/RUN/initial/parity.json), or None."""
+    f = run / "initial" / "parity.json"
+    if not f.exists():
+        return None
+    checks = json.loads(f.read_text()).get("checks") or []
+    return next(({k: c.get(k) for k in ("label", "status", "seconds", "max_abs_err")} for c in checks
+                 if str(c.get("label", "")).startswith("wide ")), None)
 
 
 def proposals() -> list[dict]:
@@ -191,7 +209,8 @@ def run_all(work: Path, out_dir: Path | None = None) -> tuple[list[dict], bool]:
         ok = (slow or rec.outcome.value in expect and (not statuses or status in statuses) and
               (not needles or any(n in rec.reason for n in needles))) and kept == (kind == "good")
         rows.append({"pattern": name, "kind": kind, "description": pattern, "outcome": rec.outcome.value,
-                     "status": status, "kept": kept, "reason": rec.reason[:300], "ok": ok})
+                     "status": status, "kept": kept, "reason": rec.reason[:300], "ok": ok,
+                     "seconds": rec.wall_s and round(rec.wall_s, 1), "wide_s": wide_seconds(rec)})
         if not ok:
             problems.append(f"{name}: expected {expect} {statuses}, got {rec.outcome.value} {status}: {rec.reason[:200]}")
     if (run / "state.json").exists():
@@ -204,7 +223,7 @@ def run_all(work: Path, out_dir: Path | None = None) -> tuple[list[dict], bool]:
         problems.append("the user's checkout changed")
     device = _device()
     result = {"device": device, "seconds": round(elapsed, 1), "rows": rows, "problems": problems,
-              "ok": not problems}
+              "ok": not problems, "initial_wide": initial_wide(run)}
     if out_dir is not None:
         out_dir.mkdir(parents=True, exist_ok=True)
         (out_dir / "verify_gpu.json").write_text(json.dumps(result, indent=2))
@@ -220,14 +239,21 @@ def _device() -> str:
 
 
 def main() -> int:
+    global CASES
+    if sys.argv[1:]:   # a subset by name (the final honest move always last)
+        unknown = set(sys.argv[1:]) - {c[0] for c in CASES}
+        if unknown:
+            raise SystemExit(f"no such case: {', '.join(sorted(unknown))}")
+        CASES = [c for c in CASES if c[0] in sys.argv[1:] or c[1] == "good"]
     out = Path(os.environ.get("OUT") or tempfile.mkdtemp(prefix="verify-gpu-out-"))
     work = Path(tempfile.mkdtemp(prefix="verify-gpu-"))
     rows, ok = run_all(work, out)
     print(f"{'pattern':18s} {'kind':6s} {'outcome':16s} {'status':12s} kept  ok  reason")
     for r in rows:
         print(f"{r['pattern']:18s} {r['kind']:6s} {r['outcome']:16s} {r['status']:12s} {str(r['kept']):5s} "
-              f"{'yes' if r['ok'] else 'NO':3s} {r['reason'][:120]}")
+              f"{'yes' if r['ok'] else 'NO':3s} {r.get('seconds')!s:>6s}s wide {r.get('wide_s')!s:>6s}s {r['reason'][:120]}")
     data = json.loads((out / "verify_gpu.json").read_text())
+    print(f"the initial kernel on the 2^31-element shape: {data.get('initial_wide')}")
     for p in data["problems"]:
         print(f"PROBLEM: {p}")
     print(f"verify_gpu on {data['device']}: {sum(r['ok'] for r in rows)}/{len(rows)} as expected, "

@@ -22,6 +22,7 @@ Requests (each answered {"ok": true, ...} or {"ok": false, "error": "..."}):
     arms  {shape, sets, outs, arms}            the bench's arms (a library, or null: the reference) over
                                                buffers already here
     refill {shape, sets, seeds, dist}          new values in the timed sets (make_inputs), their digests
+    drop  {keys}                               forget these buffers, their memory given back
     cost  {arm} / time {arm, n, offset, refresh} tools.backends.clocks' rep cost / n timed reps (ms each),
                                                values traded before each (tools.measure.rounds.Refresh)
 
@@ -147,6 +148,24 @@ class Host:
     def _in(self, d: dict):
         return self.bufs[d["key"]].view(d["shape"])
 
+    def _made(self, d: dict, like):
+        """An input buffer for `refill`, made here like `like` where this process holds none under the key (the
+        judge's wide shape, tools/judge/wide.py: its inputs are made here from the seed, no bytes travel)."""
+        import torch
+        have = self.bufs.get(d["key"])
+        if have is None or have.numel() != like.numel() or have.dtype != like.dtype:
+            have = self.bufs[d["key"]] = torch.empty(like.numel(), dtype=like.dtype, device=self.device())
+        return have.view(d["shape"])
+
+    def drop(self, r: dict) -> dict:
+        """Forget these buffers and give their memory back (the wide shape's, once checked)."""
+        for key in r["keys"]:
+            self.bufs.pop(key, None)
+        if self.task.backend.gpu:
+            import torch
+            torch.cuda.empty_cache()
+        return {"ok": True}
+
     def _out(self, d: dict):
         return self.bufs[d["key"]][d["offset"]:d["offset"] + d["numel"]].view(d["shape"])
 
@@ -231,7 +250,7 @@ class Host:
         digests = []
         for descs, seed in zip(r["sets"], r["seeds"]):
             fresh = make_inputs(self.mod, r["shape"], int(seed), self.device(), r["dist"])
-            bufs = [self._in(x) for x in descs]
+            bufs = [self._made(x, y) for x, y in zip(descs, fresh)]
             for x, y in zip(bufs, fresh):
                 x.copy_(y)
             digests.append([digest(x) for x in bufs])
@@ -262,7 +281,7 @@ class Host:
             return {"ok": True, "ms": self.timed["clock"].run(fn, int(r["n"]), offset=int(r["offset"]), before=before)}
 
 
-OPS = ("init", "load", "plan", "call", "arms", "refill", "poison", "cost", "time")
+OPS = ("init", "load", "plan", "call", "arms", "refill", "poison", "cost", "time", "drop")
 
 
 def main() -> int:

@@ -17,7 +17,7 @@ import weakref
 from pathlib import Path
 
 from tools.isolation.forkserver import become_child, die_with_parent, exit_with
-from tools.judge.host import load_into, save
+from tools.judge.host import digest, load_into, save
 from tools.isolation.scratch import Scratch
 
 MAX_ANSWER = 16 << 20
@@ -249,13 +249,39 @@ class Remote:
         load_into(t, self._file(key))
         self.synced[key] = (weakref.ref(t), t._version)
 
+    def mirror(self, shape: dict, sets: list[tuple], seeds: list[int], dist: str) -> None:
+        """Each set holds make_inputs' values for its seed here: the host makes the same from the same seeds in
+        its buffers (no bytes travel), and its digests must be this process's; where one differs (a task whose
+        make_inputs is not deterministic), this process's tensors go to it as files."""
+        keys = [[{"key": self._key(t, "i"), "shape": list(t.shape)} for t in s] for s in sets]
+        ans = self.host.ask({"op": "refill", "shape": shape, "sets": keys, "seeds": seeds, "dist": dist})
+        got = ans.get("digests")
+        for s, ds in zip(sets, got if isinstance(got, list) else [None] * len(sets)):
+            for j, t in enumerate(s):
+                key = self._key(t, "i")
+                if isinstance(ds, list) and j < len(ds) and ds[j] == digest(t):
+                    self.synced[key] = (weakref.ref(t), t._version)
+                else:
+                    self.synced.pop(key, None)
+        put = self.put([(t, "i") for s in sets for t in s])
+        if put:
+            self.host.ask({"op": "call", "shape": shape, "put": put, "calls": [], "get": []})
+
+    def drop(self, tensors: list) -> None:
+        """The host forgets these tensors (inputs or outputs) and gives their memory back."""
+        keys = [self._key(self._out(t)[0], k) if k == "o" else self._key(t, k) for t, k in tensors]
+        for key in keys:
+            self.synced.pop(key, None)
+        self.host.ask({"op": "drop", "keys": keys})
+
     def calls(self, lib: str, shape: dict, pairs: list[tuple], transfer: bool = True,
               keep_outs: bool = False, threads: int = 1, shapes: list[dict] | None = None,
-              thread_of: list[int] | None = None) -> tuple[float, float, float | None]:
+              thread_of: list[int] | None = None, check: bool = True) -> tuple[float, float, float | None]:
         """Run lib on each (out, inputs) back to back in the host. With `transfer`, changed inputs go there
         first, each output is poisoned there and comes back after, and so does any input a call changed
         (without: the buffers are already there, as the bench's are); with `keep_outs`, each output goes
-        there as it is here instead of poisoned (parity's output-state check); `threads` 2 makes them in two
+        there as it is here instead of poisoned (parity's output-state check); without `check` the host keeps no
+        copy of the inputs to find those a call changed (the wide shape's: memory); `threads` 2 makes them in two
         threads at once (`thread_of` each call's, 0 or 1), `shapes` each call's shape. Returns (seconds to issue the calls, seconds in all on
         the judge's clock, seconds between events on the host's stream around the calls or None)."""
         import time
@@ -274,7 +300,7 @@ class Remote:
             if transfer else []
         t0 = time.perf_counter()
         ans = self.host.ask({"op": "call", "shape": shape, "put": put, "calls": calls, "threads": threads,
-                             "get": list(outs) if transfer else [], "check": transfer})
+                             "get": list(outs) if transfer else [], "check": transfer and check})
         total = time.perf_counter() - t0
         late = ans.get("late") or []
         self.late = [int(n) for n in late if isinstance(n, int) and 0 <= n < len(pairs)]

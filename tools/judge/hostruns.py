@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import weakref
 
-from tools.judge.host import digest
 from tools.judge.hostclient import HostClient, HostFailed, Remote
 from tools.measure.stats import outside_check
 
@@ -85,23 +84,8 @@ class HostRuns:
 
     def mirror(self, sets: list[tuple], seeds: list[int], dist: str) -> None:
         """The timed sets hold new values here (tools/measure/rounds.py, from make_inputs with `seeds`): the host
-        makes the same from the same seeds in its buffers (no bytes travel), and its digests must be this
-        process's; where one differs (a task whose make_inputs is not deterministic), this process's sets
-        go to it as files."""
-        r = self.remote
-        keys = [[{"key": r._key(t, "i"), "shape": list(t.shape)} for t in s] for s in sets]
-        ans = r.host.ask({"op": "refill", "shape": self.shape, "sets": keys, "seeds": seeds, "dist": dist})
-        got = ans.get("digests")
-        for s, ds in zip(sets, got if isinstance(got, list) else [None] * len(sets)):
-            for j, t in enumerate(s):
-                key = r._key(t, "i")
-                if isinstance(ds, list) and j < len(ds) and ds[j] == digest(t):
-                    r.synced[key] = (weakref.ref(t), t._version)
-                else:
-                    r.synced.pop(key, None)
-        put = r.put([(t, "i") for s in sets for t in s])
-        if put:
-            r.host.ask({"op": "call", "shape": self.shape, "put": put, "calls": [], "get": []})
+        makes the same (Remote.mirror)."""
+        self.remote.mirror(self.shape, sets, seeds, dist)
 
     def refreshed(self, sets: list[tuple], seed: int, offset: int, n: int) -> None:
         """The host traded values in its sets before each rep of a burst (tools.measure.rounds.Refresh): the

@@ -81,6 +81,9 @@ def checked_parity(task, mod, remote: Remote, job: dict):
     from tools.results import ParityStatus
     par = check(task, mod, "candidate", seed=int(job.get("seed") or 0), hidden=not job.get("no_hidden"),
                 run=remote.run, run_kept=remote.run_kept, extent=job.get("parity_extent") or "full")
+    extent = job.get("parity_extent") or "full"
+    if par.status == ParityStatus.ok and task.backend.gpu and extent != "quick" and not job.get("no_hidden"):
+        par = wide(task, mod, remote, job, par)
     if par.status == ParityStatus.ok and (why := wrote_files(remote.host, task)) is not None:
         par = par.model_copy(update={"status": ParityStatus.side_effect, "message": why})
     elif par.status == ParityStatus.ok and remote.threads_left:   # named, not refused: a pool may be by design
@@ -88,6 +91,19 @@ def checked_parity(task, mod, remote: Remote, job: dict):
         par = par.model_copy(update={"message": f"{par.message}; the kernel's calls left {n} thread{'s' * (n != 1)} "
                                                 f"running after they returned ({', '.join(remote.threads_left)})"})
     return par
+
+
+def wide(task, mod, remote: Remote, job: dict, par):
+    """Parity's result with the wide shape's (tools/judge/wide.py): its check appended, its failure parity's, its
+    skip said in the message."""
+    from tools.judge.wide import check_wide
+    sc, line = check_wide(task, mod, remote, int(job.get("seed") or 0))
+    if sc is None:
+        return par.model_copy(update={"message": f"{par.message}; {line}"})
+    update = {"checks": [*par.checks, sc], "seconds": par.seconds + (sc.seconds or 0.0)}
+    if sc.ok:
+        return par.model_copy(update={**update, "message": f"{par.message}; {line}"})
+    return par.model_copy(update={**update, "status": sc.status, "message": sc.message})
 
 
 def bench(task, mod, remote: Remote, job: dict, shapes: list[dict]) -> list[dict]:

@@ -16,8 +16,9 @@ tested reduction length and not at the longest. So, for each dimension with a ra
   point (an operand rounded to fewer bits shows in full where the sum's own rounding is small);
 - every dimension past 256 (a prime or an odd number just past it), so that each tensor indexed by two of
   them holds more than 2^16 elements, within INDEX_CAP elements for all the dimensions together.
-2^31 (a 32-bit index) is not reached on a CPU: the judge and the host each hold the tensors (issue 40 on
-the GPU). A task's `valid_shape(shape)` in task.py, where it has one, drops a shape it cannot take.
+2^31 (a 32-bit index) is not reached here: the judge and the host each hold the tensors. On a GPU, `wide_shape`
+is the one shape whose largest tensor passes 2^31 elements (tools/judge/wide.py checks a candidate on it once).
+A task's `valid_shape(shape)` in task.py, where it has one, drops a shape it cannot take.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ PAST_16 = (257, 259, 263, 269)      # any two of them multiply past 2^16
 WIDE = (31, 33, 47)                 # beside a swept dimension: enough outputs for the error budget's RMS
 SWEEP = 17                          # each dimension takes every value 1..SWEEP once
 INDEX_CAP = 1 << 27                 # the product of the shape's dimensions at most (an upper bound on a tensor)
+INT32_PAST = (1 << 31) + 1          # elements in the wide shape's largest tensor at least: a 32-bit index wraps
 
 
 def range_shapes(spec, mod, rng: random.Random) -> list[tuple[dict, str]]:
@@ -74,3 +76,72 @@ def range_shapes(spec, mod, rng: random.Random) -> list[tuple[dict, str]]:
         seen.add(key)
         keep.append((shape, why))
     return keep
+
+
+PROBE_PRIMES = ((11, 13, 17, 19, 23, 29, 31, 37), (41, 43, 47, 53, 59, 61, 67, 71))
+
+
+def _factors(mod, shape: dict, dims, primes) -> list[tuple[int, dict]] | None:
+    """Each tensor (inputs, output) of the shape with its [dims] at distinct small primes, as (the factor the
+    other keys give, {dim: its power}): a tensor's elements as a product of the dimensions it is indexed by."""
+    from tools.task_messages import make_inputs
+    probe = {**shape, **{d: p for d, p in zip(dims, primes)}}
+    ins = make_inputs(mod, probe, 0, "cpu", "normal")
+    out = []
+    for t in (*ins, mod.empty_output(probe, *ins)):
+        if not hasattr(t, "numel"):
+            continue
+        n, powers = int(t.numel()), {}
+        for d, p in zip(dims, primes):
+            while n and n % p == 0:
+                n //= p
+                powers[d] = powers.get(d, 0) + 1
+        out.append((n, powers))
+    return out
+
+
+def element_counter(mod, shape: dict, dims=()):
+    """shape -> the element count of its largest tensor (inputs and output), for shapes that differ from `shape` in
+    the [dims] `dims` only. From two calls of make_inputs and empty_output on tiny CPU shapes (the dims at distinct
+    primes: which dimensions each tensor is indexed by, the same answer from two sets of primes); the product of
+    the shape's dimensions where that does not hold (a task whose sizes are not products of its dimensions, or
+    whose functions refuse such shapes)."""
+    import math
+    dims = [d for d in dims if d in shape][:len(PROBE_PRIMES[0])]
+    try:
+        a, b = (_factors(mod, shape, dims, primes) for primes in PROBE_PRIMES)
+    except Exception:  # the task's functions refuse the probe's shapes: the bound
+        return shape_size
+    if not a or a != b:
+        return shape_size
+    return lambda s: max(n * math.prod(int(s[d]) ** e for d, e in powers.items()) for n, powers in a)
+
+
+def tensor_elements(mod, shape: dict, dims=()) -> int:
+    """The element count of the shape's largest tensor (element_counter)."""
+    return element_counter(mod, shape, dims)(shape)
+
+
+def wide_shape(spec, mod, past: int = INT32_PAST) -> dict | None:
+    """The main shape with its dimensions grown, one at a time (the reduction's last), each within its declared
+    maximum, until the largest tensor holds `past` elements (2^31 + 1: the first where a 32-bit element offset,
+    `int row * N` or `(b * H + h) * S * D`, wraps). None where the declared maxima do not reach it."""
+    dims = spec.dims
+    if not dims:
+        return None
+    shape = dict(spec.main)
+    count = element_counter(mod, shape, list(dims))
+    order = [d for d, r in dims.items() if not r.reduction] + [d for d, r in dims.items() if r.reduction]
+    for d in order:
+        for _ in range(3):   # a tensor indexed by d grows with it; one the size bound misjudges is measured again
+            n = count(shape)
+            if n >= past:
+                break
+            grow = -(-past * max(1, int(shape[d])) // n)
+            if grow <= shape[d] or shape[d] >= dims[d].max:
+                break
+            shape[d] = min(dims[d].max, grow)
+    if count(shape) < past:
+        return None
+    valid = getattr(mod, "valid_shape", None)
+    return shape if valid is None or valid(shape) else None
