@@ -287,7 +287,7 @@ def _joined(first: ParityResult, then: ParityResult) -> ParityResult:
     ok = then.status == ParityStatus.ok
     return ParityResult(status=then.status, checks=first.checks + then.checks, seconds=first.seconds + then.seconds,
                         message=f"{first.message}; then, before the keep, {then.message}" if ok else then.message,
-                        memcheck=then.memcheck or first.memcheck)
+                        memcheck=then.memcheck or first.memcheck, racecheck=then.racecheck or first.racecheck)
 
 
 def _launch_ok(res: LaunchResult) -> LaunchResult:

@@ -21,7 +21,7 @@ CHEATS = ROOT / "tests" / "fixtures" / "cuda_cheats" / "softmax"
 NAMES = sorted(p.stem for p in CHEATS.glob("*.cu"))
 ATTENTION = ROOT / "tests" / "fixtures" / "cuda_cheats" / "attention"
 ATT_NAMES = sorted(p.stem for p in ATTENTION.glob("*.cu"))
-FIRST = r"// CHEAT \((range|precision|memcheck|shared-state|output-state|stale-input), issue 40\): "
+FIRST = r"// CHEAT \((range|precision|memcheck|race|shared-state|output-state|stale-input), issue 40\): "
 
 
 def test_every_adversary_says_what_it_is_and_is_in_the_device_run():
@@ -33,8 +33,7 @@ def test_every_adversary_says_what_it_is_and_is_in_the_device_run():
         first = (CHEATS / f"{name}.cu").read_text().splitlines()[0]
         assert re.match(FIRST, first), (name, first)
         assert f"`{name}.cu`" in readme, name
-        # run through the loop on the device, or said why not (int_offsets needs the 2^31 shape, not landed)
-        assert f'"{name}"' in verify or name == "int_offsets", name
+        assert f'"{name}"' in verify, name   # run through the loop on the device
 
 
 @pytest.mark.nvcc

@@ -119,3 +119,47 @@ def test_memcheck_fails_an_access_past_an_end_and_passes_the_honest_kernel(tmp_p
     else:   # parity passes it (the output is right); memcheck does not
         assert par.status.value == "invalid_access" and par.memcheck.status == "failed", par.message
         assert "Invalid __global__" in par.message
+
+
+def test_the_parser_quotes_the_first_race_and_counts_racechecks_errors_not_its_warnings():
+    text = (ROOT / "tests" / "fixtures" / "sanitizer" / "racecheck_shared_red_reuse.log").read_text()
+    n, first = sanitize.parse_log(text)
+    assert n == 8     # "RACECHECK SUMMARY: 8 hazards displayed (8 errors, 0 warnings)"
+    assert first.startswith("Error: Race reported between Write access at group_sum") and "group_max" in first, first
+    warned = ("========= COMPUTE-SANITIZER\n========= Warning: Race reported between Write access at k()+0x10 in a.cu:3\n"
+              "=========     and Write access at k()+0x10 in a.cu:3 [4 hazards]\n=========\n"
+              "========= RACECHECK SUMMARY: 1 hazard displayed (0 errors, 1 warning)\n")
+    assert sanitize.parse_log(warned) == (0, "")
+
+
+def test_racecheck_takes_the_small_shapes_and_runs_only_where_shared_memory_is_used():
+    from tools.judge.judge import uses_shared_memory
+    task = load_task(ROOT / "kernels" / "softmax")
+    got = sanitize.shapes(task.spec, task.module(), random.Random(7), sanitize.RACE_SHAPES, sanitize.RACE_ELEMENTS)
+    assert 1 <= len(got) <= sanitize.RACE_SHAPES
+    assert all(s["M"] * s["N"] <= sanitize.RACE_ELEMENTS for s, _ in got)
+    cmd = sanitize.command("compute-sanitizer", Path("r.log"), "racecheck")
+    assert cmd[cmd.index("--tool") + 1] == "racecheck" and "--leak-check" not in cmd
+    plain = {"kernels": [{"name": "k", "smem_static_bytes": 0}]}
+    no_dyn = {"ok": True, "launches": [{"kernel": "k", "smem_dynamic_bytes": 0}]}
+    assert not uses_shared_memory(plain, no_dyn)
+    assert uses_shared_memory({"kernels": [{"name": "k", "smem_static_bytes": 32}]}, no_dyn)
+    assert uses_shared_memory(plain, {"ok": True, "launches": [{"kernel": "k", "smem_dynamic_bytes": 4096}]})
+    assert uses_shared_memory(None, None)    # not known: racecheck runs
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _gpu(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("name", ["shared_red_reuse", None])
+def test_racecheck_fails_a_shared_memory_race_and_passes_the_honest_kernel(tmp_path, name):
+    from tools.build.build import build
+    d = tmp_path / "softmax"
+    shutil.copytree(ROOT / "kernels" / "softmax", d, ignore=shutil.ignore_patterns("__pycache__"))
+    if name is not None:
+        shutil.copy(CHEATS / f"{name}.cu", d / "softmax.cu")
+    task = load_task(d)
+    b = build(task, tmp_path / "b")
+    assert b.status.value == "ok", b.message
+    res = sanitize.memcheck(task, task.module(), {"lib": b.lib_path}, tmp_path, 1, "racecheck")
+    assert res["tool"] == "racecheck" and res["seconds"] > 0
+    assert res["status"] == ("ok" if name is None else "failed"), res["message"]

@@ -122,6 +122,7 @@ class ParityStatus(str, Enum):
     side_effect = "side_effect"            # the kernel wrote files (not allowed by task.toml)
     imprecise = "imprecise"                # error past [parity] error_budget x the reference implementation's own
     invalid_access = "invalid_access"      # compute-sanitizer memcheck: a read or write outside every allocation
+    race = "race"                          # compute-sanitizer racecheck: shared memory read and written with no barrier between
     crashed = "crashed"
     timeout = "timeout"
     error = "error"                        # the harness could not run (bad lib, missing symbol, ...)
@@ -163,6 +164,7 @@ class ParityResult(BaseModel):
     checks: list[ShapeCheck] = []
     seconds: float = 0.0
     memcheck: SanitizerResult | None = None
+    racecheck: SanitizerResult | None = None
 
     def worst(self) -> ShapeCheck | None:
         bad = [c for c in self.checks if not c.ok]

@@ -111,9 +111,9 @@ def run_check(task_path: Path, build_dir: Path | None = None, knobs: str = "comm
         steps.add("launch (static)", a.launch.status.value, a.launch.message)
     if a.parity is not None:
         steps.add("parity", a.parity.status.value, a.parity.message or f"{len(a.parity.checks)} checks")
-    if a.parity is not None and a.parity.memcheck is not None:   # a GPU task (tools/judge/sanitize.py)
-        m = a.parity.memcheck
-        steps.add("memcheck", {"skipped": "not available", "error": "note"}.get(m.status, m.status), m.message)
+    for m in (a.parity.memcheck, a.parity.racecheck) if a.parity is not None else ():   # a GPU task (tools/judge/sanitize.py)
+        if m is not None:
+            steps.add(m.tool, {"skipped": "not available", "error": "note"}.get(m.status, m.status), m.message)
     if a.bench is not None:
         summary.bench = [a.bench]
         r = a.bench

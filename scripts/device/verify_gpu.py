@@ -89,7 +89,9 @@ CASES = [
           ("tail_overread", ("invalid_access",), ("Invalid __global__",)),
           ("rows_past_m", ("invalid_access", "crashed", "error"), ("Invalid __global__", "illegal", "crashed")),
           # the index form: int row offsets, caught on the one shape past 2^31 elements (tools/judge/wide.py)
-          ("int_offsets", ("error", "crashed", "mismatch", "unwritten", "out_of_bounds"), ("wide ",)))],
+          ("int_offsets", ("error", "crashed", "mismatch", "unwritten", "out_of_bounds"), ("wide ",)),
+          # the race form: right in practice, a shared-memory hazard racecheck reports (tools/judge/sanitize.py)
+          ("shared_red_reuse", ("race", "mismatch", "nondeterministic", "unwritten"), ("racecheck", "range ", "parity")))],
     # the shared-state form: right one call at a time, wrong when two calls run at once on two streams
     *[(name, "cheat", _first_line(name), [(None, _cheat(name))], "bench_failed", ("suspicious",),
        ("two threads calling the candidate at once",))

@@ -72,7 +72,7 @@ def run_candidate(task: Task, lib_path: Path, baseline_lib: Path | None, *, seed
     CUDA contexts fewer per iteration. A crash or timeout is charged to the stage the child had
     entered (it says so on stderr). `warm` (prestart_candidate) is used if it still serves this
     task's files, else a child is started here; either way it is spent. `memcheck`: on a GPU, after parity,
-    the candidate under compute-sanitizer memcheck (tools/judge/sanitize.py) before the bench. `budgets`: each
+    the candidate under compute-sanitizer memcheck and racecheck (tools/judge/sanitize.py) before the bench. `budgets`: each
     stage's seconds measured at the run's setup (tools/judge/budgets.py); the task's timeouts still bound the whole."""
     seed = secrets.randbits(31) if seed is None else seed
     shapes = [dict(s) for s in (shapes or [task.spec.main])]
@@ -82,7 +82,7 @@ def run_candidate(task: Task, lib_path: Path, baseline_lib: Path | None, *, seed
     timeout = task.spec.parity.timeout_s + task.spec.bench.timeout_s
     if memcheck and task.backend.gpu:
         from tools.judge.sanitize import TIMEOUT_S
-        timeout += TIMEOUT_S
+        timeout += 2 * TIMEOUT_S     # memcheck, then racecheck where the kernel uses shared memory
     t0 = time.monotonic()
     if warm is None or not warm.serves(task):
         if warm is not None:

@@ -148,15 +148,6 @@ class Host:
     def _in(self, d: dict):
         return self.bufs[d["key"]].view(d["shape"])
 
-    def _made(self, d: dict, like):
-        """An input buffer for `refill`, made here like `like` where this process holds none under the key (the
-        judge's wide shape, tools/judge/wide.py: its inputs are made here from the seed, no bytes travel)."""
-        import torch
-        have = self.bufs.get(d["key"])
-        if have is None or have.numel() != like.numel() or have.dtype != like.dtype:
-            have = self.bufs[d["key"]] = torch.empty(like.numel(), dtype=like.dtype, device=self.device())
-        return have.view(d["shape"])
-
     def drop(self, r: dict) -> dict:
         """Forget these buffers and give their memory back (the wide shape's, once checked)."""
         for key in r["keys"]:
@@ -247,14 +238,26 @@ class Host:
         """New values in the timed sets, in place: set i from the task's make_inputs with seeds[i]; answers
         each tensor's digest (the judge made the same and compares)."""
         from tools.task_messages import make_inputs
-        digests = []
+        digests, adopted = [], False
         for descs, seed in zip(r["sets"], r["seeds"]):
             fresh = make_inputs(self.mod, r["shape"], int(seed), self.device(), r["dist"])
-            bufs = [self._made(x, y) for x, y in zip(descs, fresh)]
-            for x, y in zip(bufs, fresh):
-                x.copy_(y)
+            bufs = []
+            for x, y in zip(descs, fresh):
+                have = self.bufs.get(x["key"])
+                if have is None or have.numel() != y.numel() or have.dtype != y.dtype:
+                    # a buffer this process does not hold yet (the judge's wide shape, tools/judge/wide.py): the
+                    # fresh tensor becomes it, not a second copy (two copies of 4 GiB inputs ran an H100 out)
+                    self.bufs[x["key"]] = y.contiguous().view(-1)
+                    adopted = True
+                else:
+                    have.view(x["shape"]).copy_(y)
+                bufs.append(self._in(x))
+            del fresh
             digests.append([digest(x) for x in bufs])
         self.sync()
+        if adopted and self.task.backend.gpu:
+            import torch
+            torch.cuda.empty_cache()    # make_inputs' temporaries (fp32 draws) back to the device
         return {"ok": True, "digests": digests}
 
     def poison(self, r: dict) -> dict:

@@ -123,7 +123,7 @@ def evaluate(task, mod, remote: Remote, job: dict, shapes: list[dict]) -> dict:
 
     from tools.measure.launch import from_context
     from tools.results import ParityStatus
-    launch = None
+    launch, plan = None, None
     ctx = job.get("launch_context")
     if ctx:
         mark("launch")
@@ -143,25 +143,44 @@ def evaluate(task, mod, remote: Remote, job: dict, shapes: list[dict]) -> dict:
         return {"launch": launch, "parity": par.model_dump(mode="json"), "bench": None}
     if job.get("memcheck") and task.backend.gpu:
         mark("memcheck")
-        par = sanitized(task, mod, job, par)
+        par = sanitized(task, mod, job, par, ("memcheck", "racecheck") if uses_shared_memory(ctx, plan) else ("memcheck",))
         if par.status != ParityStatus.ok:
             return {"launch": launch, "parity": par.model_dump(mode="json"), "bench": None}
     mark("bench")
     return {"launch": launch, "parity": par.model_dump(mode="json"), "bench": {"results": bench(task, mod, remote, job, shapes)}}
 
 
-def sanitized(task, mod, job: dict, par):
-    """Parity's result with compute-sanitizer memcheck's on the candidate (tools/judge/sanitize.py), in a host of
-    its own: a failure there is parity's `invalid_access`; a machine without the sanitizer says so."""
+def uses_shared_memory(ctx: dict | None, plan: dict | None) -> bool:
+    """Does the candidate use shared memory (ptxas' static bytes, or a launch's dynamic bytes)? True where it is not
+    known (no launch context: racecheck runs)."""
+    if not ctx:
+        return True
+    static = any(int(k.get("smem_static_bytes") or 0) > 0 for k in ctx.get("kernels") or [])
+    launches = (plan or {}).get("launches") or [] if isinstance(plan, dict) else []
+    return static or any(int(x.get("smem_dynamic_bytes") or 0) > 0 for x in launches if isinstance(x, dict))
+
+
+def sanitized(task, mod, job: dict, par, checks: tuple[str, ...] = ("memcheck",)):
+    """Parity's result with compute-sanitizer's `checks` on the candidate (tools/judge/sanitize.py), each in a host of
+    its own, at the same time (memcheck and racecheck: the slower one's seconds, not their sum): a failure is parity's
+    `invalid_access` (memcheck) or `race` (racecheck), memcheck's first; a machine without the sanitizer says so."""
+    from concurrent.futures import ThreadPoolExecutor
+
     from tools.judge.sanitize import memcheck
     from tools.results import ParityStatus, SanitizerResult
-    res = SanitizerResult(**memcheck(task, mod, job, Path(os.environ.get("AGENT_SCRATCH") or os.getcwd()),
-                                     int(job.get("seed") or 0)))
-    if res.status == "failed":
-        return par.model_copy(update={"status": ParityStatus.invalid_access, "message": res.message, "memcheck": res,
-                                      "seconds": par.seconds + res.seconds})
-    return par.model_copy(update={"message": f"{par.message}; {res.message}", "memcheck": res,
-                                  "seconds": par.seconds + res.seconds})
+    root, seed = Path(os.environ.get("AGENT_SCRATCH") or os.getcwd()), int(job.get("seed") or 0)
+    with ThreadPoolExecutor(len(checks)) as pool:
+        futures = [pool.submit(memcheck, task, mod, job, root, seed, check) for check in checks]
+        results = [SanitizerResult(**f.result()) for f in futures]
+    took = max(r.seconds for r in results)
+    update = {r.tool: r for r in results}
+    for r in results:
+        if r.status == "failed":
+            status = ParityStatus.invalid_access if r.tool == "memcheck" else ParityStatus.race
+            return par.model_copy(update={**update, "status": status, "message": r.message,
+                                          "seconds": par.seconds + took})
+    return par.model_copy(update={**update, "message": "; ".join([par.message, *(r.message for r in results)]),
+                                  "seconds": par.seconds + took})
 
 
 def run(mode: str, task, mod, host: HostClient, job: dict, shapes: list[dict]) -> dict:

@@ -15,7 +15,16 @@ The candidate is called once per shape on inputs and an output of their exact si
 a guarded buffer has valid memory on both sides). The shapes: the listed and hidden ones, then the extremes of the
 task's [dims] (tails, short rows) while they stay small, at most MAX_SHAPES. The sanitizer's report goes to a
 file in the judge's directory (the fenced host cannot write there); its first error is quoted in the verdict.
-Where the machine has no compute-sanitizer the check is skipped, and the record says so.
+Where the machine has no compute-sanitizer the check is skipped, and the record says so. AGENT_SANITIZER_LOGS=DIR
+keeps each report there.
+
+racecheck (the same host, `--tool racecheck`): where the kernel uses shared memory (ptxas' static bytes or a launch's
+dynamic bytes), after memcheck, on the small shapes alone (it instruments every shared-memory access): the smallest
+listed shape, then the smallest [dims] extremes, RACE_SHAPES in all, none past RACE_ELEMENTS. A read and a write of the same shared-memory word by threads of one block
+with no barrier between (a `__syncthreads()` dropped as "redundant", one buffer reused for two reductions) is right
+whenever the scheduler happens to order them, which in a test it usually does: the race fails the candidate
+(parity's `race`) with the sanitizer's first report quoted. Its warnings (hazards whose outcome cannot differ) do
+not.
 """
 
 from __future__ import annotations
@@ -31,6 +40,8 @@ MAX_SHAPES = 24            # the candidate's calls under the sanitizer (each one
 MAX_ELEMENTS = 1 << 24     # the largest shape checked: the product of its dimensions
 TIMEOUT_S = 240.0          # the memcheck's share of the confirmation child's budget (tools/judge/candidate.py)
 ERROR_EXIT = 86            # the sanitizer's exit code when it reported an error
+RACE_SHAPES = 4            # racecheck's calls (8 took attention's scalar path 25 s under it on an H200)
+RACE_ELEMENTS = 1 << 20    # racecheck's largest shape
 
 
 def find_sanitizer() -> str | None:
@@ -44,9 +55,11 @@ def find_sanitizer() -> str | None:
     return None
 
 
-def command(tool: str, log: Path) -> list[str]:
-    """The wrapper for the host's command line: memcheck, its report in `log`, exit code ERROR_EXIT on an error."""
-    return [tool, "--tool", "memcheck", "--leak-check", "no", "--report-api-errors", "no", "--print-limit", "20",
+def command(tool: str, log: Path, check: str = "memcheck") -> list[str]:
+    """The wrapper for the host's command line: memcheck (or racecheck), its report in `log`, exit code ERROR_EXIT
+    on an error."""
+    only = ["--leak-check", "no"] if check == "memcheck" else ["--racecheck-report", "analysis"]
+    return [tool, "--tool", check, *only, "--report-api-errors", "no", "--print-limit", "20",
             "--error-exitcode", str(ERROR_EXIT), "--log-file", str(log)]
 
 
@@ -55,9 +68,9 @@ def environment() -> dict[str, str]:
     return {"PYTORCH_NO_CUDA_MEMORY_CACHING": "1"}
 
 
-def shapes(spec, mod, rng: random.Random) -> list[tuple[dict, str]]:
-    """(shape, label) checked under memcheck: the listed and hidden shapes up to MAX_ELEMENTS, then the [dims]
-    extremes under it (short rows and tails first: where an access runs past an end), at most MAX_SHAPES."""
+def shapes(spec, mod, rng: random.Random, most: int = MAX_SHAPES, largest: int = MAX_ELEMENTS) -> list[tuple[dict, str]]:
+    """(shape, label) checked under memcheck: the listed and hidden shapes up to `largest` elements, then the [dims]
+    extremes under it (short rows and tails first: where an access runs past an end), at most `most`."""
     from tools.measure.ranges import range_shapes
     from tools.task import shape_label, shape_size
     out: list[tuple[dict, str]] = [(dict(s), "") for s in spec.shapes]
@@ -69,17 +82,20 @@ def shapes(spec, mod, rng: random.Random) -> list[tuple[dict, str]]:
     seen, keep = set(), []
     for s, kind in out:
         key = tuple(sorted(s.items()))
-        if key in seen or shape_size(s) > MAX_ELEMENTS:
+        if key in seen or shape_size(s) > largest:
             continue
         seen.add(key)
         keep.append((s, kind + shape_label(s)))
-    return keep[:MAX_SHAPES]
+    if most < MAX_SHAPES:   # racecheck: the smallest listed shape (several tiles, several warps), then the extremes
+        listed = sorted((k for k in keep if not k[1].startswith("range ")), key=lambda k: shape_size(k[0]))
+        keep = listed[:1] + [k for k in keep if k[1].startswith("range ")]
+    return keep[:most]
 
 
 # "========= Invalid __global__ read of size 16 bytes" and the lines under it, up to the next "=========" blank
 _ERROR = re.compile(r"^=+ (Invalid |Misaligned |Out-of-range |Malloc/Free error|Cuda API error|Program hit|"
-                    r"Barrier error|Warp |Uninitialized |Device heap)", re.M)
-_SUMMARY = re.compile(r"ERROR SUMMARY: (\d+) error", re.M)
+                    r"Barrier error|Warp |Uninitialized |Device heap|Error: Race reported)", re.M)
+_SUMMARY = re.compile(r"(?:ERROR SUMMARY: (\d+) error|RACECHECK SUMMARY: \d+ hazards? displayed \((\d+) errors?)", re.M)
 
 
 def parse_log(text: str) -> tuple[int, str]:
@@ -87,7 +103,7 @@ def parse_log(text: str) -> tuple[int, str]:
     the report has one (the sanitizer ended), else the error headers counted."""
     heads = list(_ERROR.finditer(text))
     m = _SUMMARY.search(text)
-    n = int(m.group(1)) if m else len(heads)
+    n = int(m.group(1) or m.group(2)) if m else len(heads)
     if not heads:
         return n, ""
     block = []
@@ -102,8 +118,16 @@ def parse_log(text: str) -> tuple[int, str]:
     return n, "; ".join(block)[:600]
 
 
-def memcheck(task, mod, job: dict, root: Path, seed: int) -> dict:
-    """The candidate (job["lib"]) under memcheck, in a host of its own. Returns a SanitizerResult's fields."""
+# what each tool's failure means to the user
+WHAT = {"memcheck": ("invalid access", "invalid accesses", "the kernel reads or writes outside its tensors (right outputs "
+                     "or not, on a user's tensor that is another allocation or a fault)"),
+        "racecheck": ("shared-memory race", "shared-memory races", "threads of one block read and write the same "
+                      "shared memory with no barrier between (right outputs here or not, the order is the scheduler's)")}
+
+
+def memcheck(task, mod, job: dict, root: Path, seed: int, check: str = "memcheck") -> dict:
+    """The candidate (job["lib"]) under compute-sanitizer `check` (memcheck or racecheck), in a host of its own.
+    Returns a SanitizerResult's fields."""
     import torch
 
     from tools.judge.hostclient import HostClient, HostFailed, Remote
@@ -111,11 +135,12 @@ def memcheck(task, mod, job: dict, root: Path, seed: int) -> dict:
     t0 = time.monotonic()
     tool = find_sanitizer()
     if tool is None:
-        return {"tool": "memcheck", "status": "skipped", "seconds": 0.0,
-                "message": "memcheck skipped: compute-sanitizer is not on this machine (PATH, $CUDA_HOME/bin)"}
-    log = Path(root) / f"memcheck-{os.getpid()}-{seed}.log"
-    todo = shapes(task.spec, mod, random.Random(seed))
-    host = HostClient(task.root, Path(root), wrap=command(tool, log), env=environment())
+        return {"tool": check, "status": "skipped", "seconds": 0.0,
+                "message": f"{check} skipped: compute-sanitizer is not on this machine (PATH, $CUDA_HOME/bin)"}
+    log = Path(root) / f"{check}-{os.getpid()}-{seed}.log"
+    todo = shapes(task.spec, mod, random.Random(seed)) if check == "memcheck" else \
+        shapes(task.spec, mod, random.Random(seed), RACE_SHAPES, RACE_ELEMENTS)
+    host = HostClient(task.root, Path(root), wrap=command(tool, log, check), env=environment())
     done, failure, loaded = [], None, False
     deadline = t0 + TIMEOUT_S * 0.8
     try:
@@ -137,21 +162,25 @@ def memcheck(task, mod, job: dict, root: Path, seed: int) -> dict:
         rc = host.finish(timeout=60.0)
         host.close()
     text = log.read_text(errors="replace") if log.exists() else ""
+    if os.environ.get("AGENT_SANITIZER_LOGS") and log.exists():   # kept for the user (or a device script's evidence)
+        keep = Path(os.environ["AGENT_SANITIZER_LOGS"])
+        keep.mkdir(parents=True, exist_ok=True)
+        shutil.copy(log, keep / f"{sum(1 for _ in keep.iterdir()):03d}-{log.name}")
     log.unlink(missing_ok=True)
     errors, first = parse_log(text)
     secs = time.monotonic() - t0
     where = f" (at {todo[len(done)][1]})" if failure is not None and len(done) < len(todo) else ""
+    one, many, why = WHAT[check]
     if errors or rc == ERROR_EXIT:
-        return {"tool": "memcheck", "status": "failed", "seconds": secs, "errors": max(errors, 1), "shapes": len(done),
-                "message": f"compute-sanitizer memcheck: {errors or 'an'} invalid access{'es' * (errors != 1)}{where}: "
-                           f"{first or failure or 'see the sanitizer'}: the kernel reads or writes outside its "
-                           "tensors (right outputs or not, on a user's tensor that is another allocation or a fault)"}
+        return {"tool": check, "status": "failed", "seconds": secs, "errors": max(errors, 1), "shapes": len(done),
+                "message": f"compute-sanitizer {check}: {errors or 'an'} {one if errors == 1 else many}{where}: "
+                           f"{first or failure or 'see the sanitizer'}: {why}"}
     if failure is not None and loaded:   # the kernel failed under the sanitizer, and only there
-        return {"tool": "memcheck", "status": "failed", "seconds": secs, "shapes": len(done),
-                "message": f"under compute-sanitizer memcheck the kernel's call failed{where}: {failure}"}
+        return {"tool": check, "status": "failed", "seconds": secs, "shapes": len(done),
+                "message": f"under compute-sanitizer {check} the kernel's call failed{where}: {failure}"}
     if failure is not None:   # the sanitizer or the host did not start: the machine's, not the candidate's
-        return {"tool": "memcheck", "status": "error", "seconds": secs, "shapes": 0,
-                "message": f"memcheck could not start: {failure}; report: {' '.join(text.split())[-300:]}"}
+        return {"tool": check, "status": "error", "seconds": secs, "shapes": 0,
+                "message": f"{check} could not start: {failure}; report: {' '.join(text.split())[-300:]}"}
     left = f", {len(todo) - len(done)} left out past its time" if len(done) < len(todo) else ""
-    return {"tool": "memcheck", "status": "ok", "seconds": secs, "shapes": len(done),
-            "message": f"memcheck clean on {len(done)} shapes{left} ({secs:.1f} s)"}
+    return {"tool": check, "status": "ok", "seconds": secs, "shapes": len(done),
+            "message": f"{check} clean on {len(done)} shapes{left} ({secs:.1f} s)"}

@@ -72,10 +72,15 @@ def _probe(task, mod, remote: Remote, seed: int, past: int):
         except Exception as e:   # the task's, not the candidate's
             return skipped("the judge's inputs do not fit in the GPU's memory" if _oom(e) else
                            f"task.py's make_inputs or empty_output raised {type(e).__name__}: {str(e)[:200]}")
-        size = sum(t.numel() * t.element_size() for t in (*inputs, out) if isinstance(t, torch.Tensor))
-        free = torch.cuda.mem_get_info()[0] if task.backend.gpu else size + MARGIN
-        if free < size + MARGIN:
-            return skipped(f"the host's copies need {size / 2**30:.1f} GiB, the GPU has {free / 2**30:.1f} GiB free")
+        tensors = [t for t in (*inputs, out) if isinstance(t, torch.Tensor)]
+        size = sum(t.numel() * t.element_size() for t in tensors)
+        # the host's copies, and its make_inputs' largest temporary (an fp32 draw of the largest tensor)
+        need = size + 4 * max(t.numel() for t in tensors) + MARGIN
+        if task.backend.gpu:
+            torch.cuda.empty_cache()   # this process's make_inputs temporaries back to the device first
+        free = torch.cuda.mem_get_info()[0] if task.backend.gpu else need
+        if free < need:
+            return skipped(f"the host needs about {need / 2**30:.1f} GiB, the GPU has {free / 2**30:.1f} GiB free")
         phases = {"inputs": time.monotonic() - t0}
         try:
             sent = [(t, "i") for t in inputs if isinstance(t, torch.Tensor)] + [(out, "o")]
