@@ -120,8 +120,17 @@ class Evaluator:
                                   + (f" (+{len(changed) - 5} more)" if len(changed) > 5 else ""))
 
     def build(self, times: StageTimes) -> BuildResult:
+        """The source scan (tools/build/scan.py: what no kernel needs, in milliseconds, the line quoted), then the
+        build."""
         from tools.build.build import build
+        from tools.build.scan import rejection, scan_task
         t0 = time.monotonic()
+        hits = scan_task(self.task)
+        if hits:
+            times.build += time.monotonic() - t0
+            res = BuildResult(status=BuildStatus.scan_rejected, message=rejection(hits), build_dir=str(self.build_dir),
+                              seconds=time.monotonic() - t0)
+            raise CompileFailed(f"{res.status.value}: {first_lines(res.message, 8)}", res)
         res = build(self.task, self.build_dir, reuse=self.reuse_objects)
         times.build += time.monotonic() - t0
         if res.status != BuildStatus.ok:

@@ -72,7 +72,7 @@ def _run_peak(root: Path, edits: list[Edit], tmp: Path) -> tuple[int, subprocess
 
 
 def test_a_flood_of_output_does_not_grow_the_agent(tmp_path):
-    root = make_user_repo(tmp_path / "user")
+    root = make_user_repo(tmp_path / "user", scan_allow=True)
     calm, res = _run_peak(root, [Edit(file="matmul.cpp", search="#include <cstddef>",
                                       replace="#include <cstddef>\n// a comment")], tmp_path)
     assert res.returncode == 0, res.stderr[-2000:]
@@ -99,7 +99,7 @@ def _slower(times: int) -> str:
 
 def test_a_hang_costs_its_stage_budget_and_a_slower_honest_kernel_is_not_killed(tmp_path):
     from agent.runlog import Outcome, read_state
-    root = make_user_repo(tmp_path / "user")
+    root = make_user_repo(tmp_path / "user", scan_allow=True)
     hang = [Edit(file="matmul.cpp", search=SIG, replace=SIG + "    volatile int spin = 1;\n    while (spin) {}\n")]
     _, res = _run_peak(root, hang, tmp_path)
     assert res.returncode == 0, res.stderr[-2000:]
@@ -126,7 +126,7 @@ def test_every_fault_of_the_issue_costs_seconds_and_leaves_nothing(tmp_path):
     from agent.runlog import Decision, read_state
     from tests.fixtures.faults.faults import FAULTS, tagged
     from tests.userrepo import snapshot
-    root = make_user_repo(tmp_path / "user")
+    root = make_user_repo(tmp_path / "user", scan_allow=True)
     before = snapshot(root)
     proposals = [Proposal(hypothesis=f"[{f.name}] {f.what}", predicted=PredictedEffect(
         metric="time.median_ms", direction="down", speedup=1.2), edits=[

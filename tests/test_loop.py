@@ -155,7 +155,7 @@ static void which_process(int M, int N, int K) {
 
 
 def test_a_gain_the_confirmation_bench_does_not_see_is_not_kept(tmp_path):
-    root = make_user_repo(tmp_path / "user")
+    root = make_user_repo(tmp_path / "user", scan_allow=True)   # its kernel keeps state and writes a file
     # the kernel tells its hosts apart by a file it writes: allowed by name (issue 39: else side_effect)
     toml = root / "kernels" / "matmul_cpu" / "task.toml"
     text = toml.read_text()

@@ -30,7 +30,7 @@ BENCH_TIMEOUT_S = 30
 def verification_repo(root: Path) -> Path:
     """The user repo of tests/userrepo.py, with the 256^3 main shape (its roofline floor is far above a
     no-op call) and short build/parity/bench timeouts (the compile-timeout and infinite-loop faults)."""
-    make_user_repo(root)
+    make_user_repo(root, scan_allow=True)   # the runtime probes are what it verifies
     toml = root / "kernels" / "matmul_cpu" / "task.toml"
     text = toml.read_text().replace("main_shape = 1", "main_shape = 2")
     text = text.replace("hidden_shapes = 1", f"hidden_shapes = 1\ntimeout_s = {PARITY_TIMEOUT_S}")

@@ -19,8 +19,16 @@ def git(cwd: Path, *args: str) -> str:
     return subprocess.run(["git", *args], cwd=cwd, env=env, check=True, capture_output=True, text=True).stdout.strip()
 
 
-def make_user_repo(root: Path, fast: bool = True) -> Path:
-    """root/ becomes a git repo with kernels/matmul_cpu committed on branch main, plus uncommitted work."""
+# a test of the runtime probes allows every rule of the source scan before the build (tools/build/scan.py), which
+# would stop its stateful, printing, file, clock and process forms before they build (tests/test_scan.py tests it)
+def scan_allow_all() -> str:
+    from tools.build.scan import NAMES
+    return "\n[scan]\nallow = { " + ", ".join(f'{n} = "the runtime probes\' own test"' for n in NAMES) + " }\n"
+
+
+def make_user_repo(root: Path, fast: bool = True, scan_allow: bool = False) -> Path:
+    """root/ becomes a git repo with kernels/matmul_cpu committed on branch main, plus uncommitted work. `scan_allow`:
+    task.toml allows every rule of the source scan (scan_allow_all)."""
     root.mkdir(parents=True, exist_ok=True)
     dst = root / "kernels" / "matmul_cpu"
     shutil.copytree(REPO / "kernels" / "matmul_cpu", dst, ignore=shutil.ignore_patterns("__pycache__"))
@@ -31,6 +39,9 @@ def make_user_repo(root: Path, fast: bool = True) -> Path:
         text = re.sub(r"\[bench\][^\[]*", "[bench]\nwarmup_ms = 5\nrep_ms = 15\nrounds = 6\ninput_sets = 1\n\n", text)
         text = text.replace("seeds = 2\nhidden_shapes = 2", "seeds = 1\nhidden_shapes = 1")
         toml.write_text(text)
+    if scan_allow:
+        toml = dst / "task.toml"
+        toml.write_text(toml.read_text() + scan_allow_all())
     (root / "README.md").write_text("user project\n")
     git(root, "init", "-q", "-b", "main")
     git(root, "add", "-A")

@@ -20,6 +20,7 @@ class BuildStatus(str, Enum):
     compile_error = "compile_error"
     timeout = "timeout"
     toolchain_missing = "toolchain_missing"   # nvcc / c++ / ninja not found
+    scan_rejected = "scan_rejected"           # the source scan before the build (tools/build/scan.py)
 
 
 class KernelResources(BaseModel):

@@ -22,7 +22,7 @@ from typing import Literal
 from pydantic import Field, ValidationError, field_validator, model_validator
 
 from tools.expr import compile_expr, eval_expr
-from tools.taskspec import (BenchSpec, BuildSpec, DimRange, ExtensionSpec, Knob, LaunchSpec,  # noqa: F401
+from tools.taskspec import (BenchSpec, BuildSpec, DimRange, ExtensionSpec, Knob, LaunchSpec, ScanSpec,  # noqa: F401
                             MetricsSpec, ParitySpec, Tolerance, Strict)
 from tools.task_messages import shape_keys_differ, validation_message
 
@@ -65,6 +65,7 @@ class TaskSpec(Strict):
     build: BuildSpec = BuildSpec()
     launch: LaunchSpec = LaunchSpec()
     parity: ParitySpec = ParitySpec()
+    scan: ScanSpec = ScanSpec()     # the source scan's rules the task allows (tools/build/scan.py)
     bench: BenchSpec = BenchSpec()
     dims: dict[str, DimRange] = {}   # each dimension's allowed range (parity draws its extremes: tools/measure/ranges.py)
 

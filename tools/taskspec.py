@@ -58,6 +58,28 @@ class LaunchSpec(Strict):
     collapse_ratio: float = Field(default=0.25, ge=0, le=1)
 
 
+# the source scan's rules, by name (tools/build/scan.py defines each; a test holds the two lists equal)
+SCAN_RULES = ("system_state", "file_io", "threads_processes", "new_streams", "mutable_static", "dynamic_loading",
+              "clocks", "host_output", "reference_library")
+
+
+class ScanSpec(Strict):
+    """[scan]: the rules of the source scan before a candidate's build (tools/build/scan.py) the task allows, each
+    by name with the reason: allow = { host_output = "why" }."""
+    allow: dict[str, str] = {}
+
+    @field_validator("allow")
+    @classmethod
+    def _known(cls, v: dict[str, str]) -> dict[str, str]:
+        bad = [k for k in v if k not in SCAN_RULES]
+        if bad:
+            raise ValueError(f"no scan rule named {', '.join(bad)} (the rules: {', '.join(SCAN_RULES)})")
+        empty = [k for k, why in v.items() if not str(why).strip()]
+        if empty:
+            raise ValueError(f"say why the kernel needs {', '.join(empty)}: allow = {{ {empty[0]} = \"why\" }}")
+        return v
+
+
 class ParitySpec(Strict):
     seeds: int = Field(default=2, ge=1)
     hidden_shapes: int = Field(default=2, ge=0)   # extra shapes from task.hidden_shapes(), never shown

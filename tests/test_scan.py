@@ -1,0 +1,210 @@
+"""The source scan before a candidate's build (issue 42, tools/build/scan.py): each rule trips on a kernel written
+for it and not on an honest kernel that merely names the same functions in a comment or a string; the shipped kernels
+pass; a task allows a rule by name; through `agent optimize` the rejection quotes the line."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from tools.build.scan import NAMES, scan_task, scan_text
+from tools.task import TaskError, load_task
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# rule -> (a kernel as a model might write it by accident, the same kernel honest; the honest one names the
+# rule's functions in comments and strings and uses the constructs next to the rule: static functions, const
+# tables, __shared__ and __constant__ memory, helpers whose names contain the words)
+CASES = {
+    "system_state": ('''
+#include <cstdlib>
+extern "C" int softmax_run(const void* x, void* y, int M, int N, int flags, cudaStream_t stream) {
+    const char* v = getenv("SOFTMAX_VEC");          // the tuned width, from the environment
+    const int vec = v ? atoi(v) : 8;
+    return launch(x, y, M, N, vec, stream);
+}''', '''
+// The width is a compile-time knob: no getenv("SOFTMAX_VEC"), nothing read from /proc/self/status.
+static const char* kWhy = "getenv is not used; /proc/self is not read";
+extern "C" int softmax_run(const void* x, void* y, int M, int N, int flags, cudaStream_t stream) {
+    return launch(x, y, M, N, VEC, stream);
+}'''),
+    "file_io": ('''
+#include <fstream>
+static int tuned_block(int N) {
+    int best = 128;
+    std::ifstream in("softmax.tune");                // the autotuner's cache from the last run
+    if (in) in >> best;
+    return best;
+}''', '''
+// Tuning is the agent's job: no std::ifstream("softmax.tune"), no fopen().
+static int tuned_block(int N) { return N >= 4096 ? 256 : 128; }
+__device__ __forceinline__ void store_row(__half* y, int i, float v) { y[i] = __float2half(v); }'''),
+    "threads_processes": ('''
+#include <thread>
+extern "C" void matmul(const float* A, const float* B, float* C, int M, int N, int K) {
+    std::thread lower([&] { rows(A, B, C, 0, M / 2, N, K); });   // two cores for the price of one call
+    rows(A, B, C, M / 2, M, N, K);
+    lower.join();
+}''', '''
+// One thread: the harness decides the parallelism (std::thread and fork() are not used here).
+extern "C" void matmul(const float* A, const float* B, float* C, int M, int N, int K) {
+    rows(A, B, C, 0, M, N, K);
+}'''),
+    "new_streams": ('''
+extern "C" int softmax_run(const void* x, void* y, int M, int N, int flags, cudaStream_t stream) {
+    cudaStream_t side;
+    cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking);   // overlap the two halves
+    softmax_kernel<<<M / 2, THREADS, 0, stream>>>((const __half*)x, (__half*)y, M / 2, N);
+    softmax_kernel<<<M - M / 2, THREADS, 0, side>>>((const __half*)x + (size_t)(M / 2) * N, (__half*)y + (size_t)(M / 2) * N, M - M / 2, N);
+    cudaStreamDestroy(side);
+    return (int)cudaGetLastError();
+}''', '''
+// Everything on the caller's stream (a cudaStreamCreate() here would run outside the timing).
+extern "C" int softmax_run(const void* x, void* y, int M, int N, int flags, cudaStream_t stream) {
+    softmax_kernel<<<M, THREADS, 0, stream>>>((const __half*)x, (__half*)y, M, N);
+    return (int)cudaGetLastError();
+}'''),
+    "mutable_static": ('''
+__device__ unsigned int g_done[1 << 16];              // per-row arrival counters, reset by the last block
+extern "C" int attention_fwd_run(const void* q, const void* k, const void* v, void* o, int B, int H, int S) {
+    static float* g_ws = nullptr;                       // the split workspace, allocated once
+    if (!g_ws) cudaMalloc(&g_ws, (size_t)B * H * S * 66 * 4);
+    return launch(q, k, v, o, g_ws, B, H, S);
+}''', '''
+static_assert(HEAD_DIM % 16 == 0, "HEAD_DIM: a multiple of 16");
+__constant__ float kScale[2] = {1.f, 0.5f};
+static const int kTiles = 4;
+static constexpr float kLog2e = 1.4426950408889634f;
+static __device__ __forceinline__ float warp_max(float v) { return v; }
+__global__ void k(float* out) {
+    __shared__ float red[32];                           // per-block scratch, not state between calls
+    red[threadIdx.x % 32] = kScale[0] * kTiles;
+    out[threadIdx.x] = red[0] * kLog2e;
+}'''),
+    "dynamic_loading": ('''
+#include <dlfcn.h>
+typedef int (*gemm_t)(void*, int, int, int, int, int, const float*, const float*, int, const float*, int, const float*, float*, int);
+extern "C" void matmul(const float* A, const float* B, float* C, int M, int N, int K) {
+    static void* h = dlopen("libcublas.so.13", RTLD_LAZY);
+    gemm_t gemm = (gemm_t)dlsym(h, "cublasSgemm_v2");
+}''', '''
+// Everything here is compiled by the build: no dlopen("libcublas.so"), no dlsym.
+extern "C" void matmul(const float* A, const float* B, float* C, int M, int N, int K) { rows(A, B, C, 0, M, N, K); }'''),
+    "clocks": ('''
+__global__ void softmax_kernel(const __half* x, __half* y, int M, int N) {
+    unsigned long long t0;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));   // how long the first pass takes
+    if (t0 & 1) return;
+}''', '''
+// No clock64(), no %globaltimer: the same result whenever it runs.
+__device__ float time_scale(float t) { return t * 0.5f; }
+__global__ void softmax_kernel(const __half* x, __half* y, int M, int N) { y[0] = __float2half(time_scale(1.f)); }'''),
+    "host_output": ('''
+__global__ void softmax_kernel(const __half* x, __half* y, int M, int N) {
+    float m = -INFINITY;
+    if (threadIdx.x == 0 && blockIdx.x < 2) printf("row %d max %f\\n", blockIdx.x, m);   // left from debugging
+}''', '''
+// printf("row %d max %f") was here while debugging; the error path returns the code instead of fprintf(stderr).
+__device__ void write_row(__half* y, int n) { for (int i = 0; i < n; ++i) y[i] = __float2half(0.f); }
+__global__ void softmax_kernel(const __half* x, __half* y, int M, int N) { write_row(y, N); }'''),
+    "reference_library": ('''
+#include <torch/extension.h>
+torch::Tensor attention_forward(torch::Tensor q, torch::Tensor k, torch::Tensor v) {
+    return at::scaled_dot_product_attention(q, k, v);           // the fused path is faster than ours
+}''', '''
+#include <torch/extension.h>
+// The kernel below computes it; at::scaled_dot_product_attention is the reference, not a building block.
+torch::Tensor attention_forward(torch::Tensor q, torch::Tensor k, torch::Tensor v) {
+    auto o = torch::empty_like(q);
+    launch(q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(), at::cuda::getCurrentCUDAStream());
+    return o;
+}'''),
+}
+
+
+def test_every_rule_has_its_case():
+    from tools.taskspec import SCAN_RULES
+    assert set(CASES) == set(NAMES) and len(NAMES) >= 5
+    assert tuple(NAMES) == SCAN_RULES   # the names task.toml's [scan] allow is checked against
+
+
+@pytest.mark.parametrize("rule", sorted(CASES))
+def test_each_rule_trips_on_its_kernel_and_not_on_the_honest_one(rule):
+    bad, good = CASES[rule]
+    hits = scan_text(bad, "k.cu")
+    assert rule in {h.rule for h in hits}, hits
+    hit = next(h for h in hits if h.rule == rule)
+    assert hit.quote and hit.quote in " ".join(bad.splitlines()[hit.line - 1].split()), hit
+    assert f"k.cu:{hit.line}: {rule}: " in hit.describe()
+    assert scan_text(good, "k.cu") == [], scan_text(good, "k.cu")
+    assert rule not in {h.rule for h in scan_text(bad, "k.cu", allow={rule})}
+
+
+def test_the_shipped_kernels_and_their_bindings_pass():
+    for d in sorted((ROOT / "kernels").iterdir()):
+        if (d / "task.toml").is_file():
+            task = load_task(d)
+            assert scan_task(task) == [], d.name
+            for f in task.spec.sources:
+                assert scan_text((d / f).read_text(), f) == [], f
+
+
+def test_a_task_allows_a_rule_by_name_with_its_reason_and_nothing_else(tmp_path):
+    d = tmp_path / "softmax"
+    shutil.copytree(ROOT / "kernels" / "softmax", d, ignore=shutil.ignore_patterns("__pycache__"))
+    src = d / "softmax.cu"
+    src.write_text(src.read_text() + CASES["host_output"][0] + CASES["system_state"][0])
+    assert {h.rule for h in scan_task(load_task(d))} == {"host_output", "system_state"}
+    toml = d / "task.toml"
+    base = toml.read_text()
+    toml.write_text(base + '\n[scan]\nallow = { host_output = "the debug build prints its first rows" }\n')
+    assert {h.rule for h in scan_task(load_task(d))} == {"system_state"}
+    toml.write_text(base + '\n[scan]\nallow = { printing = "x" }\n')
+    with pytest.raises(TaskError, match="no scan rule named printing"):
+        load_task(d)
+    toml.write_text(base + '\n[scan]\nallow = { host_output = "" }\n')
+    with pytest.raises(TaskError, match="say why"):
+        load_task(d)
+
+
+def test_the_catalogues_stateful_and_io_cheats_are_caught_before_they_build():
+    """The CPU catalogue's memos, caches, log writers and tuning files (tests/fixtures/cheats/): the scan names each
+    (the runtime probes that catch them too are tested with every rule allowed, tests/test_verification.py)."""
+    from tests.fixtures.cheats.cheats import source
+    expect = {"static_scratch": "mutable_static", "fingerprint_cache": "mutable_static", "memo_intact": "mutable_static",
+              "debug_log": "file_io", "dump_once": "file_io", "tune_cache": "system_state", "timing_shortcut": "clocks"}
+    for name, rule in expect.items():
+        assert rule in {h.rule for h in scan_text(source(name), "matmul.cpp")}, name
+
+
+@pytest.mark.slow
+def test_through_the_loop_the_rejection_quotes_the_line_and_an_allowed_rule_builds(tmp_path):
+    """`agent optimize` (replay proposer, real g++ and git): a faster kernel with a debug print left in ends
+    compile_failed / scan_rejected before any compile, the line quoted; with host_output allowed in task.toml the
+    same kernel builds and is judged (kept: it is right and faster)."""
+    from agent.runlog import read_iterations
+    from tests.fixtures.cheats.cheats import GOOD, proposal
+    from tests.userrepo import agent, git, make_user_repo
+    root = make_user_repo(tmp_path / "user")
+    good = proposal(GOOD).model_dump()
+    edit = good["edits"][0]
+    edit["replace"] += '\n#include <cstdio>\nstatic void note() { std::printf("i-k-j\\n"); }'
+    props = tmp_path / "props.json"
+    props.write_text(json.dumps([good]))
+    res = agent(root, "optimize", "kernels/matmul_cpu", "--proposer", "replay", "--replay", str(props), "--iters", "1",
+                "--target", "100x", "--quiet", "--run-id", "scan")
+    assert res.returncode == 0, res.stderr[-3000:]
+    rec = read_iterations(root / "runs" / "scan")[0]
+    assert rec.outcome.value == "compile_failed" and rec.build.status.value == "scan_rejected", rec.reason
+    assert "matmul.cpp:" in rec.reason and "host_output" in rec.reason and 'std::printf("i-k-j' in rec.reason
+    toml = root / "kernels" / "matmul_cpu" / "task.toml"
+    toml.write_text(toml.read_text() + '\n[scan]\nallow = { host_output = "prints which loop order it took" }\n')
+    git(root, "commit", "-qam", "user: allow the print")
+    res = agent(root, "optimize", "kernels/matmul_cpu", "--proposer", "replay", "--replay", str(props), "--iters", "1",
+                "--target", "100x", "--quiet", "--run-id", "allowed")
+    assert res.returncode == 0, res.stderr[-3000:]
+    rec = read_iterations(root / "runs" / "allowed")[0]
+    assert rec.build.status.value == "ok" and rec.outcome.value == "kept", rec.reason

@@ -1,0 +1,172 @@
+"""A static scan of a candidate's editable sources before its build (issue 42): what no kernel needs, found in
+milliseconds with the line quoted, before anything compiles or runs.
+
+The runtime probes (parity, the bench's, the sanitizers) catch behaviour; this catches intent that needs no run: a
+kernel computes its outputs from its inputs, on the stream it is given. It does not read the environment or /proc,
+open files, start threads, processes or streams, keep mutable state between calls, load other code, read clocks,
+print, or hand the work to the reference's own library. Each rule is a class of such mistakes (a debug printf left
+in, a tuning cache in a file, a static workspace, a side stream "for overlap"), not a list of known cheats.
+
+Comments and literals are blanked before a code pattern is matched (tools.backends.cu_scan.mask), so a comment or a
+string that merely names a function is not a hit; a few rules look inside string literals instead (a path under
+/proc, an inline-asm clock register). A task allows a rule by name with the reason in task.toml:
+
+    [scan]
+    allow = { host_output = "the kernel's error path prints the CUDA error" }
+
+The rejection names the file, the line, the rule and why, and quotes the line.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from tools.backends.cu_scan import IDENT, mask
+
+_LITERAL = re.compile(r'R"([^(\s"]{0,16})\((.*?)\)\1"|"((?:\\.|[^"\\\n])*)"', re.S)
+_COMMENT = re.compile(r"//[^\n]*|/\*.*?\*/", re.S)
+
+
+@dataclass(frozen=True)
+class Rule:
+    name: str
+    why: str
+    code: re.Pattern | None = None       # matched on the source with comments and literals blanked
+    literal: re.Pattern | None = None    # matched inside string literals
+
+
+def _calls(*names: str) -> re.Pattern:
+    return re.compile(r"(?<![\w.>:])(?:std::|::)?(?:" + "|".join(names) + r")\s*\(")
+
+
+RULES: list[Rule] = [
+    Rule("system_state", "reads the environment or the system's files: a kernel's result depends on its inputs alone",
+         code=re.compile(r"\b(?:getenv|secure_getenv|setenv|putenv|unsetenv|environ|sysconf|uname)\b"),
+         literal=re.compile(r"^/(?:proc|sys|dev)/")),
+    Rule("file_io", "opens or changes files: a kernel does no file I/O (a cache or a log in a file outlives the call)",
+         code=re.compile(_calls("fopen", "freopen", "fdopen", "open", "openat", "creat", "mkstemp", "tmpfile",
+                                "unlink", "rename", "chmod", "mkdir", "truncate").pattern
+                         + r"|\b(?:ofstream|ifstream|fstream|filebuf|filesystem)\b")),
+    Rule("threads_processes", "starts threads or processes or sends signals: a kernel's call does its work and returns",
+         code=re.compile(_calls("fork", "vfork", "clone", "execl", "execlp", "execle", "execv", "execvp", "execvpe",
+                                "system", "popen", "posix_spawn", "posix_spawnp", "pthread_create", "kill",
+                                "raise", "signal", "sigaction").pattern
+                         + r"|\bstd::(?:thread|jthread|async)\b")),
+    Rule("new_streams", "makes CUDA streams or host callbacks of its own: the task gives the kernel its stream, and "
+         "work elsewhere is work the timing does not see",
+         code=re.compile(r"\b(?:cudaStreamCreate\w*|cuStreamCreate\w*|cudaLaunchHostFunc|cudaStreamAddCallback|"
+                         r"cuLaunchHostFunc|getStreamFromPool)\b")),
+    Rule("mutable_static", "keeps mutable state between calls (a static or thread_local variable, a __device__ or "
+         "__managed__ global): a call's result then depends on the calls before it, or on another call at once",
+         code=None),
+    Rule("dynamic_loading", "loads code the build did not compile (another library's kernel through a handle)",
+         code=re.compile(_calls("dlopen", "dlmopen", "dlsym", "dlvsym").pattern)),
+    Rule("clocks", "reads a clock: what a kernel computes does not depend on time (a timed run and a checked run "
+         "would differ)",
+         code=re.compile(_calls("clock", "clock64", "clock_gettime", "gettimeofday", "time", "__rdtsc", "rdtsc",
+                                "__builtin_readcyclecounter", "__globaltimer").pattern + r"|\bstd::chrono\b"),
+         literal=re.compile(r"%%?(?:globaltimer|clock64|clock)\b")),
+    Rule("host_output", "prints: a kernel's output is its tensors (a debug print left in floods the run's logs)",
+         code=re.compile(_calls("printf", "fprintf", "puts", "fputs", "putchar", "perror", "write").pattern
+                         + r"|\bstd::(?:cout|cerr|clog)\b")),
+    Rule("reference_library", "hands the work to a library the kernel is measured against (cuBLAS, cuDNN, torch's "
+         "operators, Python): the kernel must compute it",
+         code=re.compile(r"\b(?:cublas\w*|cublasLt\w*|cudnn\w*|cufft\w*)\s*\(|\b(?:torch|at)::(?:matmul|mm|bmm|addmm|"
+                         r"baddbmm|linear|softmax|log_softmax|_softmax|scaled_dot_product_attention|"
+                         r"_scaled_dot_product\w*|conv\w*|einsum|layer_norm|native_\w+)\b|\btorch::nn::functional\b|"
+                         r"\bPy(?:Run|Import|Eval|Object_Call)\w*\s*\(")),
+]
+NAMES = [r.name for r in RULES]
+
+
+@dataclass(frozen=True)
+class Hit:
+    rule: str
+    file: str
+    line: int
+    quote: str
+
+    def describe(self) -> str:
+        why = next(r.why for r in RULES if r.name == self.rule)
+        return f"{self.file}:{self.line}: {self.rule}: {why}: `{self.quote}`"
+
+
+_QUALIFIERS = {"const", "constexpr", "consteval", "__constant__", "__shared__"}
+_CALL_AFTER = {"return", "else", "do", "case", "throw", "co_return", "co_await", "new", "delete", "sizeof", "decltype"}
+
+
+def _mutable_statics(masked: str) -> list[int]:
+    """Offsets of variable declarations that keep state between calls: `static` or `thread_local` ones that are not
+    const (a static function, or a __shared__ array, is not state), and __device__ or __managed__ variables."""
+    out = []
+    for m in re.finditer(r"\b(?:static|thread_local|__device__|__managed__)\b", masked):
+        stmt = re.match(r"[^;{}]*", masked[m.start():]).group(0)
+        head = stmt.split("=", 1)[0]
+        words = set(IDENT.findall(head))
+        if words & _QUALIFIERS or "(" in head or "operator" in words:
+            continue   # const data, a function (its parameter list), shared memory
+        if m.group(0) == "__device__" and re.search(r"\b(?:static|thread_local|__managed__)\b", masked[:m.start()].rsplit(";", 1)[-1]):
+            continue   # counted at the keyword before it
+        if not IDENT.search(head[len(m.group(0)):]):
+            continue   # a bare keyword (a macro's argument)
+        out.append(m.start())
+    return out
+
+
+def scan_text(text: str, file: str, allow=()) -> list[Hit]:
+    """The hits in one source file's text, its rules in `allow` left out; one hit a rule a line."""
+    masked = mask(text)
+    lines = text.splitlines()
+    found: dict[tuple[str, int], Hit] = {}
+
+    def add(rule: str, offset: int) -> None:
+        n = text.count("\n", 0, offset) + 1
+        quote = " ".join(lines[n - 1].split())[:160] if n <= len(lines) else ""
+        found.setdefault((rule, n), Hit(rule, file, n, quote))
+
+    def defined(m: re.Match) -> bool:
+        """A call pattern matched where a function of that name is declared or defined (`void write(`)."""
+        if not m.group(0).endswith("("):
+            return False
+        before = re.search(r"([A-Za-z_]\w*)\s*$", masked[max(0, m.start() - 64):m.start()])
+        return before is not None and before.group(1) not in _CALL_AFTER
+
+    uncommented = _COMMENT.sub(lambda m: re.sub(r"[^\n]", " ", m.group(0)), text)
+    for r in RULES:
+        if r.name in allow:
+            continue
+        if r.code is not None:
+            for m in r.code.finditer(masked):
+                if not defined(m):
+                    add(r.name, m.start())
+        if r.literal is not None:
+            for m in _LITERAL.finditer(uncommented):
+                body = m.group(2) if m.group(2) is not None else m.group(3) or ""
+                if r.literal.search(body):
+                    add(r.name, m.start())
+        if r.name == "mutable_static":
+            for off in _mutable_statics(masked):
+                add(r.name, off)
+    return sorted(found.values(), key=lambda h: (h.line, h.rule))
+
+
+def scan_task(task, src_dir: Path | None = None) -> list[Hit]:
+    """The hits in the task's editable sources (in `src_dir`, default the task's folder), less the rules task.toml's
+    [scan] allow names."""
+    root = Path(src_dir or task.root)
+    allow = set(task.spec.scan.allow)
+    hits: list[Hit] = []
+    for rel in task.spec.editable:
+        p = root / rel
+        if p.is_file():
+            hits += scan_text(p.read_text(errors="replace"), rel, allow)
+    return hits
+
+
+def rejection(hits: list[Hit]) -> str:
+    """The build's message for a rejected candidate: each hit on a line of its own (the first 8)."""
+    more = f"\n(+{len(hits) - 8} more)" if len(hits) > 8 else ""
+    return ("the source scan (tools/build/scan.py) found what no kernel needs; task.toml [scan] allow = "
+            "{RULE = \"why\"} allows a rule by name:\n" + "\n".join(h.describe() for h in hits[:8]) + more)
