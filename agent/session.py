@@ -18,6 +18,7 @@ from agent.loop import Loop, load_run, now
 from agent.proposers.base import Proposer
 from agent.proposers.retry import RetryFirst, is_retry, undecided
 from agent.evaluate import snapshot_lib
+from agent.recover import recover
 from agent.runlog import Decision, RunConfig, StageTimes, hold_run, mend_tail, write_json_atomic
 from agent.view import View
 from tools.build.reuse import latest_builds
@@ -239,6 +240,9 @@ def resume_run(run_dir: Path, view: View, extra: dict | None = None) -> Loop:
     rgit = gitops.RunGit.attach(repo, Path(cfg.worktree), cfg.branch, cfg.run_id)
     for f in rgit.clear_stale_locks():
         view.message(f"removed {escape(str(f))}: left by a git command the killed run did not finish")
+    if (got := recover(run_dir, cfg, state, rgit)) is not None:   # a keep the kill interrupted (agent/recover.py)
+        state, said = got
+        view.message(escape(said))
     task = load_task(Path(cfg.worktree) / cfg.task_dir)
     merged = {**cfg.extra, **(extra or {})}
     merged["spent"] = state.usage

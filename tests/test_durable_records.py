@@ -64,3 +64,51 @@ def test_a_damaged_state_or_config_is_refused_in_one_line_naming_the_file(tmp_pa
             assert res.returncode != 0 and "Traceback" not in out, (name, cmd, out[-2000:])
             assert f"{run / name}: the run's" in " ".join(out.split()), (name, cmd, out[-2000:])
         (run / name).write_bytes(good)
+
+
+@pytest.mark.parametrize("cut", ["record", "state"])
+def test_a_keep_the_kill_interrupted_after_its_commit_stays_kept_on_resume(tmp_path, cut):
+    """A kill between the kept commit's amend and the state's save (the profile runs in between): the branch's tip
+    is the kept commit, state.json still names its parent. `record`: its record was cut too, and is rebuilt from the
+    commit's message and trailers; `state`: the record is whole and the state follows it. Either way `agent resume`
+    keeps the commit on the branch as the best, the run goes on from it, and report/show/runs read the run."""
+    from agent.runlog import read_config
+    from tests.userrepo import git
+    root = make_user_repo(tmp_path / "user")
+    (tmp_path / "p.json").write_text(json.dumps([_faster(0), _comment(1), _comment(2)]))
+    run = root / "runs" / "keep"
+    proc = _start(root, ["optimize", "kernels/matmul_cpu", "--proposer", "replay", "--replay", str(tmp_path / "p.json"),
+                         "--iters", "3", "--target", "100x", "--run-id", "keep"], tmp_path / "agent.log")
+    _wait_stage(proc, run, 2, "propose", time.time() - 60, tmp_path / "unused")
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=120)
+    [kept] = read_iterations(run)
+    cfg, state = read_config(run), read_state(run)
+    assert kept.decision.value == "kept" and state.best_sha == kept.commit_sha
+    # what a kill before the state's save leaves: the state of before the keep, the record cut (or whole)
+    before = state.model_copy(update={"best_sha": kept.parent_sha, "best_iteration": None, "iterations_done": 0,
+                                      "chain_vs_initial": None, "best_ms": state.initial_ms, "confirmed_sha": None})
+    (run / "state.json").write_text(before.model_dump_json())
+    if cut == "record":
+        line = (run / "iterations.jsonl").read_text()
+        (run / "iterations.jsonl").write_text(line[:len(line) // 3])
+    res = agent(root, "resume", "keep", timeout=600)
+    out = " ".join((res.stdout + res.stderr).split())
+    assert res.returncode == 0, out[-3000:]
+    assert ("but the kill cut its record: rebuilt from the commit's message" if cut == "record" else
+            "was kept and recorded, but the kill came before the run's state was saved") in out, out[-2000:]
+    recs = read_iterations(run)
+    assert [r.iteration for r in recs] == [1, 2, 3] and read_state(run).status == "done"
+    first = recs[0]
+    assert first.decision.value == "kept" and first.commit_sha == kept.commit_sha
+    assert abs(first.speedup_vs_best - kept.speedup_vs_best) < 1e-3 and first.best_ms is not None
+    if cut == "record":
+        assert "rebuilt on resume" in first.reason and first.proposal.hypothesis == kept.proposal.hypothesis
+        assert first.patch.strip() and first.proposal.edits[0].file == "matmul.cpp"
+    # the kept commit is still on the run's branch, under the iterations after it
+    assert git(root, "merge-base", "--is-ancestor", kept.commit_sha, cfg.branch) == ""
+    end = read_state(run)   # the comments after it are no faster: the rebuilt keep is still the best
+    assert end.best_iteration == 1 and end.best_sha == kept.commit_sha and end.chain_vs_initial is not None
+    for cmd in (["report", "keep"], ["show", "keep", "--iter", "1"], ["runs"]):
+        res = agent(root, *cmd, timeout=120)
+        assert res.returncode == 0, (cmd, (res.stdout + res.stderr)[-2000:])
