@@ -45,7 +45,7 @@ class Loop:
         user = rgit.repo.working_tree_dir     # its file modes are watched around each candidate child
         self.evaluator = Evaluator(self.task, run_dir / "build", task_limits(self.task), checkout=user)
         self.best = Best(run_dir, cfg, self.state, self.evaluator, view)
-        self.t_start = time.monotonic()
+        self.run_end = time.monotonic() + (cfg.budget_seconds or float("inf"))   # --budget-seconds; caps a model call
         self._iter_t0: float | None = None     # the iteration under way started (monotonic)
         self._interrupt_after_keep = False
         self._sigint = False
@@ -125,7 +125,7 @@ class Loop:
             return stop
         if self.state.iterations_done >= self.cfg.iters:
             return f"{self.cfg.iters} iterations done"
-        if self.cfg.budget_seconds and time.monotonic() - self.t_start > self.cfg.budget_seconds:
+        if time.monotonic() > self.run_end:
             return f"time budget of {self.cfg.budget_seconds:g}s spent"
         return None
 
@@ -143,8 +143,8 @@ class Loop:
         self._iter_t0 = time.monotonic()
         try:
             proposal, a.patch_message = propose_and_apply(
-                self.proposer, lambda text, kind: context(self.task, i, d, self.records, self.state,
-                                                          self.best.profile, text, kind),
+                self.proposer, lambda text, kind: context(self.task, i, d, self.records, self.state, self.best.profile,
+                                                          text, kind, self.run_end),
                 self._task_dir(), self.task.spec.editable, lambda: self.git.reset_to(self.state.best_sha),
                 lambda: self._stage(i, "propose"), last_failure(self.records), a, d)
             self._stage(i, "commit", proposal.summary())

@@ -44,7 +44,8 @@ def last_failure(records: list[IterationRecord]) -> tuple[str | None, str | None
 
 
 def context(task: Task, i: int, d: Path, records: list[IterationRecord], state: RunState,
-            profile: ProfileReport | None, feedback: str | None, kind: str | None) -> Context:
+            profile: ProfileReport | None, feedback: str | None, kind: str | None,
+            run_end: float = float("inf")) -> Context:
     sources = {f: task.path(f).read_text() for f in task.spec.editable}
     history = [HistoryItem(iteration=r.iteration, hypothesis=r.proposal.hypothesis if r.proposal else "-",
                            outcome=r.outcome.value, reason=r.reason, speedup=r.speedup_vs_best,
@@ -53,7 +54,7 @@ def context(task: Task, i: int, d: Path, records: list[IterationRecord], state: 
     return Context(task=task, iteration=i, sources=sources, profile=profile, history=history,
                    best_ms=state.best_ms, reference_ms=state.reference_ms,
                    knobs=task.read_knobs(), measured_knobs=[state.initial_knobs],
-                   feedback=feedback, feedback_kind=kind, iter_dir=str(d))
+                   feedback=feedback, feedback_kind=kind, iter_dir=str(d), run_end=run_end)
 
 
 def task_error(task_dir: Path) -> str | None:

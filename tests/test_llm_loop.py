@@ -114,3 +114,31 @@ def test_rejected_json_schema_falls_back_to_text_and_budget_ends_the_run(tmp_pat
     assert recs[0].decision == Decision.kept
     # the 5000 tokens of the first call exceed the 4500 budget: the run ends cleanly after it
     assert "budget" in st.stop_reason.lower() and len(recs) == 1
+
+
+def test_a_dripping_endpoint_ends_at_the_runs_own_deadline_and_the_run_ends_cleanly(tmp_path):
+    """Issue 42: the run's deadline (--budget-seconds) is above each call's (deadline_s, 600 s here by default): a
+    server that drips its reply one byte every 0.5 s (each read within timeout_s) is cut when the run's budget runs
+    out, the reason in the iteration's record, and the run ends cleanly with the budget as its stop reason. Before,
+    such a server held a run 420 s, until it was killed from outside."""
+    import time
+
+    from tests.fake_openai import completion
+    root = make_user_repo(tmp_path / "user")
+    with FakeOpenAI() as srv:
+        _configure(root, srv.base_url)
+        for _ in range(4):
+            srv.push(200, completion(json.dumps(GOOD)), drip_s=0.5)   # about 1 KB: minutes a reply
+        t0 = time.monotonic()
+        res = agent(root, "optimize", "kernels/matmul_cpu", "--proposer", "llm", "--iters", "3", "--target", "100x",
+                    "--budget-seconds", "40", "--quiet", "--run-id", "drip", timeout=300)
+        took = time.monotonic() - t0
+    out = res.stdout + res.stderr
+    assert res.returncode == 0, out[-3000:]
+    run = root / "runs" / "drip"
+    [rec] = read_iterations(run)
+    assert rec.outcome == Outcome.proposal_failed, rec.reason
+    assert "the run's time budget (--budget-seconds) ran out during the call" in rec.reason, rec.reason
+    st = read_state(run)
+    assert st.status == "done" and "time budget of 40s spent" in st.stop_reason, st.stop_reason
+    assert took < 200, took     # a 600 s call deadline would not have ended it (the run's did)

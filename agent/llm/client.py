@@ -84,8 +84,10 @@ class LLMClient:
             settings.structured == "json_schema")
 
     def chat(self, messages: list[dict[str, str]], schema: dict[str, Any] | None = None,
-             schema_name: str = "proposal") -> ChatReply:
-        """One completion (retried on retryable errors). Raises LLMError with one line for the user."""
+             schema_name: str = "proposal", end: float = float("inf")) -> ChatReply:
+        """One completion (retried on retryable errors). Raises LLMError with one line for the user. `end`: the
+        run's own deadline (time.monotonic()), above the call's: the call ends by whichever comes first."""
+        self._run_end = end
         notes: list[str] = []
         if schema is not None and self.schema_supported is not False:
             fmt = {"type": "json_schema", "json_schema": {"name": schema_name, "schema": schema, "strict": True}}
@@ -115,8 +117,13 @@ class LLMClient:
             params["temperature"] = s.temperature
         if s.max_tokens is not None:
             params["max_tokens"] = s.max_tokens
-        self._transport.end = end = time.monotonic() + s.deadline_s   # above tenacity's retries: the call's own deadline
-        retrying = Retrying(stop=stop_after_attempt(s.max_attempts) | stop_after_delay(s.deadline_s),
+        # above tenacity's retries: the call's own deadline, and above it the run's (--budget-seconds)
+        run_end = getattr(self, "_run_end", float("inf"))
+        end = min(time.monotonic() + s.deadline_s, run_end)
+        self._transport.end = end
+        spent = (f"{s.deadline_s:.0f} s spent" if end < run_end else
+                 "the run's time budget (--budget-seconds) ran out during the call")
+        retrying = Retrying(stop=stop_after_attempt(s.max_attempts) | stop_after_delay(max(0.0, end - time.monotonic())),
                             wait=wait_random_exponential(multiplier=s.backoff_base_s, max=s.backoff_max_s),
                             retry=retry_if_exception(is_retryable), reraise=True,
                             before_sleep=lambda st: log.warning(
@@ -129,12 +136,12 @@ class LLMClient:
                     attempts = attempt.retry_state.attempt_number
                     left = end - time.monotonic()
                     if left <= 0:
-                        raise LLMError(DEADLINE, f"{s.deadline_s:.0f} s spent", attempts)
+                        raise LLMError(DEADLINE, spent, attempts)
                     raw = self._client.chat.completions.with_raw_response.create(
                         **params, timeout=min(s.timeout_s, left))
         except openai.OpenAIError as e:
             if time.monotonic() >= end:
-                raise LLMError(DEADLINE, f"{s.deadline_s:.0f} s spent, {attempts} attempt{'s' * (attempts != 1)}; "
+                raise LLMError(DEADLINE, f"{spent}, {attempts} attempt{'s' * (attempts != 1)}; "
                                          f"the last: {from_exception(e)}", attempts) from None
             raise from_exception(e, attempts) from None
         body = raw.text

@@ -62,6 +62,7 @@ class Context:
     feedback: str | None = None             # repair context: why the last attempt failed (patch miss, ...)
     feedback_kind: str | None = None        # runlog.Outcome value of that failure: picks the repair prompt
     iter_dir: str | None = None             # where a proposer may save prompts / raw replies
+    run_end: float = float("inf")           # time.monotonic() when the run's --budget-seconds ends (a model call's cap)
 
 
 class Proposer(Protocol):

@@ -149,7 +149,7 @@ class LLMProposer:
                 "structured": "json_schema" if self.client.schema_supported is not False else "text",
                 "messages": messages})
         try:
-            reply = self.client.chat(messages, schema=self.schema)
+            reply = self.client.chat(messages, schema=self.schema, end=ctx.run_end)
         except LLMError as e:
             if ctx.iter_dir:
                 _save(ctx.iter_dir, f"response-{k}.json", {"error": str(e), "kind": e.kind.name,
