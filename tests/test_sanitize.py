@@ -98,12 +98,9 @@ def _gpu() -> bool:
         return False
 
 
-@pytest.mark.gpu
-@pytest.mark.skipif(not _gpu(), reason="needs a CUDA GPU")
-@pytest.mark.parametrize("name", ["tail_rmw", "tail_overread", "rows_past_m", None])
-def test_memcheck_fails_an_access_past_an_end_and_passes_the_honest_kernel(tmp_path, name):
+def _softmax_built(tmp_path, name: str | None):
+    """The softmax task with the adversary `name` as its kernel (None: the committed one), built: (task, library)."""
     from tools.build.build import build
-    from tools.judge.candidate import run_candidate
     d = tmp_path / "softmax"
     shutil.copytree(ROOT / "kernels" / "softmax", d, ignore=shutil.ignore_patterns("__pycache__"))
     if name is not None:
@@ -111,7 +108,16 @@ def test_memcheck_fails_an_access_past_an_end_and_passes_the_honest_kernel(tmp_p
     task = load_task(d)
     b = build(task, tmp_path / "b")
     assert b.status.value == "ok", b.message
-    _, par, _, _ = run_candidate(task, Path(b.lib_path), None, parity_extent="quick", memcheck=True,
+    return task, b.lib_path
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _gpu(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("name", ["tail_rmw", "tail_overread", "rows_past_m", None])
+def test_memcheck_fails_an_access_past_an_end_and_passes_the_honest_kernel(tmp_path, name):
+    from tools.judge.candidate import run_candidate
+    task, lib = _softmax_built(tmp_path, name)
+    _, par, _, _ = run_candidate(task, Path(lib), None, parity_extent="quick", memcheck=True,
                               scratch_root=tmp_path / "s")
     assert par.memcheck is not None and par.memcheck.seconds > 0
     if name is None:
@@ -152,14 +158,7 @@ def test_racecheck_takes_the_small_shapes_and_runs_only_where_shared_memory_is_u
 @pytest.mark.skipif(not _gpu(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("name", ["shared_red_reuse", None])
 def test_racecheck_fails_a_shared_memory_race_and_passes_the_honest_kernel(tmp_path, name):
-    from tools.build.build import build
-    d = tmp_path / "softmax"
-    shutil.copytree(ROOT / "kernels" / "softmax", d, ignore=shutil.ignore_patterns("__pycache__"))
-    if name is not None:
-        shutil.copy(CHEATS / f"{name}.cu", d / "softmax.cu")
-    task = load_task(d)
-    b = build(task, tmp_path / "b")
-    assert b.status.value == "ok", b.message
-    res = sanitize.memcheck(task, task.module(), {"lib": b.lib_path}, tmp_path, 1, "racecheck")
+    task, lib = _softmax_built(tmp_path, name)
+    res = sanitize.memcheck(task, task.module(), {"lib": lib}, tmp_path, 1, "racecheck")
     assert res["tool"] == "racecheck" and res["seconds"] > 0
     assert res["status"] == ("ok" if name is None else "failed"), res["message"]
