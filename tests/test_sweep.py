@@ -26,8 +26,9 @@ BODY = "int M, int N, int K) {\n"
 def _task(tmp: Path, values: dict[str, list[int]] | None = None, head: str = "", tail: str = "",
           prelude: str = "") -> Path:
     """The fast matmul_cpu copy, with knob value lists narrowed, `head` planted at the top of the
-    kernel's body, `tail` at its end and `prelude` before it."""
-    root = make_user_repo(tmp / "user")
+    kernel's body, `tail` at its end and `prelude` before it. What is planted reads files, keeps state or forges (the
+    sweep's judging is under test): every rule of the source scan is allowed."""
+    root = make_user_repo(tmp / "user", scan_allow=True)
     d = root / "kernels" / "matmul_cpu"
     toml = d / "task.toml"
     text = toml.read_text()
