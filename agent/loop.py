@@ -68,10 +68,8 @@ class Loop:
 
     # --- Ctrl-C ------------------------------------------------------------------------------
     def _on_sigint(self, signum, frame) -> None:
-        """A Ctrl-C is remembered as well as raised: a KeyboardInterrupt that lands inside a finalizer
-        (GitPython reaps its git processes in __del__, where Python ignores exceptions) is lost, and
-        the run would go on to the end (a SIGINT at parity under load can land there). The next
-        stage boundary raises it again."""
+        """A Ctrl-C is remembered as well as raised: one that lands in a finalizer (GitPython reaps its git processes
+        in __del__, where Python ignores exceptions) is lost; the next stage boundary raises it again."""
         self._sigint = True
         raise KeyboardInterrupt
 
@@ -105,13 +103,14 @@ class Loop:
                 except StopRun as e:
                     self.finish("done", e.reason)
                     break
-                self.records.append(rec)
-                self.state.iterations_done = i
-                self.state.usage = self.state.usage + rec.usage
-                self.best.save()
-                self.view.done(rec, self.state)
-                if self._interrupt_after_keep:   # Ctrl-C arrived during a keep (deferred, see _keep)
-                    self.finish("interrupted", f"interrupted by the user; iteration {i} was kept first")
+                with DeferSigint() as held:   # recorded: its bookkeeping is not cut (a Ctrl-C here escaped as a signal)
+                    self.records.append(rec)
+                    self.state.iterations_done = i
+                    self.state.usage = self.state.usage + rec.usage
+                    self.best.save()
+                    self.view.done(rec, self.state)
+                if self._interrupt_after_keep or held.hit:   # a Ctrl-C deferred during the keep or the bookkeeping
+                    self.finish("interrupted", f"interrupted by the user; iteration {i} was {rec.decision.value} first")
                     break
         finally:
             if prev is not None:

@@ -8,6 +8,7 @@ import json
 import os
 import signal
 import time
+from pathlib import Path
 
 import pytest
 
@@ -85,7 +86,9 @@ def test_a_keep_the_kill_interrupted_after_its_commit_stays_kept_on_resume(tmp_p
     [kept] = read_iterations(run)
     cfg, state = read_config(run), read_state(run)
     assert kept.decision.value == "kept" and state.best_sha == kept.commit_sha
-    # what a kill before the state's save leaves: the state of before the keep, the record cut (or whole)
+    # what a kill before the state's save leaves: the kept commit at the branch's tip (the kill here may have come
+    # after iteration 2 committed its candidate: set back), the state of before the keep, the record cut (or whole)
+    git(Path(cfg.worktree), "reset", "-q", "--hard", kept.commit_sha)
     before = state.model_copy(update={"best_sha": kept.parent_sha, "best_iteration": None, "iterations_done": 0,
                                       "chain_vs_initial": None, "best_ms": state.initial_ms, "confirmed_sha": None})
     (run / "state.json").write_text(before.model_dump_json())
