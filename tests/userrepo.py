@@ -22,8 +22,8 @@ def git(cwd: Path, *args: str) -> str:
 # a test of the runtime probes allows every rule of the source scan before the build (tools/build/scan.py), which
 # would stop its stateful, printing, file, clock and process forms before they build (tests/test_scan.py tests it)
 def scan_allow_all() -> str:
-    from tools.build.scan import NAMES
-    return "\n[scan]\nallow = { " + ", ".join(f'{n} = "the runtime probes\' own test"' for n in NAMES) + " }\n"
+    from tools.build.scan import allow_all
+    return allow_all("the runtime probes' own test")
 
 
 def make_user_repo(root: Path, fast: bool = True, scan_allow: bool = False) -> Path:

@@ -156,7 +156,7 @@ def uses_shared_memory(ctx: dict | None, plan: dict | None) -> bool:
     if not ctx:
         return True
     static = any(int(k.get("smem_static_bytes") or 0) > 0 for k in ctx.get("kernels") or [])
-    launches = (plan or {}).get("launches") or [] if isinstance(plan, dict) else []
+    launches = plan.get("launches") or [] if isinstance(plan, dict) else []
     return static or any(int(x.get("smem_dynamic_bytes") or 0) > 0 for x in launches if isinstance(x, dict))
 
 
