@@ -88,6 +88,8 @@ def test_a_keep_the_kill_interrupted_after_its_commit_stays_kept_on_resume(tmp_p
     assert kept.decision.value == "kept" and state.best_sha == kept.commit_sha
     # what a kill before the state's save leaves: the kept commit at the branch's tip (the kill here may have come
     # after iteration 2 committed its candidate: set back), the state of before the keep, the record cut (or whole)
+    for lock in (root / ".git").rglob("*.lock"):   # a git command the kill cut leaves its lock (resume clears them too)
+        lock.unlink()
     git(Path(cfg.worktree), "reset", "-q", "--hard", kept.commit_sha)
     before = state.model_copy(update={"best_sha": kept.parent_sha, "best_iteration": None, "iterations_done": 0,
                                       "chain_vs_initial": None, "best_ms": state.initial_ms, "confirmed_sha": None})
