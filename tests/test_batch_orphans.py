@@ -1,7 +1,7 @@
 """A sweep's batch child (tools/judge/_batch_child.py) is not forked by the fork server, so a kernel's double-forked
 daemon (its own session, its parent gone) was adopted by init and outlived the sweep (issue 41). The batch child is a
 subreaper now and ends what it adopted when it ends. (The host's seccomp filter stops the fork itself on a CPU host;
-it is off here so that the subreaper is what is tested: a GPU host does not have the filter yet.)"""
+it is off here so that the subreaper is what is tested.)"""
 
 from __future__ import annotations
 

@@ -120,7 +120,7 @@ class ParityStatus(str, Enum):
     nondeterministic = "nondeterministic"  # repeated calls disagree beyond tolerance
     output_state = "output_state"          # the result depended on what the output held before the call
     stale_input = "stale_input"            # after a few input values changed in place, the old inputs' answer
-    side_effect = "side_effect"            # the kernel wrote files (not allowed by task.toml)
+    side_effect = "side_effect"            # the kernel wrote files (not allowed by task.toml), or its GPU context outlived its host
     imprecise = "imprecise"                # error past [parity] error_budget x the reference implementation's own
     invalid_access = "invalid_access"      # compute-sanitizer memcheck: a read or write outside every allocation
     race = "race"                          # compute-sanitizer racecheck: shared memory read and written with no barrier between

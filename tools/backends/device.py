@@ -152,6 +152,35 @@ def ncu_report_info(ncu_path: str | None) -> ToolInfo:
     return ToolInfo(found=False)
 
 
+def gpu_processes() -> set[int] | None:
+    """The pids nvidia-smi lists as holding a CUDA context (`--query-compute-apps`), or None where it cannot say (no
+    nvidia-smi, or it failed). A process that has ended is still listed while another process holds its context
+    (a child it forked keeps its device files open)."""
+    smi = shutil.which("nvidia-smi")
+    out = _run([smi, "--query-compute-apps=pid", "--format=csv,noheader"]) if smi else None
+    return None if out is None else compute_pids(out)
+
+
+def compute_pids(text: str) -> set[int]:
+    """The pids of nvidia-smi's `--query-compute-apps=pid` lines (a line that is not a number is skipped)."""
+    return {int(ln.split(",")[0]) for ln in text.splitlines() if ln.split(",")[0].strip().isdigit()}
+
+
+def context_outlived(pid: int, wait_s: float) -> float | None:
+    """For a process that has ended and been reaped: the seconds its CUDA context stayed on the GPU after, where that
+    was more than `wait_s` (still listed at the end of the wait); None where it went (normally at once: the driver
+    tears a context down as its process exits) or nvidia-smi cannot say."""
+    import time
+    t0 = time.monotonic()
+    while True:
+        pids = gpu_processes()
+        if pids is None or pid not in pids:
+            return None
+        if time.monotonic() - t0 >= wait_s:
+            return time.monotonic() - t0
+        time.sleep(0.2)
+
+
 def driver_info() -> ToolInfo:
     smi = shutil.which("nvidia-smi")
     if not smi:

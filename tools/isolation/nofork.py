@@ -5,8 +5,9 @@ struct a filter cannot read; glibc then makes its threads with clone, as under D
 hold for root, and a fork bomb's children would outrun the kill of the host's tree. The filter goes on every
 thread the process has (SECCOMP_FILTER_FLAG_TSYNC) and on every thread it starts after; it cannot be taken off.
 
-A GPU host does not get it yet (tools/judge/host.py): the CUDA driver and compute-sanitizer's injection have not been
-run under it on a device. AGENT_HOST_NOFORK=1 puts it on any host, 0 leaves it off.
+A GPU host gets it too (tools/judge/host.py; the CUDA driver and compute-sanitizer's memcheck and racecheck run under
+it: `AGENT_HOST_NOFORK=1 agent check` and the GPU tests on an H200): a forked child holds the host's CUDA context past
+the host's kill, and its kernels keep the GPU. AGENT_HOST_NOFORK=0 leaves it off.
 """
 
 from __future__ import annotations

@@ -110,11 +110,14 @@ class Host:
         # before any candidate library is loaded (tools/isolation/limits.py)
         spec = self.task.spec
         got = limits.apply(limits.wanted(self.task.backend.gpu, spec.parity.timeout_s + spec.bench.timeout_s, self.io))
-        # and no new processes (tools/isolation/nofork.py): not yet on a GPU host, AGENT_HOST_NOFORK decides
-        want = os.environ.get("AGENT_HOST_NOFORK", "0" if self.task.backend.gpu else "1") == "1"
+        # and no new processes (tools/isolation/nofork.py), on a GPU host too: a child the host forked holds its CUDA
+        # context, and the kernel it queued keeps the GPU after the host is killed (the next candidate's timing shared
+        # the GPU with it: scripts/device/gpu_outlives.py). AGENT_HOST_NOFORK=0 leaves it off.
+        want = os.environ.get("AGENT_HOST_NOFORK", "1") == "1"
         why = nofork.install() if want else "off"
         got["nofork"] = int(why is None)
-        return {"ok": True, "pid": os.getpid(), "threads": torch.get_num_threads(), "limits": got, "nofork_off": why}
+        return {"ok": True, "pid": os.getpid(), "threads": torch.get_num_threads(), "limits": got, "nofork_off": why,
+                "gpu": self.task.backend.gpu}
 
     def load(self, r: dict) -> dict:
         self.libs[r["id"]] = self.task.backend.load(r["path"])

@@ -197,6 +197,31 @@ def run(mode: str, task, mod, host: HostClient, job: dict, shapes: list[dict]) -
     return evaluate(task, mod, remote, job, shapes)
 
 
+CONTEXT_WAIT_S = 3.0     # how long a killed host's CUDA context may stay on the GPU before it is named
+
+
+def outlived(host: HostClient, mode: str, result: dict) -> None:
+    """A GPU host that ran without the no-fork filter (AGENT_HOST_NOFORK=0, or a machine without seccomp) could leave
+    a process holding its CUDA context, and the kernels it queued, after its kill: the next candidate would be timed
+    beside them (an honest softmax's events said 48 us a call, back-to-back calls took 104 us:
+    scripts/device/gpu_outlives.py). Where nvidia-smi still lists the host's pid after the host was reaped, the
+    answer's verdict fails with `side_effect` and the reason; a verdict already failed keeps its own."""
+    pid = host.info.get("pid")
+    if not pid or (host.info.get("limits") or {}).get("nofork") or not host.info.get("gpu"):
+        return
+    from tools.backends.device import context_outlived
+    took = context_outlived(int(pid), CONTEXT_WAIT_S)
+    if took is None:
+        return
+    why = (f"the kernel's host was ended, but its CUDA context (pid {pid}) was still on the GPU {took:.1f} s later: a "
+           "process it started holds it, with whatever it queued (a kernel must not start processes)")
+    parts = [result] if mode == "parity" else (result.get("results") or []) if mode == "bench" else \
+        [p for p in (result.get("parity"),) if p] + list(((result.get("bench") or {}).get("results")) or [])
+    for part in parts:
+        if part.get("status") == "ok":
+            part.update(status="side_effect", message=why)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m tools.judge.judge")
     ap.add_argument("mode", choices=["evaluate", "parity", "bench"])
@@ -240,6 +265,7 @@ def main(argv: list[str] | None = None) -> int:
             files = host.close()
             if result is not None:
                 result["scratch_files"] = [f.model_dump(mode="json") for f in files]
+                outlived(host, a.mode, result)
     out.write(json.dumps(result) + "\n")
     out.flush()
     return 0
