@@ -289,16 +289,18 @@ def _point(b: _Built, r: BatchItemResult) -> SweepPoint:
 def _verify_best(res: SweepResult, built: dict[int, _Built], base_lib: Path, out_dir: Path, limits,
                  say: Callable[[str], None]) -> SweepPoint | None:
     """The best by median goes through the pipeline every candidate of optimize goes through
-    (Evaluator.evaluate_candidate: the static launch check, a fresh parity with a new seed and a fresh
-    bench against the initial, in a fresh child), then the dynamic launch check; on a failure the
-    point is marked and the next best is tried. Returns the verified point (also in res.verified)."""
+    (Evaluator.evaluate_candidate: the static launch check, a fresh parity with a new seed, every shape and, on a
+    GPU, memcheck and racecheck, and a fresh bench against the initial, in a fresh child), then the dynamic launch
+    check; on a failure the point is marked and the next best is tried. Returns the verified point (also in res.verified)."""
     while (p := res.best()) is not None:
         b = built[p.index]   # type: ignore[index]
         ev = Evaluator(b.task, out_dir / f"cfg-{b.index}" / "build", limits)
         t = StageTimes()
         say(f"verifying the best, {p.knobs} at {p.median_ms * 1e3:.1f} us (launch check, fresh parity and bench)")
         try:
-            bench = ev.evaluate_candidate(b.lib, base_lib, t, launch_context=b.launch_context, verify_launch=True).bench
+            # a GPU candidate about to be the answer goes under compute-sanitizer as a kept one of optimize does
+            bench = ev.evaluate_candidate(b.lib, base_lib, t, launch_context=b.launch_context, verify_launch=True,
+                                          memcheck=b.task.backend.gpu).bench
         except IterationEnded as e:
             p.ok, p.outcome, p.reason = False, e.outcome.value, "on verification: " + _line(e.reason)
             say(f"{p.knobs} failed verification: {p.reason}")
