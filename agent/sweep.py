@@ -64,6 +64,7 @@ class SweepPoint(BaseModel):
     verified_speedup: float | None = None   # from the fresh bench against the initial
     verified_ci_low: float | None = None
     verified_ci_high: float | None = None
+    verified_sanitizers: str = ""     # on a GPU: what memcheck and racecheck said of the verified point
 
 
 class SweepResult(BaseModel):
@@ -299,8 +300,9 @@ def _verify_best(res: SweepResult, built: dict[int, _Built], base_lib: Path, out
         say(f"verifying the best, {p.knobs} at {p.median_ms * 1e3:.1f} us (launch check, fresh parity and bench)")
         try:
             # a GPU candidate about to be the answer goes under compute-sanitizer as a kept one of optimize does
-            bench = ev.evaluate_candidate(b.lib, base_lib, t, launch_context=b.launch_context, verify_launch=True,
-                                          memcheck=b.task.backend.gpu).bench
+            a = ev.evaluate_candidate(b.lib, base_lib, t, launch_context=b.launch_context, verify_launch=True,
+                                      memcheck=b.task.backend.gpu)
+            bench = a.bench
         except IterationEnded as e:
             p.ok, p.outcome, p.reason = False, e.outcome.value, "on verification: " + _line(e.reason)
             say(f"{p.knobs} failed verification: {p.reason}")
@@ -309,6 +311,8 @@ def _verify_best(res: SweepResult, built: dict[int, _Built], base_lib: Path, out
             p.seconds += t.launch + t.parity + t.bench
         ci = bench.speedup_vs_baseline
         p.verified = True
+        p.verified_sanitizers = "; ".join(m.message for m in (a.parity.memcheck, a.parity.racecheck) if m is not None) \
+            if a.parity is not None else ""
         if ci:
             p.verified_speedup, p.verified_ci_low, p.verified_ci_high = ci.median, ci.low, ci.high
         res.verified = p.knobs

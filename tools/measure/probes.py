@@ -8,20 +8,16 @@ marks the bench `suspicious` (the candidate is rejected with it).
   poisoned buffer: a kernel that detects a timing loop by the spacing or count of calls is wrong here;
 - roofline (tools/measure/roofline.py): a median below the floor that the task's FLOP and byte formulas and the
   device's peaks allow;
-- side_stream (CUDA): N back-to-back calls timed by wall clock with a device-wide sync; if the events
-  say the kernel is over 2x faster than that (and a call takes over 50 us of wall time, above launch
-  overhead), work runs where the events do not see it;
-- repeat_speed: a few fresh input sets, each called once, timed exactly as the bench's reps are,
-  against as many calls on the timed (repeated) inputs: a kernel that does less work on a call it has
-  seen before (a memo on its inputs, whole or partial) is fast only on the repeats. The class, not one
-  cheat: the output of a repeated call is right whatever the kernel skipped, so no output check can see
-  it, and the roofline sees it only when nearly all the work is skipped;
-- reentrant: two threads calling the candidate at once, each on its own inputs and output, the
-  main shape beside itself and beside the smallest listed shape, every output checked: a kernel that
-  keeps a buffer or a variable in static storage (scratch, a packed panel, the dimensions) is wrong
-  here. Each thread's calls last about REENTRANT_MS so that the two overlap. On a GPU each thread calls on a
-  CUDA stream of its own (a static device buffer or counter shared by two kernels running at once), and its
-  outputs are checked as that stream's synchronize alone leaves them (work outside the caller's stream).
+- side_stream (CUDA): back-to-back calls with a device-wide sync over 2x the events around them and the bench's
+  (above 50 us a call: launch overhead) in each of up to three bursts: work runs where the events do not see it;
+- repeat_speed: a few fresh input sets, each called once, timed as the bench's reps are, against as many calls on
+  the timed (repeated) inputs: a kernel that does less work on a call it has seen before (a memo on its inputs,
+  whole or partial) is fast only on the repeats (its output is right whatever it skipped: no output check sees it);
+- reentrant: two threads calling the candidate at once, each on its own inputs and output, the main shape beside
+  itself and beside the smallest listed shape, every output checked: a kernel that keeps a buffer or a variable
+  in static storage (scratch, a packed panel, the dimensions) is wrong here. Each thread's calls last about
+  REENTRANT_MS so that the two overlap. On a GPU each thread calls on a CUDA stream of its own (a static device
+  buffer or counter shared by two kernels at once), its outputs checked as that stream's synchronize leaves them.
 
 A new probe is a function of a `Probe` here, added to PROBES.
 """
@@ -38,12 +34,11 @@ from tools.task import Task, shape_label, shape_size
 from tools.task_messages import make_inputs
 
 SIDE_STREAM_MIN_WALL_MS = 0.05
-
+SIDE_STREAM_TRIES = 3      # bursts the side-stream probe may take before it refuses: each must show the gap
 
 class StreamSpan:
-    """Timing events on the caller's stream around a burst of calls, for `calls` (`with span:` around the calls;
-    `ms()` once the device is synchronized, None on the CPU). The side-stream probe holds the burst's wall time to
-    the span between them, taken in the same burst."""
+    """Timing events on the caller's stream around a burst of calls (`with span:`; `ms()` once the device is
+    synchronized, None on the CPU): the side-stream probe holds the burst's wall time to it."""
 
     def __init__(self, gpu: bool):
         self.ev = None
@@ -168,22 +163,29 @@ def roofline(p: Probe) -> str | None:
 
 
 def side_stream(p: Probe) -> str | None:
+    """Back-to-back calls with a device-wide sync, held to the bench's events AND to events around the same calls: a GPU
+    time-sliced with another context (an honest softmax was refused beside one a killed host left:
+    scripts/device/gpu_outlives.py) or changing clocks slows the span alike; work on a stream of the kernel's own is
+    outside it. Up to SIDE_STREAM_TRIES bursts, each must show the gap: a one-off stall outside one span is not the
+    kernel's (an honest sweep configuration on an H100: span 80.6 us, wall 200.1 us, one burst)."""
     if not p.task.backend.gpu:
         return None
-    n = max(10, min(1000, int(50 / max(p.cand_ms, 1e-3))))
-    issue_s, total_s, stream_s = p.calls([(p.outs[i % len(p.sets)], p.sets[i % len(p.sets)]) for i in range(n)],
-                                         transfer=False)
-    wall_ms, host_ms = total_s * 1e3 / n, issue_s * 1e3 / n
-    # held to the bench's events AND to events around these very calls: a GPU shared with another process's context
-    # (time-sliced), still clocking up or down, slows the calls and their stream's span alike (an honest softmax was
-    # refused on the bench's figure alone right after another candidate's run); work on a stream of the kernel's
-    # own is outside the span of this burst as it was outside the bench's
-    span_ms = stream_s * 1e3 / n if stream_s is not None else 0.0
-    if wall_ms > SIDE_STREAM_MIN_WALL_MS and wall_ms > 2 * max(p.cand_ms, host_ms, span_ms):
-        return (f"{shape_label(p.shape)}: events say {p.cand_ms * 1e3:.1f} us per call (the bench) and "
-                f"{span_ms * 1e3:.1f} us (around these calls, on the caller's stream) but back-to-back calls with a "
-                f"device-wide sync take {wall_ms * 1e3:.1f} us each: work runs outside the timed stream")
-    return None
+    n, best = max(10, min(1000, int(50 / max(p.cand_ms, 1e-3)))), None
+    for _ in range(SIDE_STREAM_TRIES):
+        issue_s, total_s, stream_s = p.calls([(p.outs[i % len(p.sets)], p.sets[i % len(p.sets)]) for i in range(n)],
+                                             transfer=False)
+        wall_ms, host_ms = total_s * 1e3 / n, issue_s * 1e3 / n
+        span_ms = stream_s * 1e3 / n if stream_s is not None else 0.0
+        over = wall_ms / max(p.cand_ms, host_ms, span_ms, 1e-9)
+        if wall_ms <= SIDE_STREAM_MIN_WALL_MS or over <= 2:
+            return None
+        if best is None or over < best[0]:
+            best = (over, wall_ms, span_ms)
+    _, wall_ms, span_ms = best
+    return (f"{shape_label(p.shape)}: events say {p.cand_ms * 1e3:.1f} us per call (the bench) and "
+            f"{span_ms * 1e3:.1f} us (around these calls, on the caller's stream) but back-to-back calls with a "
+            f"device-wide sync take {wall_ms * 1e3:.1f} us each (the closest of {SIDE_STREAM_TRIES} bursts): work runs "
+            "outside the timed stream")
 
 
 def repeat_speed(p: Probe) -> str | None:
