@@ -29,6 +29,7 @@ class Scripted:
     headers: dict[str, str] = field(default_factory=dict)
     reject_schema: bool = False       # answer 400 to a request with response_format json_schema, else serve
     drip_s: float = 0.0               # send the body one byte at a time, this many seconds apart
+    drip_headers: bool = False        # with drip_s: the status line and headers one byte at a time instead
 
 
 @dataclass
@@ -126,6 +127,17 @@ class FakeOpenAI:
                 data = s.body if isinstance(s.body, (str, bytes)) else json.dumps(s.body)
                 data = data.encode() if isinstance(data, str) else data
                 try:
+                    if s.drip_headers:   # the reply's head one byte at a time (each read within any read timeout)
+                        head = (f"HTTP/1.1 {s.status} OK\r\nContent-Type: application/json\r\n"
+                                f"Content-Length: {len(data)}\r\n"
+                                + "".join(f"{k}: {v}\r\n" for k, v in s.headers.items()) + "\r\n").encode()
+                        for i in range(len(head)):
+                            self.wfile.write(head[i:i + 1])
+                            self.wfile.flush()
+                            time.sleep(s.drip_s)
+                        self.wfile.write(data)
+                        self.close_connection = True
+                        return
                     self.send_response(s.status)
                     self.send_header("Content-Type", "application/json")
                     self.send_header("Content-Length", str(len(data)))

@@ -169,6 +169,18 @@ def test_a_server_that_drips_its_reply_is_ended_at_the_calls_deadline(srv, task,
     assert "\n" not in str(e.value)
 
 
+def test_a_server_that_drips_its_headers_is_ended_at_the_calls_deadline(srv, task, tmp_path):
+    """The same drip in the reply's head (status line and headers, one byte every 0.2 s: a minute of headers): the
+    wait for the headers is held to the call's deadline too, not only the body's reads."""
+    from tests.fake_openai import completion
+    for _ in range(3):
+        srv.push(200, completion(json.dumps(GOOD)), drip_s=0.2, drip_headers=True, headers={"X-Pad": "p" * 300})
+    t0 = time.monotonic()
+    with pytest.raises(ProposalFailed, match="no whole reply within the call's deadline"):
+        LLMProposer(settings(srv, timeout_s=2, deadline_s=2.5), task).propose(context(task, tmp_path))
+    assert time.monotonic() - t0 < 15, time.monotonic() - t0
+
+
 def test_authentication_error_is_not_retried_and_ends_the_run(srv, task, tmp_path):
     srv.push(401, error_body("Incorrect API key provided"))
     with pytest.raises(LLMUnusable, match="refused the API key"):

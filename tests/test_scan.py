@@ -143,6 +143,42 @@ def test_each_rule_trips_on_its_kernel_and_not_on_the_honest_one(rule):
     assert rule not in {h.rule for h in scan_text(bad, "k.cu", allow={rule})}
 
 
+# more forms of a rule's class, each beside an honest kernel that uses the constructs next to it
+FORMS = [
+    ("threads_processes", """
+extern "C" void matmul(const float* A, const float* B, float* C, int M, int N, int K) {
+    #pragma omp parallel for schedule(static)          // every core for the rows
+    for (int i = 0; i < M; ++i) rows(A, B, C, i, i + 1, N, K);
+}""", """
+#pragma once
+// One thread: no "#pragma omp parallel" here; the loop is unrolled instead.
+extern "C" void matmul(const float* A, const float* B, float* C, int M, int N, int K) {
+    #pragma unroll 4
+    for (int i = 0; i < M; ++i) rows(A, B, C, i, i + 1, N, K);
+}"""),
+    ("system_state", """
+#include <sys/syscall.h>
+#include <unistd.h>
+extern "C" int softmax_run(const void* x, void* y, int M, int N, int flags, cudaStream_t stream) {
+    static_assert(sizeof(long) == 8, "64-bit");
+    const long tid = syscall(SYS_gettid);             // a per-thread choice of width
+    return launch(x, y, M, N, tid % 2 ? 8 : 4, stream);
+}""", """
+// No syscall(SYS_gettid): the width is the knob.
+static int pick_width(int n) { return n % 8 == 0 ? 8 : 4; }
+extern "C" int softmax_run(const void* x, void* y, int M, int N, int flags, cudaStream_t stream) {
+    return launch(x, y, M, N, pick_width(N), stream);
+}"""),
+]
+
+
+@pytest.mark.parametrize("rule,bad,good", FORMS, ids=[f[0] for f in FORMS])
+def test_other_forms_of_a_rules_class_trip_it_and_their_honest_neighbours_do_not(rule, bad, good):
+    hits = scan_text(bad, "k.cu")
+    assert [h.rule for h in hits] == [rule], hits
+    assert scan_text(good, "k.cu") == [], scan_text(good, "k.cu")
+
+
 def test_the_shipped_kernels_and_their_bindings_pass():
     for d in sorted((ROOT / "kernels").iterdir()):
         if (d / "task.toml").is_file():

@@ -35,27 +35,67 @@ DEADLINE = ErrorKind("deadline", False, False, "the endpoint gave no whole reply
 
 class _Deadline(httpx.HTTPTransport):
     """httpx's timeouts bound each read, not a reply: a server that sends one byte every 2 s held a run 420 s
-    (issue 42). Every response body read here is held to `end` (monotonic seconds, set per call), and a read past
-    it raises a timeout; the wait for the headers is bounded per read by the request's own timeout (at most what
-    is left)."""
+    (issue 42). Every call is held to `end` (monotonic seconds, set per call) whole, head and body: the socket each
+    request connects (httpcore's trace extension hands it over; no connection is kept alive, so every request
+    connects) is shut down by a timer at `end`, which ends a read blocked on it, and a read past `end` raises a
+    timeout. A new connection per call costs a handshake, against a call of seconds."""
 
     end: float = float("inf")
 
+    def __init__(self) -> None:
+        super().__init__(limits=httpx.Limits(max_keepalive_connections=0))
+
     def handle_request(self, request: httpx.Request) -> httpx.Response:
-        resp = super().handle_request(request)
-        end, inner = self.end, resp.stream
+        import socket
+        import threading
+        end, socks, traced = self.end, [], request.extensions.get("trace")
+
+        def trace(name: str, info: dict) -> None:
+            if name.endswith(("connect_tcp.complete", "start_tls.complete")) and info.get("return_value") is not None:
+                sock = info["return_value"].get_extra_info("socket")
+                if sock is not None:
+                    socks.append(sock)
+            if traced is not None:
+                traced(name, info)
+
+        def cut() -> None:
+            for sock in socks:
+                try:
+                    sock.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+
+        timer = threading.Timer(max(0.0, end - time.monotonic()), cut)
+        timer.daemon = True
+        timer.start()
+        request.extensions = {**request.extensions, "trace": trace}
+        try:
+            resp = super().handle_request(request)
+        except Exception:
+            timer.cancel()
+            if time.monotonic() >= end:
+                raise httpx.ReadTimeout("past the call's deadline", request=request) from None
+            raise
+        inner = resp.stream
 
         class Bounded(httpx.SyncByteStream):
             def __iter__(self):
-                for chunk in inner:
-                    if time.monotonic() > end:
-                        raise httpx.ReadTimeout("past the call's deadline", request=request)
-                    yield chunk
+                try:
+                    for chunk in inner:
+                        if time.monotonic() > end:
+                            raise httpx.ReadTimeout("past the call's deadline", request=request)
+                        yield chunk
+                except httpx.TransportError:
+                    if time.monotonic() >= end:
+                        raise httpx.ReadTimeout("past the call's deadline", request=request) from None
+                    raise
 
             def close(self) -> None:
+                timer.cancel()
                 inner.close()
 
         if time.monotonic() > end:
+            timer.cancel()
             inner.close()
             raise httpx.ReadTimeout("past the call's deadline", request=request)
         resp.stream = Bounded()
