@@ -177,6 +177,15 @@ def _setup_reference_ci(run_dir: Path):
         return None
 
 
+def dump_results(d: Path, a) -> None:
+    """The typed results an attempt (agent/attempt.py) holds, as the iteration's artifacts."""
+    for res, name in ((a.parity, "parity.json"), (a.bench, "bench.json")):
+        if res is not None:
+            dump(d / name, res)
+    if a.build is not None and a.build.log is not None and not (d / "build.log").exists():
+        (d / "build.log").write_text(a.build.log)
+
+
 def dump(path: Path, model) -> None:
     """A typed result (or plain JSON data) as an artifact of the run."""
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -121,7 +121,7 @@ class RunGit:
             self.wt.git.commit("-q", "--amend", "--no-verify", "-m", message)
         return self.head()
 
-    def keep_ref(self, kind: str, iteration: int, sha: str) -> str:
+    def keep_ref(self, kind: str, iteration: int | str, sha: str) -> str:
         ref = f"refs/agent/{self.run_id}/{kind}/{iteration}"
         self.repo.git.update_ref(ref, sha)
         return ref

@@ -4,28 +4,28 @@
             -> decide: keep (amend message with results, trailers) | revert (ref refs/agent/RUN/rejected/N)
             -> profile the new best -> log one record
 
-The run's best (commit, library, profile, figures) lives in `Best`; one iteration's candidate in an
-`Attempt`, which each stage fills and `decide` reads. Every way out of an iteration is an
-`IterationEnded` with an outcome, a reason and the failed stage's typed result. Records are appended
-before the next iteration begins; session.prepare_resume continues a run from its log and branch.
+The run's best (commit, library, profile, figures) lives in `Best`; one iteration's candidate in an `Attempt`, which
+each stage fills and `decide` reads. Every way out of an iteration is an `IterationEnded` with an outcome, a reason and
+the failed stage's typed result; one the model can repair goes back to it first (agent/repair.py, --repairs). Records
+are appended before the next iteration begins; session.prepare_resume continues a run from its log and branch.
 """
 
 from __future__ import annotations
 
 import signal
 import time
-from datetime import datetime, timezone
 from pathlib import Path
 
 from agent import gitops
 from agent.attempt import Attempt, KeepRule, decide
-from agent.best import Best, dump
+from agent.best import Best, dump, dump_results
 from agent.evaluate import (BenchFailed, Evaluator, Implausible, IterationEnded, NoChange, NotFaster, RangeParityFailed,
                             snapshot_lib)
 from agent.propose import StopRun, context, last_failure, propose_and_apply
 from agent.proposers.base import Proposer, ProposerError
-from agent.runlog import (Decision, IterationRecord, LogError, Outcome, RunConfig, RunState, append_iteration,
-                          read_config, read_iterations, read_state)
+from agent.repair import feedback, repairable, set_aside
+from agent.runlog import (Decision, IterationRecord, Outcome, RunConfig, RunState, append_iteration, now, read_iterations,
+                          read_state)
 from agent.signals import DeferSigint
 from agent.view import View
 from tools.isolation import scratch
@@ -141,14 +141,7 @@ class Loop:
         scratch.drain()     # what the setup's or the last confirmation's processes left is not this candidate's
         self._iter_t0 = time.monotonic()
         try:
-            proposal, a.patch_message = propose_and_apply(
-                self.proposer, lambda text, kind: context(self.task, i, d, self.records, self.state, self.best.profile,
-                                                          text, kind, self.run_end),
-                self._task_dir(), self.task.spec.editable, lambda: self.git.reset_to(self.state.best_sha),
-                lambda: self._stage(i, "propose"), last_failure(self.records), a, d)
-            self._stage(i, "commit", proposal.summary())
-            self._commit(d, a)
-            self._evaluate(i, d, a)
+            self._attempts(i, d, a)
             # Ctrl-C during a keep is deferred until the kept record is written (an interrupt between
             # the state update and the record would leave state.best_sha on a commit no record calls
             # kept); a SIGKILL there is repaired by session.prepare_resume
@@ -159,7 +152,7 @@ class Loop:
             return kept
         except IterationEnded as e:
             if e.fill(a):
-                _dump_results(d, a)
+                dump_results(d, a)
             return self._reject(i, a, e.outcome, e.reason)
         except ProposerError as e:   # not one that ends the run (propose_and_apply): this iteration is lost
             if a.proposal is None:
@@ -172,6 +165,30 @@ class Loop:
             self.state.iterations_done = i
             self.best.save()
             raise
+
+    def _attempts(self, i: int, d: Path, a: Attempt) -> None:
+        """Propose, commit, evaluate; a failure the model can repair goes back to it in the same conversation, at most
+        cfg.repairs times (agent/repair.py): the iteration's verdict is its last attempt's."""
+        fb, left = last_failure(self.records), (self.cfg.repairs if self.proposer.can_repair else 0)
+        while True:
+            before = a.usage
+            try:
+                proposal, a.patch_message = propose_and_apply(
+                    self.proposer, lambda text, kind: context(self.task, i, d, self.records, self.state,
+                                                              self.best.profile, text, kind, self.run_end),
+                    self._task_dir(), self.task.spec.editable, lambda: self.git.reset_to(self.state.best_sha),
+                    lambda: self._stage(i, "propose"), fb, a, d)
+                self._stage(i, "commit", proposal.summary())
+                self._commit(d, a)
+                return self._evaluate(i, d, a)
+            except IterationEnded as e:
+                if left <= 0 or not repairable(e):
+                    raise
+                left -= 1
+                e.fill(a)
+                fb = (feedback(e, a, self._task_dir()), e.outcome.value)
+                self._revert(i, a, e.reason, f"{i}.{len(a.attempts) + 1}")
+                set_aside(a, e, a.rejected_ref, before)
 
     def _commit(self, d: Path, a: Attempt) -> None:
         t0 = time.monotonic()
@@ -200,7 +217,7 @@ class Loop:
         finally:
             if warm is not None:
                 warm.close()
-            _dump_results(d, a)
+            dump_results(d, a)
         rule = KeepRule(min_gain=self.cfg.min_gain, implausible=IMPLAUSIBLE_RATIO)
         v = decide(a, rule)
         if v.action == "confirm":
@@ -246,6 +263,14 @@ class Loop:
     def _reject(self, i: int, a: Attempt, outcome: Outcome, reason: str,
                 decision: Decision | None = None) -> IterationRecord:
         """Revert the candidate (its commit stays reviewable under a rejected ref) and record why."""
+        commit_sha = self._revert(i, a, reason, i)
+        if decision is None:
+            decision = Decision.reverted if commit_sha is not None else Decision.skipped
+        s = a.bench.speedup_vs_baseline.median if a.bench is not None and a.bench.speedup_vs_baseline else None
+        return self._record(a, decision, outcome, reason, speedup_vs_best=s)
+
+    def _revert(self, i: int, a: Attempt, reason: str, ref: int | str) -> str | None:
+        """Its commit (returned) under refs/agent/RUN/rejected/REF, saying why; the branch back at the best."""
         t0 = time.monotonic()
         commit_sha = a.commit_sha
         if commit_sha is not None:
@@ -256,15 +281,12 @@ class Loop:
                         self.cfg.run_id, i, a.proposal.summary() if a.proposal else "candidate",
                         a.proposal.hypothesis if a.proposal else "", reason))
             finally:
-                a.rejected_ref = self.git.keep_ref("rejected", i, rejected_sha)
+                a.rejected_ref = self.git.keep_ref("rejected", ref, rejected_sha)
                 a.commit_sha = rejected_sha
         self.git.reset_to(self.state.best_sha)
         a.times.git += time.monotonic() - t0
         self.reload_task()
-        if decision is None:
-            decision = Decision.reverted if commit_sha is not None else Decision.skipped
-        s = a.bench.speedup_vs_baseline.median if a.bench is not None and a.bench.speedup_vs_baseline else None
-        return self._record(a, decision, outcome, reason, speedup_vs_best=s)
+        return commit_sha
 
     def _record(self, a: Attempt, decision: Decision, outcome: Outcome, reason: str,
                 speedup_vs_best: float | None = None) -> IterationRecord:
@@ -276,24 +298,3 @@ class Loop:
                         best_ms=self.state.best_ms)
         append_iteration(self.run_dir, r)
         return r
-
-
-def _dump_results(d: Path, a: Attempt) -> None:
-    """The typed results an attempt holds, as the iteration's artifacts."""
-    for res, name in ((a.parity, "parity.json"), (a.bench, "bench.json")):
-        if res is not None:
-            dump(d / name, res)
-    if a.build is not None and a.build.log is not None and not (d / "build.log").exists():
-        (d / "build.log").write_text(a.build.log)
-
-
-def now() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="seconds")
-
-
-def load_run(run_dir: Path) -> tuple[RunConfig, RunState]:
-    cfg = read_config(run_dir)
-    st = read_state(run_dir)
-    if st.status == "unknown":
-        raise LogError(f"{run_dir}: no state.json; the run never measured its initial kernel")
-    return cfg, st

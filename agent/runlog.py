@@ -10,6 +10,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+from datetime import datetime, timezone
 from enum import Enum
 from pathlib import Path
 
@@ -66,6 +67,11 @@ class EnvFingerprint(BaseModel):
     git_dirty: bool = False
 
 
+def now() -> str:
+    """A record's timestamp: UTC, to the second."""
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
 class RunConfig(BaseModel):
     schema_version: int = SCHEMA_VERSION
     run_id: str
@@ -85,6 +91,7 @@ class RunConfig(BaseModel):
     budget_tokens: int | None = None
     budget_usd: float | None = None
     budget_seconds: float | None = None
+    repairs: int = 2                   # a failed candidate goes back to the model this often in its iteration
     profile_tier: int = 1
     started: str
     env: EnvFingerprint = Field(default_factory=EnvFingerprint)
@@ -118,6 +125,18 @@ class Usage(BaseModel):
                      cost_usd=self.cost_usd + other.cost_usd)
 
 
+class RepairAttempt(BaseModel):
+    """One attempt of an iteration that failed and went back to the model for repair (agent/repair.py): what it
+    proposed, how it failed, what it cost. The iteration's own fields are its last attempt's."""
+    attempt: int                       # 1 for the first proposal, 2 for its first repair, ...
+    hypothesis: str = ""
+    outcome: Outcome
+    reason: str
+    patch: str = ""                    # its diff against the parent (cut)
+    rejected_ref: str | None = None    # its commit, kept for review
+    usage: Usage = Field(default_factory=Usage)
+
+
 class IterationRecord(BaseModel):
     schema_version: int = SCHEMA_VERSION
     run_id: str
@@ -149,6 +168,7 @@ class IterationRecord(BaseModel):
     times: StageTimes = Field(default_factory=StageTimes)
     wall_s: float | None = None        # the iteration's wall clock, start to record (times leave out the gaps)
     usage: Usage = Field(default_factory=Usage)
+    attempts: list[RepairAttempt] = []   # the attempts before the last, each repaired (--repairs)
 
 
 class RunState(BaseModel):

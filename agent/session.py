@@ -14,12 +14,13 @@ from rich.markup import escape
 from agent import gitops
 from agent.envinfo import fingerprint
 from agent.best import SetupFailed
-from agent.loop import Loop, load_run, now
+from agent.loop import Loop
 from agent.proposers.base import Proposer
 from agent.proposers.retry import RetryFirst, is_retry, undecided
 from agent.evaluate import snapshot_lib
 from agent.recover import recover
-from agent.runlog import Decision, RunConfig, StageTimes, hold_run, mend_tail, write_json_atomic
+from agent.runlog import (Decision, LogError, RunConfig, RunState, StageTimes, hold_run, mend_tail, now, read_config,
+                          read_state, write_json_atomic)
 from agent.view import View
 from tools.build.reuse import latest_builds
 from tools.task import Task, first_fitting_task, load_task
@@ -39,6 +40,14 @@ def parse_target(text: str) -> float:
         raise UsageError(f"--target {text}: a target at or below 1x is met before the first iteration; "
                          "give more than 1, e.g. 1.5x")
     return v
+
+
+def load_run(run_dir: Path) -> tuple[RunConfig, RunState]:
+    cfg = read_config(run_dir)
+    st = read_state(run_dir)
+    if st.status == "unknown":
+        raise LogError(f"{run_dir}: no state.json; the run never measured its initial kernel")
+    return cfg, st
 
 
 def check_limits(iters: int, min_gain: float | None = None, budget_seconds: float | None = None,
@@ -157,7 +166,7 @@ def start_run(task_dir: Path, *, target: float, iters: int, proposer_kind: str, 
               baseline: str | None = None, min_gain: float | None = None, run_id: str | None = None,
               runs_dir: Path | None = None, budget_seconds: float | None = None, budget_tokens: int | None = None,
               budget_usd: float | None = None, profile_tier: int = 1, extra: dict | None = None,
-              past_target: bool = False) -> Loop:
+              past_target: bool = False, repairs: int = 2) -> Loop:
     extra = extra or {}
     task = load_task(task_dir)        # validate before touching anything
     repo = gitops.open_repo(task.root)
@@ -189,7 +198,7 @@ def start_run(task_dir: Path, *, target: float, iters: int, proposer_kind: str, 
                     worktree=str(rgit.worktree), proposer=proposer_kind, model=extra.get("model"), target=target,
                     past_target=past_target, iters=iters, baseline=baseline or task.spec.baseline,
                     min_gain=task.spec.bench.min_gain if min_gain is None else min_gain,
-                    budget_tokens=budget_tokens, budget_usd=budget_usd, budget_seconds=budget_seconds,
+                    budget_tokens=budget_tokens, budget_usd=budget_usd, budget_seconds=budget_seconds, repairs=repairs,
                     profile_tier=profile_tier, started=now(), env=fingerprint(repo),
                     extra={k: v for k, v in extra.items() if k != "llm_overrides"})
     write_json_atomic(run_dir / "run.json", cfg)

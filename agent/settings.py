@@ -36,6 +36,8 @@ class LLMSettings(BaseModel):
     max_attempts: int = Field(default=5, ge=1)       # tries per call, retryable errors only
     backoff_base_s: float = Field(default=1.0, ge=0) # exponential backoff with jitter: base * 2^n ...
     backoff_max_s: float = Field(default=30.0, ge=0) # ... capped here
+    retry_after_max_s: float = Field(default=120.0, ge=0)   # a server's Retry-After is waited, up to this
+    endpoint_outages: int = Field(default=3, ge=1)   # calls in a row that fail after their retries: the run ends
     schema_repairs: int = Field(default=2, ge=0)     # follow-ups for a reply that is not a valid Proposal
     structured: Literal["auto", "json_schema", "text"] = "auto"
     temperature: float | None = None                  # None: the server's default (reasoning models want that)

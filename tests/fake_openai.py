@@ -37,6 +37,7 @@ class Recorded:
     path: str
     headers: dict[str, str]
     body: Any
+    at: float = field(default_factory=time.monotonic)   # when the request came (monotonic seconds)
 
 
 def completion(content: str, prompt_tokens: int = 100, completion_tokens: int = 50, model: str = "fake",

@@ -88,10 +88,12 @@ def test_a_kernel_that_keeps_fewer_bits_is_caught_and_was_not_before(tmp_path):
     every shape within atol/rtol without the budget, and is `imprecise` with it; the message names the ratio, the
     budget and the field."""
     lib = _lib(tmp_path, "split3_trunc")
-    res = run_parity(_task(tmp_path / "off", None), lib)
+    # one seed for both: the kernel sits at the tolerance's edge, and now and then a random draw puts one element
+    # of 225 past atol without the budget (once in this session's fast tiers): caught then too, not what this shows
+    res = run_parity(_task(tmp_path / "off", None), lib, seed=1)
     assert res.status.value == "ok", res.message
     assert "yardstick" not in res.message   # no budget, no ratio reported
-    res = run_parity(_task(tmp_path / "on", "5"), lib)
+    res = run_parity(_task(tmp_path / "on", "5"), lib, seed=1)
     assert res.status.value == "imprecise", res.message
     assert "the larger of timing_reference's error" in res.message
     assert "the budget is 5x (task.toml [parity] error_budget)" in res.message

@@ -132,18 +132,28 @@ def test_rate_limit_then_success_is_retried(srv, task, tmp_path):
     assert len(srv.chat_requests) == 2 and usage.calls == 1
 
 
-def test_server_errors_until_retries_are_spent(srv, task, tmp_path):
+def test_server_errors_until_retries_are_spent_do_not_spend_the_proposal(srv, task, tmp_path):
+    """Issue 43: a call the endpoint fails after all its retries (3 x 500) is made again after backoff_max_s: the
+    outage does not cost the iteration, the proposal comes when the endpoint is back."""
     for _ in range(3):
         srv.push(500, error_body("upstream exploded", "server_error"))
+    srv.push_proposal(GOOD)
     t0 = time.monotonic()
-    with pytest.raises(ProposalFailed) as e:
-        LLMProposer(settings(srv), task).propose(context(task, tmp_path))
-    assert not isinstance(e.value, LLMUnusable)
-    msg = str(e.value)
-    assert "server error (5xx) (after 3 attempts): upstream exploded" in msg and "\n" not in msg
-    assert len(srv.chat_requests) == 3 and time.monotonic() - t0 < 5
+    proposal, usage = LLMProposer(settings(srv), task).propose(context(task, tmp_path))
+    assert proposal.hypothesis == GOOD["hypothesis"] and usage.calls == 1
+    assert len(srv.chat_requests) == 4 and time.monotonic() - t0 < 5
     saved = json.loads((tmp_path / "runs/R/iter-1/response-1.json").read_text())
     assert saved["kind"] == "server_error" and saved["attempts"] == 3
+
+
+def test_an_endpoint_that_stays_down_ends_the_run_after_endpoint_outages_calls(srv, task, tmp_path):
+    for _ in range(6):
+        srv.push(500, error_body("upstream exploded", "server_error"))
+    with pytest.raises(LLMUnusable) as e:
+        LLMProposer(settings(srv, endpoint_outages=2), task).propose(context(task, tmp_path))
+    msg = str(e.value)
+    assert "failed 2 calls in a row" in msg and "server error (5xx) (after 3 attempts): upstream exploded" in msg
+    assert "\n" not in msg and len(srv.chat_requests) == 6
 
 
 def test_reply_slower_than_the_timeout(srv, task, tmp_path):
@@ -151,7 +161,8 @@ def test_reply_slower_than_the_timeout(srv, task, tmp_path):
         srv.push_proposal(GOOD, delay_s=2.0)
     t0 = time.monotonic()
     with pytest.raises(ProposalFailed, match="did not answer within the timeout .*after 2 attempts"):
-        LLMProposer(settings(srv, timeout_s=0.3, max_attempts=2), task).propose(context(task, tmp_path))
+        LLMProposer(settings(srv, timeout_s=0.3, max_attempts=2, endpoint_outages=1),
+                    task).propose(context(task, tmp_path))
     assert len(srv.chat_requests) == 2 and time.monotonic() - t0 < 3
 
 
@@ -341,3 +352,50 @@ def test_no_server_listening_is_a_connection_error(task, tmp_path):
                      backoff_max_s=0.02, timeout_s=2)
     with pytest.raises(ProposalFailed, match="could not connect to the endpoint .*after 2 attempts"):
         LLMProposer(st, task).propose(context(task, tmp_path))
+
+
+def test_a_429_with_retry_after_is_waited_as_asked_and_capped(srv, task, tmp_path):
+    """Issue 43: a 429 with `Retry-After: 2` was retried 0.6 s later (the backoff's own wait); now the server's wait
+    is kept (times from the server's log), an HTTP-date form too, and a wait past retry_after_max_s is capped."""
+    srv.push(429, error_body("slow down", "rate_limit_error"), headers={"Retry-After": "2"})
+    srv.push_proposal(GOOD)
+    LLMProposer(settings(srv), task).propose(context(task, tmp_path))
+    first, second = srv.chat_requests
+    assert 1.9 <= second.at - first.at < 4.0, second.at - first.at
+    srv.push(503, error_body("busy", "server_error"), headers={"Retry-After": "3600"})
+    srv.push_proposal(GOOD)
+    LLMProposer(settings(srv, retry_after_max_s=0.5), task).propose(context(task, tmp_path, iteration=2))
+    third, fourth = srv.chat_requests[2:]
+    assert 0.45 <= fourth.at - third.at < 2.0, fourth.at - third.at
+
+
+def test_retry_after_is_read_in_seconds_milliseconds_and_as_a_date():
+    from datetime import datetime, timedelta, timezone
+    from email.utils import format_datetime
+
+    from agent.llm.client import httpx, retry_after
+
+    def exc(headers):
+        class E(Exception):
+            response = httpx.Response(429, headers=headers)
+        return E()
+    assert retry_after(exc({"Retry-After": "20"})) == 20.0
+    assert retry_after(exc({"retry-after-ms": "1500", "Retry-After": "20"})) == 1.5
+    when = format_datetime(datetime.now(timezone.utc) + timedelta(seconds=30), usegmt=True)
+    assert 25 <= retry_after(exc({"Retry-After": when})) <= 31
+    assert retry_after(exc({})) is None and retry_after(exc({"Retry-After": "soon"})) is None
+    assert retry_after(ValueError("no response")) is None
+
+
+def test_a_reply_cut_at_the_token_limit_is_not_parsed_and_the_model_is_asked_for_a_shorter_one(srv, task, tmp_path):
+    """Issue 43: a reply that ends with finish_reason=length is detected before parsing (half a JSON object only
+    earned a schema complaint); the model is told it was cut off and asked for a shorter answer."""
+    from tests.fake_openai import completion
+    half = json.dumps(GOOD)[: len(json.dumps(GOOD)) // 2]
+    srv.push(200, completion(half, finish_reason="length"))
+    srv.push_proposal(GOOD)
+    proposal, usage = LLMProposer(settings(srv), task).propose(context(task, tmp_path))
+    assert proposal.hypothesis == GOOD["hypothesis"] and usage.calls == 2
+    last = srv.chat_requests[1].body["messages"][-1]["content"]
+    assert "cut off at the token limit" in last and "shorter" in last
+    assert "Expecting" not in last and "validation error" not in last.lower()   # no parser's complaint

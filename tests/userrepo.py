@@ -68,3 +68,14 @@ def snapshot(root: Path) -> tuple[str, str, str, str, str]:
     return (git(root, "rev-parse", "HEAD"), git(root, "branch", "--show-current"),
             git(root, "status", "--porcelain", "--untracked-files=all"), (root / "README.md").read_text(),
             git(root, "for-each-ref", "refs/heads/main"))
+
+
+def configure_llm(root: Path, base_url: str, timeout_s: float = 2.0, max_attempts: int = 3) -> None:
+    """The user's pyproject names the scripted endpoint (tests/fake_openai.py), fast retries, a short client timeout;
+    committed, as a user would."""
+    (root / "pyproject.toml").write_text(
+        "[tool.agent]\n"
+        f'base_url = "{base_url}"\nmodel = "fake-model"\n'
+        f"timeout_s = {timeout_s}\nmax_attempts = {max_attempts}\nbackoff_base_s = 0.01\nbackoff_max_s = 0.05\n")
+    git(root, "add", "pyproject.toml")
+    git(root, "commit", "-qm", "configure the agent")

@@ -36,6 +36,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="default: llm if an endpoint is configured, else heuristic")
     p.add_argument("--baseline", choices=["reference", "initial"], help="override the task's baseline for --target")
     p.add_argument("--min-gain", type=float, help="minimum gain to keep a change (default: the task's, 0.02)")
+    p.add_argument("--repairs", type=int, default=2,
+                   help="a candidate that does not compile, is refused by the launch check or fails parity goes back "
+                        "to the model with the error this often within its iteration (default 2; llm only)")
     p.add_argument("--replay", metavar="RUN", help="replay proposer: the run (or proposals file) to replay")
     p.add_argument("--kept-only", action="store_true", help="replay only the proposals that run kept")
     p.add_argument("--model", help="LLM model name")
@@ -80,6 +83,8 @@ def cmd_optimize(args) -> int:
     console = make_console(stderr=True)
     try:
         check_limits(args.iters, args.min_gain, args.budget_seconds, args.budget_tokens, args.budget_usd)
+        if args.repairs < 0:
+            raise UsageError(f"--repairs {args.repairs}: give 0 or more (0: a failed candidate ends its iteration)")
         target = parse_target(args.target)
         task_dir, why = choose_task(args.task, Path.cwd())
         overrides = _llm_overrides(args)
@@ -97,7 +102,7 @@ def cmd_optimize(args) -> int:
                          baseline=args.baseline, min_gain=args.min_gain, run_id=args.run_id, runs_dir=args.runs_dir,
                          budget_seconds=args.budget_seconds, budget_tokens=args.budget_tokens,
                          budget_usd=args.budget_usd, profile_tier=args.tier, extra=extra,
-                         past_target=args.past_target)
+                         past_target=args.past_target, repairs=args.repairs)
         return _run_and_summarize(loop)
     except (UsageError, gitops.GitError, LogError, SettingsError) as e:
         console.print(f"[red]error[/red]: {escape(str(e))}", highlight=False)

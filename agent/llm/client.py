@@ -102,6 +102,43 @@ class _Deadline(httpx.HTTPTransport):
         return resp
 
 
+def retry_after(exc: BaseException | None) -> float | None:
+    """The seconds a refusal asks to wait (`retry-after-ms`, or `Retry-After` in seconds or as an HTTP date), or
+    None where it says nothing."""
+    resp = getattr(exc, "response", None)
+    headers = getattr(resp, "headers", None)
+    if headers is None:
+        return None
+    try:
+        if headers.get("retry-after-ms") is not None:
+            return max(0.0, float(headers["retry-after-ms"]) / 1e3)
+        value = headers.get("retry-after")
+        if value is None:
+            return None
+        try:
+            return max(0.0, float(value))
+        except ValueError:
+            from datetime import datetime, timezone
+            from email.utils import parsedate_to_datetime
+            return max(0.0, (parsedate_to_datetime(value) - datetime.now(timezone.utc)).total_seconds())
+    except (TypeError, ValueError):
+        return None
+
+
+class _Wait:
+    """tenacity's wait: the server's Retry-After where it sends one (capped at retry_after_max_s; a 429 that asked for
+    20 s was retried 0.6 s later), else exponential backoff with jitter; never past the call's deadline."""
+
+    def __init__(self, s: LLMSettings, end: float):
+        self.backoff = wait_random_exponential(multiplier=s.backoff_base_s, max=s.backoff_max_s)
+        self.cap, self.end = s.retry_after_max_s, end
+
+    def __call__(self, state) -> float:
+        asked = retry_after(state.outcome.exception() if state.outcome is not None else None)
+        wait = min(asked, self.cap) if asked is not None else self.backoff(state)
+        return max(0.0, min(wait, self.end - time.monotonic()))
+
+
 @dataclass
 class ChatReply:
     text: str
@@ -164,7 +201,7 @@ class LLMClient:
         spent = (f"{s.deadline_s:.0f} s spent" if end < run_end else
                  "the run's time budget (--budget-seconds) ran out during the call")
         retrying = Retrying(stop=stop_after_attempt(s.max_attempts) | stop_after_delay(max(0.0, end - time.monotonic())),
-                            wait=wait_random_exponential(multiplier=s.backoff_base_s, max=s.backoff_max_s),
+                            wait=_Wait(s, end),
                             retry=retry_if_exception(is_retryable), reraise=True,
                             before_sleep=lambda st: log.warning(
                                 "LLM call failed (%s), retry %d of %d", from_exception(st.outcome.exception()),

@@ -15,7 +15,9 @@ run's running total.
 from __future__ import annotations
 
 import json
+import logging
 import re
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -32,6 +34,8 @@ from agent.runlog import Usage
 from agent.settings import LLMSettings
 from tools.profile.model import ProfileReport
 from tools.task import Task
+
+log = logging.getLogger("agent.llm")
 
 # runlog.Outcome value of the failed attempt -> repair template
 REPAIR_TEMPLATES = {
@@ -88,20 +92,23 @@ class LLMProposer:
             messages = self._opening(ctx)
             replies = 0
             while True:
-                reply = self._call(messages, ctx)
+                reply = self._call_through(messages, ctx)
                 replies += 1
                 usage = usage + reply.usage
                 messages = messages + [{"role": "assistant", "content": reply.text}]
-                try:
-                    # a valid proposal already paid for is evaluated; the budget stops the next call
-                    proposal = parse_proposal(reply.text)
-                    break
-                except ReplyInvalid as e:
-                    problem = str(e)
+                if reply.finish_reason == "length":   # cut off: parsed, half a reply only earns a schema complaint
+                    problem = ("your reply was cut off at the token limit (finish_reason=length) before it ended. Send "
+                               "the whole proposal again, shorter: fewer and smaller edits, each `search` only as long "
+                               "as it must be to be unique, no text outside the JSON object")
+                else:
+                    try:
+                        # a valid proposal already paid for is evaluated; the budget stops the next call
+                        proposal = parse_proposal(reply.text)
+                        break
+                    except ReplyInvalid as e:
+                        problem = str(e)
                 if why := self.budget.over():
                     raise BudgetExhausted(why)
-                if reply.finish_reason == "length":
-                    problem += " (the reply was cut off at the token limit: raise max_tokens or send smaller edits)"
                 if replies > self.settings.schema_repairs:
                     raise ProposalFailed(f"no valid proposal after {replies} replies: {_first_line(problem)}")
                 messages.append({"role": "user", "content": render("repair_schema", problem=problem)})
@@ -139,6 +146,27 @@ class LLMProposer:
         left = self.settings.context_tokens - estimate_tokens(self.system)
         user = iteration_prompt(ctx, self.profile_view(ctx.profile), left)
         return [{"role": "system", "content": self.system}, {"role": "user", "content": user}]
+
+    def _call_through(self, messages: list[dict[str, str]], ctx: Context) -> ChatReply:
+        """A call; one the endpoint fails after all its retries (down, overloaded, timing out, past the call's deadline)
+        is made again after backoff_max_s, so that an outage does not spend the iteration, until endpoint_outages calls
+        in a row have failed: then the run ends (LLMUnusable). A failure that is the request's (400, 401, ...) or one
+        cut by the run's own deadline stands at once."""
+        s = self.settings
+        for outage in range(1, s.endpoint_outages + 1):
+            try:
+                return self._call(messages, ctx)
+            except LLMError as e:
+                if not (e.kind.retryable or e.kind.name == "deadline") or e.fatal \
+                        or time.monotonic() + s.backoff_max_s >= ctx.run_end:
+                    raise
+                if outage == s.endpoint_outages:
+                    raise LLMUnusable(f"LLM: the endpoint failed {outage} calls in a row, each after its retries "
+                                      f"(endpoint_outages): the last: {e}") from None
+                log.warning("LLM endpoint failed a call after its retries (%s); the same call again in %.0f s "
+                            "(%d of %d)", e, s.backoff_max_s, outage, s.endpoint_outages)
+                time.sleep(s.backoff_max_s)
+        raise AssertionError("unreachable")
 
     def _call(self, messages: list[dict[str, str]], ctx: Context) -> ChatReply:
         self.budget.before_call(estimate_tokens(json.dumps(messages)))

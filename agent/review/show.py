@@ -196,6 +196,14 @@ def iteration_detail(run: Run, rec: IterationRecord) -> RenderableType:
     head = Text.assemble((f"iteration {rec.iteration} ", "bold"), (rec.decision.value, style),
                          f" ({rec.outcome.value}): {rec.reason}")
     parts.append(head)
+    if rec.attempts:   # the attempts before the last, each sent back to the model for repair (agent/repair.py)
+        t = _kv()
+        for at in rec.attempts:
+            t.add_row(f"attempt {at.attempt}", Text(f"{at.outcome.value}: {at.reason}  [{at.hypothesis}]  "
+                                                    f"{at.usage.prompt_tokens}+{at.usage.completion_tokens} tokens"
+                                                    + (f"  ({at.rejected_ref})" if at.rejected_ref else "")))
+        t.add_row(f"attempt {len(rec.attempts) + 1}", Text(f"{rec.outcome.value} (below)"))
+        parts.append(Panel(t, title="attempts (repaired within the iteration)", expand=False))
     p = rec.proposal
     if p is not None:
         t = _kv()

@@ -15,7 +15,6 @@ measurement) once beside the orphan. Writes $OUT/gpu_outlives.json.
 
 from __future__ import annotations
 
-import ctypes
 import json
 import os
 import signal
@@ -29,10 +28,8 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "scripts" / "device"))
 
-from side_stream_neighbour import measure   # noqa: E402
-from tools.build.build import build   # noqa: E402
+from side_stream_neighbour import measure, softmax_built   # noqa: E402
 from tools.judge.candidate import run_candidate   # noqa: E402
-from tools.task import load_task   # noqa: E402
 
 SPIN_S = 8.0
 HOST = ("import os, sys, time, torch\n"
@@ -97,12 +94,8 @@ def case(label: str, how: str, torch, mod, lib, shape, task, lib_path, work) -> 
 def main() -> int:
     out = Path(os.environ.get("OUT") or tempfile.mkdtemp(prefix="gpu-outlives-out-"))
     work = Path(tempfile.mkdtemp(prefix="gpu-outlives-"))
-    task = load_task(REPO / "kernels" / "softmax")
-    b = build(task, work / "build")
-    if b.status.value != "ok":
-        raise SystemExit(f"build {b.status.value}: {b.message[:300]}")
+    task, b, mod, lib, shape = softmax_built(work)
     import torch
-    mod, lib, shape = task.module(), ctypes.CDLL(b.lib_path), dict(task.spec.main)
     quiet = measure(torch, mod, lib, shape)
     print(f"quiet      bench {quiet['bench_us']:9.1f} us wall {quiet['wall_us']:9.1f} us span {quiet['span_us']:9.1f} us",
           flush=True)

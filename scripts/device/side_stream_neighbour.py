@@ -72,16 +72,21 @@ def measure(torch, mod, lib, shape) -> dict:
             "old_rule_refuses": wall_ms > 2 * bench_ms, "new_rule_refuses": wall_ms > 2 * max(bench_ms, span_ms)}
 
 
-def main() -> int:
-    secs = float(sys.argv[1]) if len(sys.argv) > 1 else 20.0
-    out = Path(os.environ.get("OUT") or tempfile.mkdtemp(prefix="side-stream-out-"))
-    work = Path(tempfile.mkdtemp(prefix="side-stream-"))
+def softmax_built(work: Path):
+    """The committed softmax built with the product's build: (task, build result, module, loaded library, main shape)."""
     task = load_task(REPO / "kernels" / "softmax")
     b = build(task, work / "build")
     if b.status.value != "ok":
         raise SystemExit(f"build {b.status.value}: {b.message[:300]}")
+    return task, b, task.module(), ctypes.CDLL(b.lib_path), dict(task.spec.main)
+
+
+def main() -> int:
+    secs = float(sys.argv[1]) if len(sys.argv) > 1 else 20.0
+    out = Path(os.environ.get("OUT") or tempfile.mkdtemp(prefix="side-stream-out-"))
+    work = Path(tempfile.mkdtemp(prefix="side-stream-"))
+    task, b, mod, lib, shape = softmax_built(work)
     import torch
-    mod, lib, shape = task.module(), ctypes.CDLL(b.lib_path), dict(task.spec.main)
     rows = []
 
     def row(label: str) -> None:
