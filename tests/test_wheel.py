@@ -17,8 +17,8 @@ import pytest
 
 from agent.runlog import Decision, read_iterations
 from tests.fake_openai import FakeOpenAI
-from tests.test_llm_loop import GOOD, _configure
-from tests.userrepo import make_user_repo
+from tests.test_llm_loop import GOOD
+from tests.userrepo import configure_llm, make_user_repo
 
 REPO = Path(__file__).resolve().parent.parent
 TREE = ("pyproject.toml", "setup.py", "MANIFEST.in", "README.md", "AGENT.md", "agent", "tools", "prompts")
@@ -90,7 +90,7 @@ def test_agent_optimize_from_the_wheel_renders_its_prompts_from_the_installed_pa
     assert all(Path(w).is_relative_to(env_dir) and "_shipped" in w for w in where), where
     root = make_user_repo(tmp_path / "user")
     with FakeOpenAI() as srv:
-        _configure(root, srv.base_url)
+        configure_llm(root, srv.base_url)
         srv.push_proposal(GOOD)
         res = subprocess.run([str(env_dir / "bin" / "agent"), "optimize", "kernels/matmul_cpu", "--target", "100x",
                               "--iters", "1", "--quiet"], cwd=root, env=env, capture_output=True, text=True,
