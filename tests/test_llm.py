@@ -399,3 +399,25 @@ def test_a_reply_cut_at_the_token_limit_is_not_parsed_and_the_model_is_asked_for
     last = srv.chat_requests[1].body["messages"][-1]["content"]
     assert "cut off at the token limit" in last and "shorter" in last
     assert "Expecting" not in last and "validation error" not in last.lower()   # no parser's complaint
+
+
+def test_the_prompt_tells_the_machine_the_toolchain_the_tolerance_and_the_harness(srv, task, tmp_path):
+    """Issue 43: a CPU task is not told it is a GPU engineer; the iteration prompt names the CPU (model, ISA, caches),
+    the compiler and the task's flags, the task's own tolerance, and the harness's contract. A CUDA task (compiled here
+    without a GPU) gets the GPU's launch limits from the arch table, said to be the table's."""
+    srv.push_proposal(GOOD)
+    LLMProposer(settings(srv), task).propose(context(task, tmp_path))
+    system, user = (m["content"] for m in srv.chat_requests[0].body["messages"])
+    assert "You are a CPU performance engineer" in system and "GPU performance engineer" not in system
+    assert "## The machine, the toolchain and the harness" in user
+    tol = task.spec.tolerance["float32"]
+    assert f"float32: atol {tol.atol:g}, rtol {tol.rtol:g}" in user
+    assert "- CPU: " in user and "logical cores" in user and "- Compiler: " in user
+    assert "poisoned" in user and "Two threads may call at once" in user and "compute-sanitizer" not in user
+    from agent.llm.machine import machine_facts
+    gpu_task = load_task(REPO / "kernels" / "softmax")
+    facts = machine_facts(gpu_task)
+    assert "SMs" in facts and "KiB of shared memory" in facts and "launch on the stream you are given" in facts
+    assert "compute-sanitizer memcheck and racecheck" in facts and "past 2^31 elements" in facts
+    if shutil.which("nvidia-smi") is None:
+        assert "table" in facts.splitlines()[0], facts

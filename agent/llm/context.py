@@ -75,8 +75,9 @@ def _ms(v: float | None) -> str:
     return f"{v:.4f} ms" if v is not None else "not measured yet"
 
 
-def iteration_prompt(ctx: Context, profile_json: str, budget_tokens: int) -> str:
-    """Render agent/prompts/iteration.md within `budget_tokens` (history dropped oldest first)."""
+def iteration_prompt(ctx: Context, profile_json: str, budget_tokens: int, machine: str = "") -> str:
+    """Render agent/prompts/iteration.md within `budget_tokens` (history dropped oldest first); `machine`: the
+    machine, toolchain and harness lines (agent/llm/machine.py)."""
     spec = ctx.task.spec
     empty = [f for f, t in ctx.sources.items() if not t.strip()]
     bootstrap = ""
@@ -88,7 +89,7 @@ def iteration_prompt(ctx: Context, profile_json: str, budget_tokens: int) -> str
                   description=spec.description.strip() or "(no description)",
                   main_shape=shape_label(spec.main), best=_ms(ctx.best_ms), reference=_ms(ctx.reference_ms),
                   shapes="; ".join(shape_label(s) for s in spec.shapes), editable=", ".join(spec.editable),
-                  knobs=format_knobs(ctx), profile=profile_json, bootstrap=bootstrap,
+                  knobs=format_knobs(ctx), profile=profile_json, bootstrap=bootstrap, machine=machine or "(not known)",
                   sources=format_sources(ctx.sources))
     history = list(ctx.history)
     for dropped in range(len(history) + 1):

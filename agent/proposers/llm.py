@@ -26,6 +26,7 @@ from agent.llm.client import ChatReply, LLMClient
 from agent.llm.context import ContextTooLarge, compact_profile, format_sources, iteration_prompt
 from agent.llm.costs import Budget, estimate_tokens
 from agent.llm.errors import LLMError
+from agent.llm.machine import machine_facts
 from agent.llm.structured import ReplyInvalid, parse_proposal, proposal_schema
 from agent.prompts import agent_rules, render
 from agent.proposal import Proposal
@@ -74,7 +75,9 @@ class LLMProposer:
         self.budget = Budget(settings.budget_tokens, settings.budget_usd, settings.price(), spent)
         self.profile_view = profile_view or compact_profile
         self.schema = proposal_schema()
-        self.system = render("system", agent_rules=agent_rules(), schema=json.dumps(self.schema, indent=1))
+        self.system = render("system", agent_rules=agent_rules(), schema=json.dumps(self.schema, indent=1),
+                             role="GPU" if task.backend.gpu else "CPU")
+        self.machine = machine_facts(task)   # once a run: the machine, the toolchain, the tolerance, the harness
         self._last: _Conversation | None = None
 
     @property
@@ -144,7 +147,7 @@ class LLMProposer:
 
     def _fresh(self, ctx: Context) -> list[dict[str, str]]:
         left = self.settings.context_tokens - estimate_tokens(self.system)
-        user = iteration_prompt(ctx, self.profile_view(ctx.profile), left)
+        user = iteration_prompt(ctx, self.profile_view(ctx.profile), left, self.machine)
         return [{"role": "system", "content": self.system}, {"role": "user", "content": user}]
 
     def _call_through(self, messages: list[dict[str, str]], ctx: Context) -> ChatReply:

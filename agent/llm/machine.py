@@ -1,0 +1,105 @@
+"""What the model is told of the machine, the toolchain and the harness (issue 43): a strong engineer asks for the GPU's
+limits or the CPU's ISA and caches before tiling anything, the tolerance before trading precision, and the harness's
+contract before deciding what a call may assume. Built once per run by the LLM proposer, rendered into the iteration
+prompt (prompts/iteration.md `machine`)."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+from tools.task import Task
+
+# the ISA extensions a CPU kernel's author chooses between (of /proc/cpuinfo's flags)
+ISA = ("sse4_2", "avx", "avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_bf16", "avx512_fp16", "amx_tile",
+       "asimd", "sve", "sve2")
+
+
+def _first_line(argv: list[str]) -> str | None:
+    if shutil.which(argv[0]) is None:
+        return None
+    try:
+        out = subprocess.run(argv, capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    lines = [ln.strip() for ln in (out.stdout or out.stderr).splitlines() if ln.strip()]
+    release = [ln for ln in lines if "release" in ln]     # nvcc: "Cuda compilation tools, release 13.0, V13.0.48"
+    return "nvcc: " + release[0] if argv[0] == "nvcc" and release else (lines[0] if lines else None)
+
+
+def cpu_facts() -> list[str]:
+    """The CPU's model, logical cores, ISA extensions and caches (Linux: /proc/cpuinfo, /sys)."""
+    try:
+        info = Path("/proc/cpuinfo").read_text(errors="replace")
+    except OSError:
+        info = ""
+    model = re.search(r"^model name\s*:\s*(.+)$", info, re.M)
+    flags = re.search(r"^(?:flags|Features)\s*:\s*(.+)$", info, re.M)
+    have = [f for f in ISA if flags and f in flags.group(1).split()]
+    caches = []
+    for d in sorted(Path("/sys/devices/system/cpu/cpu0/cache").glob("index*")):
+        try:
+            level, kind, size = ((d / n).read_text().strip() for n in ("level", "type", "size"))
+        except OSError:
+            continue
+        caches.append(f"L{level}{'d' if kind == 'Data' else 'i' if kind == 'Instruction' else ''} {size}")
+    return [f"CPU: {model.group(1).strip() if model else 'unknown model'}, {os.cpu_count()} logical cores; "
+            f"ISA extensions: {', '.join(have) or 'none of ' + ', '.join(ISA[:5])}"
+            + (f"; caches per core: {', '.join(caches)}" if caches else "")]
+
+
+def gpu_facts(task: Task) -> list[str]:
+    """The limits the launch check holds the kernel to (the GPU's own, or the arch table's where no GPU is here) and
+    the clocks."""
+    from tools.backends.device import task_limits
+    lim = task_limits(task)
+    if lim is None:
+        return []
+    where = "" if lim.source == "device" or "table" in lim.name else " (from the arch table: no GPU here)"
+    out = [f"GPU: {lim.name} ({lim.arch}, {lim.sm_count} SMs){where}; per block at most {lim.max_threads_per_block} "
+           f"threads and {lim.max_smem_per_block_optin // 1024} KiB of shared memory (opt-in); {lim.regs_per_sm} "
+           f"registers per SM, at most {lim.max_regs_per_thread} a thread"]
+    clocks = _first_line(["nvidia-smi", "--query-gpu=clocks.sm,clocks.max.sm", "--format=csv,noheader"])
+    if clocks:
+        out.append(f"SM clock now, max: {clocks} (left as found while timing)")
+    return out
+
+
+def toolchain(task: Task) -> str:
+    comp = (_first_line(["nvcc", "--version"]) if task.backend.gpu else None) or _first_line(["c++", "--version"])
+    flags = " ".join(task.spec.build.flags) or "none"
+    return f"Compiler: {comp or 'unknown'}; the task's extra flags: {flags}"
+
+
+def tolerance(task: Task) -> str:
+    spec = task.spec
+    tols = "; ".join(f"{name}: atol {t.atol:g}, rtol {t.rtol:g}" for name, t in spec.tolerance.items()) or "exact"
+    budget = (f"; and the RMS error at most {spec.parity.error_budget:g}x the error of the same computation in the "
+              "working precision (fewer bits kept than that fails, even inside the tolerance)"
+              if spec.parity.error_budget else "")
+    return f"Tolerance against the reference: {tols}{budget}"
+
+
+HARNESS = ("The harness: every call gets an output whose every element was poisoned before it (write them all) and "
+           "inputs it must not change; it is also called into an output that already holds an earlier answer, and "
+           "again after one input element changed. Shapes range over task.toml's [dims] (rows of 1-17, odd widths, "
+           "the longest reductions{wide}), beside hidden shapes you are not shown. Two threads may call at once on "
+           "their own buffers{streams}: no static or global state. Before the build a scan refuses what no kernel "
+           "needs (the environment, files, threads, processes, streams of its own, mutable static state, clocks, "
+           "prints) unless task.toml allows it; the candidate runs in a process where starting a process "
+           "fails{sanitizer}.")
+
+
+def machine_facts(task: Task) -> str:
+    gpu = task.backend.gpu
+    lines = gpu_facts(task) if gpu else cpu_facts()
+    lines += [toolchain(task), tolerance(task),
+              HARNESS.format(wide=", and on a GPU one shape past 2^31 elements" if gpu else "",
+                             streams=", each on a CUDA stream of its own (launch on the stream you are given)"
+                             if gpu else "",
+                             sanitizer="; before a keep it runs under compute-sanitizer memcheck and racecheck"
+                             if gpu else "")]
+    return "\n".join(f"- {ln}" for ln in lines)
