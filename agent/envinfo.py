@@ -14,7 +14,8 @@ from agent.runlog import EnvFingerprint
 from tools.backends.device import driver_info, ncu_info, nvcc_info, torch_cuda_available
 
 
-def _first_line(argv: list[str]) -> str | None:
+def first_line(argv: list[str]) -> str | None:
+    """The first line a tool prints (stdout, else stderr), or None where it is missing or fails to run."""
     if shutil.which(argv[0]) is None:
         return None
     try:
@@ -31,7 +32,7 @@ def fingerprint(repo=None) -> EnvFingerprint:
     fp.nvcc = f"nvcc {nvcc.version}" if nvcc.found else None
     fp.ncu = f"ncu {ncu.version}" if ncu.found else None
     fp.driver = drv.version if drv.found else None
-    fp.cxx = _first_line(["c++", "--version"])
+    fp.cxx = first_line(["c++", "--version"])
     # torch's version from its metadata: importing torch costs the agent 1.5 s of CPU, and on a machine
     # without a GPU driver nothing else of torch is asked for here (torch_cuda_available does not import it)
     try:
@@ -46,10 +47,15 @@ def fingerprint(repo=None) -> EnvFingerprint:
     except Exception:   # a broken torch install must not stop the fingerprint
         pass
     if drv.found:
-        clocks = _first_line(["nvidia-smi", "--query-gpu=clocks.sm,clocks.max.sm", "--format=csv,noheader"])
+        clocks = gpu_clocks()
         if clocks:
             fp.clocks = f"SM {clocks} (current, max) at start; clocks left as found (ncu --clock-control none)"
     if repo is not None:
         fp.git_sha = repo.head.commit.hexsha
         fp.git_dirty = repo.is_dirty(untracked_files=False)
     return fp
+
+
+def gpu_clocks() -> str | None:
+    """GPU 0's SM clock now and its maximum, as nvidia-smi prints them ("1980 MHz, 1980 MHz"), or None."""
+    return first_line(["nvidia-smi", "--query-gpu=clocks.sm,clocks.max.sm", "--format=csv,noheader"])

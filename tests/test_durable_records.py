@@ -20,15 +20,21 @@ from tests.userrepo import agent, make_user_repo
 pytestmark = pytest.mark.slow   # two agent runs each (~20-25 s): the full suite, not the fast tier
 
 
-def test_a_torn_last_record_is_moved_aside_on_resume_and_the_run_reads_whole(tmp_path):
+def _killed_in_second_iteration(tmp_path, run_id: str):
+    """A replay run (a faster kernel kept, then two no-op comments) SIGKILLed as iteration 2 proposes: (root, run)."""
     root = make_user_repo(tmp_path / "user")
     (tmp_path / "p.json").write_text(json.dumps([_faster(0), _comment(1), _comment(2)]))
-    run = root / "runs" / "torn"
+    run = root / "runs" / run_id
     proc = _start(root, ["optimize", "kernels/matmul_cpu", "--proposer", "replay", "--replay", str(tmp_path / "p.json"),
-                         "--iters", "3", "--target", "100x", "--run-id", "torn"], tmp_path / "agent.log")
+                         "--iters", "3", "--target", "100x", "--run-id", run_id], tmp_path / "agent.log")
     _wait_stage(proc, run, 2, "propose", time.time() - 60, tmp_path / "unused")
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait(timeout=120)
+    return root, run
+
+
+def test_a_torn_last_record_is_moved_aside_on_resume_and_the_run_reads_whole(tmp_path):
+    root, run = _killed_in_second_iteration(tmp_path, "torn")
     [kept] = read_iterations(run)
     assert kept.decision.value == "kept"
     # what a kill during the write of iteration 2's record leaves: the first half of a line, no newline
@@ -75,14 +81,7 @@ def test_a_keep_the_kill_interrupted_after_its_commit_stays_kept_on_resume(tmp_p
     keeps the commit on the branch as the best, the run goes on from it, and report/show/runs read the run."""
     from agent.runlog import read_config
     from tests.userrepo import git
-    root = make_user_repo(tmp_path / "user")
-    (tmp_path / "p.json").write_text(json.dumps([_faster(0), _comment(1), _comment(2)]))
-    run = root / "runs" / "keep"
-    proc = _start(root, ["optimize", "kernels/matmul_cpu", "--proposer", "replay", "--replay", str(tmp_path / "p.json"),
-                         "--iters", "3", "--target", "100x", "--run-id", "keep"], tmp_path / "agent.log")
-    _wait_stage(proc, run, 2, "propose", time.time() - 60, tmp_path / "unused")
-    os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait(timeout=120)
+    root, run = _killed_in_second_iteration(tmp_path, "keep")
     [kept] = read_iterations(run)
     cfg, state = read_config(run), read_state(run)
     assert kept.decision.value == "kept" and state.best_sha == kept.commit_sha

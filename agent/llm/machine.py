@@ -7,27 +7,15 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
-import subprocess
 from pathlib import Path
 
+from agent.envinfo import first_line, gpu_clocks
+from tools.backends.device import nvcc_info
 from tools.task import Task
 
 # the ISA extensions a CPU kernel's author chooses between (of /proc/cpuinfo's flags)
 ISA = ("sse4_2", "avx", "avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_bf16", "avx512_fp16", "amx_tile",
        "asimd", "sve", "sve2")
-
-
-def _first_line(argv: list[str]) -> str | None:
-    if shutil.which(argv[0]) is None:
-        return None
-    try:
-        out = subprocess.run(argv, capture_output=True, text=True, timeout=10)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    lines = [ln.strip() for ln in (out.stdout or out.stderr).splitlines() if ln.strip()]
-    release = [ln for ln in lines if "release" in ln]     # nvcc: "Cuda compilation tools, release 13.0, V13.0.48"
-    return "nvcc: " + release[0] if argv[0] == "nvcc" and release else (lines[0] if lines else None)
 
 
 def cpu_facts() -> list[str]:
@@ -62,14 +50,15 @@ def gpu_facts(task: Task) -> list[str]:
     out = [f"GPU: {lim.name} ({lim.arch}, {lim.sm_count} SMs){where}; per block at most {lim.max_threads_per_block} "
            f"threads and {lim.max_smem_per_block_optin // 1024} KiB of shared memory (opt-in); {lim.regs_per_sm} "
            f"registers per SM, at most {lim.max_regs_per_thread} a thread"]
-    clocks = _first_line(["nvidia-smi", "--query-gpu=clocks.sm,clocks.max.sm", "--format=csv,noheader"])
+    clocks = gpu_clocks()
     if clocks:
         out.append(f"SM clock now, max: {clocks} (left as found while timing)")
     return out
 
 
 def toolchain(task: Task) -> str:
-    comp = (_first_line(["nvcc", "--version"]) if task.backend.gpu else None) or _first_line(["c++", "--version"])
+    nvcc = nvcc_info() if task.backend.gpu else None
+    comp = f"nvcc {nvcc.version}" if nvcc is not None and nvcc.found else first_line(["c++", "--version"])
     flags = " ".join(task.spec.build.flags) or "none"
     return f"Compiler: {comp or 'unknown'}; the task's extra flags: {flags}"
 
