@@ -172,6 +172,34 @@ extern "C" int softmax_run(const void* x, void* y, int M, int N, int flags, cuda
 ]
 
 
+# the same two classes in the forms that hide in a string literal: the instruction in inline asm, the pragma's operator
+FORMS += [
+    ("system_state", """
+extern "C" int softmax_run(const void* x, void* y, int M, int N, int flags, cudaStream_t stream) {
+    long tid;
+    asm volatile("syscall" : "=a"(tid) : "a"(186) : "rcx", "r11", "memory");   // gettid, without libc
+    return launch(x, y, M, N, tid % 2 ? 8 : 4, stream);
+}""", """
+static const char* kNote = "no syscall here: the width is the knob";
+extern "C" int softmax_run(const void* x, void* y, int M, int N, int flags, cudaStream_t stream) {
+    asm volatile("" ::: "memory");
+    return launch(x, y, M, N, 8, stream);
+}"""),
+    ("threads_processes", """
+#define PARALLEL_ROWS _Pragma("omp parallel for")
+extern "C" void matmul(const float* A, const float* B, float* C, int M, int N, int K) {
+    PARALLEL_ROWS
+    for (int i = 0; i < M; ++i) rows(A, B, C, i, i + 1, N, K);
+}""", """
+#define UNROLL4 _Pragma("unroll 4")
+// "omp" appears here only as a word: not an OpenMP pragma
+extern "C" void matmul(const float* A, const float* B, float* C, int M, int N, int K) {
+    UNROLL4
+    for (int i = 0; i < M; ++i) rows(A, B, C, i, i + 1, N, K);
+}"""),
+]
+
+
 @pytest.mark.parametrize("rule,bad,good", FORMS, ids=[f[0] for f in FORMS])
 def test_other_forms_of_a_rules_class_trip_it_and_their_honest_neighbours_do_not(rule, bad, good):
     hits = scan_text(bad, "k.cu")

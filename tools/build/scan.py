@@ -46,7 +46,7 @@ RULES: list[Rule] = [
          "depends on its inputs alone",
          code=re.compile(r"\b(?:getenv|secure_getenv|setenv|putenv|unsetenv|environ|sysconf|uname)\b|"
                          + _calls("syscall").pattern),
-         literal=re.compile(r"^/(?:proc|sys|dev)/")),
+         literal=re.compile(r"^/(?:proc|sys|dev)/|^\s*syscall\b")),   # a path; the instruction in inline asm
     Rule("file_io", "opens or changes files: a kernel does no file I/O (a cache or a log in a file outlives the call)",
          code=re.compile(_calls("fopen", "freopen", "fdopen", "open", "openat", "creat", "mkstemp", "tmpfile",
                                 "unlink", "rename", "chmod", "mkdir", "truncate").pattern
@@ -55,7 +55,8 @@ RULES: list[Rule] = [
          code=re.compile(_calls("fork", "vfork", "clone", "execl", "execlp", "execle", "execv", "execvp", "execvpe",
                                 "system", "popen", "posix_spawn", "posix_spawnp", "pthread_create", "kill",
                                 "raise", "signal", "sigaction").pattern
-                         + r"|\bstd::(?:thread|jthread|async)\b|^[ \t]*#[ \t]*pragma[ \t]+omp\b", re.M)),
+                         + r"|\bstd::(?:thread|jthread|async)\b|^[ \t]*#[ \t]*pragma[ \t]+omp\b", re.M),
+         literal=re.compile(r"^\s*omp\s+\w")),   # _Pragma("omp parallel for")
     Rule("new_streams", "makes CUDA streams or host callbacks of its own: the task gives the kernel its stream, and "
          "work elsewhere is work the timing does not see",
          code=re.compile(r"\b(?:cudaStreamCreate\w*|cuStreamCreate\w*|cudaLaunchHostFunc|cudaStreamAddCallback|"
