@@ -62,6 +62,7 @@ class Best:
         # disagree): agent/figures.py would otherwise make one of the two medians
         st.reference_ms = ref.median_ms if ref and bench.speedup_vs_reference is not None else None
         st.chain_vs_initial, st.initial_vs_reference = 1.0, bench.speedup_vs_reference
+        st.peak = bench.peak
         st.best_sha = head_sha
         st.initial_knobs = {k: v for k, v in ev.task.read_knobs().items() if v is not None}
         spec = ev.task.spec

@@ -152,7 +152,7 @@ class Evaluator:
                 res = self._dynamic(build.lib_path, res)
         finally:
             times.launch += time.monotonic() - t0
-        return _launch_ok(res)
+        return launch_ok(res)
 
     def verify_launch(self, lib: Path, static: LaunchResult, times: StageTimes) -> LaunchResult:
         """The dynamic part alone, for a candidate that passed everything else."""
@@ -163,7 +163,7 @@ class Evaluator:
             res = self._dynamic(str(lib), static)
         finally:
             times.launch += time.monotonic() - t0
-        return _launch_ok(res)
+        return launch_ok(res)
 
     def _dynamic(self, lib_path: str, static: LaunchResult) -> LaunchResult:
         if self.limits is None or self.limits.source != "device":
@@ -260,7 +260,7 @@ class Evaluator:
         self._checkout_unchanged(before)
         if launch is not None:
             a.launch = launch
-            _launch_ok(launch)
+            launch_ok(launch)
         if par is None:
             raise ParityFailed("parity: the evaluate child returned no parity result")
         a.parity = par
@@ -299,7 +299,8 @@ def _joined(first: ParityResult, then: ParityResult) -> ParityResult:
                         memcheck=then.memcheck or first.memcheck, racecheck=then.racecheck or first.racecheck)
 
 
-def _launch_ok(res: LaunchResult) -> LaunchResult:
+def launch_ok(res: LaunchResult) -> LaunchResult:
+    """The launch check's result, or LaunchRejected with every broken rule (the limit and the shape in each)."""
     if res.status not in (LaunchStatus.ok, LaunchStatus.not_applicable):
         msgs = "; ".join(v.message for v in res.violations) or res.message
         raise LaunchRejected(f"launch {res.status.value}: {msgs}", res)

@@ -171,7 +171,7 @@ class Loop:
         cfg.repairs times (agent/repair.py): the iteration's verdict is its last attempt's."""
         fb, left = last_failure(self.records), (self.cfg.repairs if self.proposer.can_repair else 0)
         while True:
-            before = a.usage
+            before, t0 = a.usage, time.monotonic()
             try:
                 proposal, a.patch_message = propose_and_apply(
                     self.proposer, lambda text, kind: context(self.task, i, d, self.records, self.state,
@@ -188,7 +188,7 @@ class Loop:
                 e.fill(a)
                 fb = (feedback(e, a, self._task_dir()), e.outcome.value)
                 self._revert(i, a, e.reason, f"{i}.{len(a.attempts) + 1}")
-                set_aside(a, e, a.rejected_ref, before)
+                set_aside(a, e, a.rejected_ref, before, time.monotonic() - t0)
 
     def _commit(self, d: Path, a: Attempt) -> None:
         t0 = time.monotonic()

@@ -9,6 +9,7 @@ from typing import Callable
 
 from agent.attempt import Attempt
 from agent.evaluate import EditOutsideEditable, NoChange, PatchDidNotApply
+from agent.figures import best_figure
 from agent.patch import PatchStatus, apply_edits
 from agent.proposal import Proposal
 from agent.proposers.base import Context, HistoryItem, Proposer, ProposerError
@@ -43,16 +44,25 @@ def last_failure(records: list[IterationRecord]) -> tuple[str | None, str | None
     return None, None
 
 
+def history_item(r: IterationRecord) -> HistoryItem:
+    """What the proposer is shown of an earlier iteration: its hypothesis, the speedup it predicted and the one measured
+    (with its interval), its time, its diff, the repairs it went through, and why it ended as it did."""
+    ci = r.bench.speedup_vs_baseline if r.bench is not None else None
+    p = r.proposal
+    return HistoryItem(iteration=r.iteration, hypothesis=p.hypothesis if p else "-", outcome=r.outcome.value,
+                       reason=r.reason, speedup=r.speedup_vs_best, knobs=p.knobs if p else None, ms=candidate_ms(r),
+                       predicted=p.predicted.speedup if p else None, interval=(ci.low, ci.high) if ci else None,
+                       patch=r.patch, repairs=[f"{x.outcome.value}: {x.reason}" for x in r.attempts])
+
+
 def context(task: Task, i: int, d: Path, records: list[IterationRecord], state: RunState,
             profile: ProfileReport | None, feedback: str | None, kind: str | None,
             run_end: float = float("inf")) -> Context:
     sources = {f: task.path(f).read_text() for f in task.spec.editable}
-    history = [HistoryItem(iteration=r.iteration, hypothesis=r.proposal.hypothesis if r.proposal else "-",
-                           outcome=r.outcome.value, reason=r.reason, speedup=r.speedup_vs_best,
-                           knobs=r.proposal.knobs if r.proposal else None, ms=candidate_ms(r))
-               for r in records]
+    history = [history_item(r) for r in records]
     return Context(task=task, iteration=i, sources=sources, profile=profile, history=history,
-                   best_ms=state.best_ms, reference_ms=state.reference_ms,
+                   best_ms=state.best_ms, reference_ms=state.reference_ms, vs_reference=best_figure(state, "reference"),
+                   vs_initial=best_figure(state, "initial"), peak=state.peak,
                    knobs=task.read_knobs(), measured_knobs=[state.initial_knobs],
                    feedback=feedback, feedback_kind=kind, iter_dir=str(d), run_end=run_end)
 

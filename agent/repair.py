@@ -23,6 +23,7 @@ REPAIRABLE = (Outcome.compile_failed, Outcome.launch_rejected, Outcome.parity_fa
 ERRORS_SHOWN = 3         # compiler errors quoted, each with the code around its line
 AROUND = 2               # lines of code either side of an error's line
 DIFF_LINES = 120         # the failed diff, cut to this many lines
+PARITY_SHOWN = 8         # failing parity checks listed
 # nvcc: "softmax.cu(123): error: ..."; gcc, clang: "matmul.cpp:12:5: error: ..."
 _ERROR = re.compile(r"^(?P<file>[^\s:()]+?)(?:\((?P<l1>\d+)\)|:(?P<l2>\d+)(?::\d+)?):\s*(?:fatal\s+)?error\b.*$", re.M)
 
@@ -51,6 +52,23 @@ def compiler_errors(log: str, src_dir: Path) -> str:
     return "\n".join(out).strip()
 
 
+def parity_failures(a: Attempt) -> list[str]:
+    """Every failing parity check (one per shape: where, how many elements, the worst one's place, expected and got,
+    the errors), and the shapes that passed: a failure on odd shapes only, or on long rows only, shows as such."""
+    checks = a.parity.checks if a.parity is not None else []
+    bad = [c for c in checks if not c.ok]
+    if not bad:
+        return []
+    listed = "\n".join(f"- {' '.join(c.message.split())[:500]}" for c in bad[:PARITY_SHOWN])
+    more = f"\n- ... {len(bad) - PARITY_SHOWN} more" if len(bad) > PARITY_SHOWN else ""
+    failed = {c.label for c in bad}
+    passed = list(dict.fromkeys(c.label.strip() for c in checks if c.ok and c.label not in failed))
+    out = [f"The failing checks ({len(bad)}):\n{listed}{more}"]
+    if passed:
+        out.append("These shapes passed: " + "; ".join(passed))
+    return out
+
+
 def feedback(e: IterationEnded, a: Attempt, src_dir: Path) -> str:
     """What the model is told of its failed attempt: the error (for a build, its first errors with the code around
     each line), then the diff it made. Built before the candidate is reverted (the code is read from it)."""
@@ -59,6 +77,8 @@ def feedback(e: IterationEnded, a: Attempt, src_dir: Path) -> str:
         errors = compiler_errors(a.build.log, src_dir)
         if errors:
             parts.append("The compiler's first errors, with the code around each line:\n\n```\n" + errors + "\n```")
+    if e.outcome == Outcome.parity_failed and a.parity is not None:
+        parts.extend(parity_failures(a))
     if a.patch.strip():
         lines = a.patch.splitlines()
         cut = "\n".join(lines[:DIFF_LINES]) + (f"\n... ({len(lines) - DIFF_LINES} more lines)" if len(lines) > DIFF_LINES else "")
@@ -67,7 +87,7 @@ def feedback(e: IterationEnded, a: Attempt, src_dir: Path) -> str:
     return "\n\n".join(parts)
 
 
-def set_aside(a: Attempt, e: IterationEnded, rejected_ref: str | None, usage_before: Usage) -> None:
+def set_aside(a: Attempt, e: IterationEnded, rejected_ref: str | None, usage_before: Usage, seconds: float) -> None:
     """Record the failed attempt in `a.attempts` and clear its stage results for the next attempt (the times and
     usage add up across attempts; the proposal, patch and results become the next attempt's)."""
     hyp = a.proposal.hypothesis if a.proposal is not None else ""
@@ -76,7 +96,7 @@ def set_aside(a: Attempt, e: IterationEnded, rejected_ref: str | None, usage_bef
                   completion_tokens=u.completion_tokens - b.completion_tokens, cost_usd=u.cost_usd - b.cost_usd)
     a.attempts.append(RepairAttempt(attempt=len(a.attempts) + 1, hypothesis=hyp, outcome=e.outcome, reason=e.reason,
                                     patch="\n".join(a.patch.splitlines()[:DIFF_LINES]), rejected_ref=rejected_ref,
-                                    usage=spent))
+                                    usage=spent, seconds=round(seconds, 2)))
     for name in ("proposal", "proposal_error", "commit_sha", "rejected_ref", "build", "launch", "parity", "bench",
                  "confirm", "confirm_error"):
         setattr(a, name, None)

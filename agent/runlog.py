@@ -17,7 +17,7 @@ from pathlib import Path
 from pydantic import BaseModel, Field, ValidationError
 
 from agent.proposal import Proposal
-from tools.results import BenchResult, BuildResult, LaunchResult, ParityResult, ScratchFile, StageBudget
+from tools.results import BenchResult, BuildResult, DevicePeak, LaunchResult, ParityResult, ScratchFile, StageBudget
 
 SCHEMA_VERSION = 1
 
@@ -135,6 +135,7 @@ class RepairAttempt(BaseModel):
     patch: str = ""                    # its diff against the parent (cut)
     rejected_ref: str | None = None    # its commit, kept for review
     usage: Usage = Field(default_factory=Usage)
+    seconds: float | None = None       # its wall clock: the model's call, the patch, the build and the checks it reached
 
 
 class IterationRecord(BaseModel):
@@ -183,6 +184,7 @@ class RunState(BaseModel):
     initial_ms: float | None = None
     initial_knobs: dict[str, int] = Field(default_factory=dict)
     reference_ms: float | None = None
+    peak: DevicePeak | None = None     # the device's peaks for the task's dtype, as the setup bench named them (a GPU)
     # the estimate's terms (agent/figures.py): the product of the kept steps' speedups over their
     # parents, and the initial kernel's speedup over the reference, both timed interleaved
     chain_vs_initial: float | None = None

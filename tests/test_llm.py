@@ -73,6 +73,7 @@ def test_good_proposal_parsed_with_json_schema_and_saved_without_key(srv, task, 
     assert set(fmt["json_schema"]["schema"]["required"]) == {"hypothesis", "evidence", "predicted", "edits"}
     system, user = req.body["messages"]
     assert system["role"] == "system" and "One hypothesis per iteration" in system["content"]   # AGENT.md
+    assert "additionalProperties" not in json.dumps(req.body["messages"])   # the schema once: in the response format
     assert "#define LOOP_ORDER 0" in user["content"] and "BLOCK_M = 16 (allowed: 8, 16, 32, 64)" in user["content"]
 
     saved = sorted(p.name for p in Path(ctx.iter_dir).iterdir())
@@ -209,6 +210,11 @@ def test_schema_rejected_falls_back_to_text_and_remembers(srv, task, tmp_path):
     assert len(reqs) == 3
     assert reqs[0].body["response_format"]["type"] == "json_schema"
     assert "response_format" not in reqs[1].body and "response_format" not in reqs[2].body
+    # the schema once a request: in the response format, then (text) at the end of the system message
+    assert "additionalProperties" not in reqs[0].body["messages"][0]["content"]
+    for r in reqs[1:]:
+        [system] = [m for m in r.body["messages"] if m["role"] == "system"]
+        assert system["content"].count('"additionalProperties"') >= 1 and "## The proposal's JSON schema" in system["content"]
     assert p.client.schema_supported is False
     notes = json.loads((tmp_path / "runs/R/iter-1/response-1.json").read_text())["notes"]
     assert any("rejected response_format json_schema" in n for n in notes)

@@ -70,6 +70,14 @@ def test_llm_run_end_to_end(tmp_path):
     assert recs[3].usage.calls == 2 and (run / "iter-4" / "proposal-1.json").exists()
     repair_msg = reqs_text[-1]
     assert "did not apply" in repair_msg and "#define" in repair_msg
+    # iteration 2's prompt: iteration 1 with the speedup it predicted, the one measured with its interval, its time
+    # and its diff; where the best stands against the initial kernel, the task's work and the best's throughput
+    second = next(r.body["messages"][-1]["content"] for r in reqs if "# Iteration 2:" in r.body["messages"][-1]["content"])
+    assert "- iteration 1 [kept]" in second and "predicted 3.00x; measured " in second, second
+    assert "vs the best of the time" in second and "ms on the main shape" in second
+    assert "+#define LOOP_ORDER 1" in second and "-#define LOOP_ORDER 0" in second
+    assert "The best against the initial kernel: " in second and "(`2*M*N*K`)" in second
+    assert "FLOP/s" in second and "B/s" in second
     # the structured output was asked for, and the key travelled only as a header
     assert reqs[0].body["response_format"]["type"] == "json_schema"
     assert reqs[0].headers.get("authorization") == "Bearer sk-test-secret"

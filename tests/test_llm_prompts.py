@@ -32,7 +32,7 @@ def test_every_template_exists_and_renders_with_exactly_its_variables():
         names = placeholders(text)
         out = render(name, **{n: f"<{n}>" for n in names})
         assert all(f"<{n}>" in out for n in names)
-    assert placeholders((PROMPTS_DIR / "system.md").read_text()) == {"agent_rules", "schema", "role"}
+    assert placeholders((PROMPTS_DIR / "system.md").read_text()) == {"agent_rules", "role"}
 
 
 def test_unknown_template():

@@ -150,6 +150,17 @@ class ChatReply:
     notes: list[str] = field(default_factory=list)
 
 
+def with_schema(messages: list[dict[str, str]], schema: dict[str, Any] | None) -> list[dict[str, str]]:
+    """The messages for an endpoint that takes no response_format: the schema at the end of the system message. The
+    schema travels once per request: in the response format where the endpoint takes one, else here."""
+    if schema is None:
+        return messages
+    text = ("\n\n## The proposal's JSON schema\n\n```json\n" + json.dumps(schema, indent=1) + "\n```\n")
+    if messages and messages[0].get("role") == "system":
+        return [{**messages[0], "content": messages[0]["content"].rstrip() + text}] + messages[1:]
+    return [{"role": "system", "content": text.strip()}] + messages
+
+
 class LLMClient:
     def __init__(self, settings: LLMSettings):
         self.settings = settings
@@ -178,12 +189,12 @@ class LLMClient:
                     raise
                 notes.append(f"the server rejected response_format json_schema ({e.detail}); asked again for "
                              "JSON in plain text")
-            reply = self._call(messages, None)       # a second 400 here means the schema was not the problem
+            reply = self._call(with_schema(messages, schema), None)   # a second 400: the schema was not the problem
             self.schema_supported = False
             log.info("%s: no json_schema support; using JSON in plain text from now on", self.settings.describe())
             reply.notes[:0] = notes
             return reply
-        return self._call(messages, None)
+        return self._call(with_schema(messages, schema), None)
 
     def _call(self, messages: list[dict[str, str]], fmt: dict[str, Any] | None) -> ChatReply:
         s = self.settings

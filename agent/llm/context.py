@@ -56,19 +56,85 @@ def format_knobs(ctx: Context) -> str:
     return "\n".join(lines)
 
 
-def format_history_item(h: HistoryItem) -> str:
-    gain = f", {h.speedup:.3f}x" if h.speedup is not None else ""
+DIFF_ITEMS = 3        # the latest iterations shown with their diff
+DIFF_LINES = 14       # changed lines shown of each
+LINE_CHARS = 160
+
+
+def short_diff(patch: str) -> str:
+    """A diff's changed lines only (no headers, no context), cut to DIFF_LINES lines of LINE_CHARS characters."""
+    changed = [ln for ln in patch.splitlines()
+               if ln[:1] in "+-" and not ln.startswith(("+++", "---")) and ln[1:].strip()]
+    shown = [ln if len(ln) <= LINE_CHARS else ln[:LINE_CHARS] + " ..." for ln in changed[:DIFF_LINES]]
+    more = [f"  ... {len(changed) - DIFF_LINES} more changed lines"] if len(changed) > DIFF_LINES else []
+    return "\n".join(shown + more)
+
+
+def format_history_item(h: HistoryItem, with_diff: bool = False) -> str:
+    """One earlier iteration: the hypothesis; the speedup predicted and the one measured against the best of the time
+    (with its 95% interval) and the candidate's time; the repairs it went through; why it ended; its diff."""
+    measured = ""
+    if h.speedup is not None:
+        ci = f" [{h.interval[0]:.3f}, {h.interval[1]:.3f}]" if h.interval else ""
+        measured = f"measured {h.speedup:.3f}x{ci} vs the best of the time"
+    if h.ms is not None:
+        measured += (", " if measured else "measured ") + f"{h.ms:.4f} ms on the main shape"
+    predicted = f"predicted {h.predicted:.2f}x" if h.predicted is not None else ""
     knobs = f" knobs {h.knobs}" if h.knobs else ""
-    hyp = " ".join(h.hypothesis.split())
-    reason = " ".join(h.reason.split())
-    return f"- iteration {h.iteration} [{h.outcome}{gain}]{knobs}: {hyp}\n  result: {reason}"
+    lines = [f"- iteration {h.iteration} [{h.outcome}]{knobs}: {' '.join(h.hypothesis.split())}"]
+    if predicted or measured:
+        lines.append("  " + "; ".join(x for x in (predicted, measured) if x))
+    lines += [f"  repair {n}: {' '.join(r.split())[:300]}" for n, r in enumerate(h.repairs, 1)]
+    lines.append(f"  result: {' '.join(h.reason.split())}")
+    diff = short_diff(h.patch) if with_diff else ""
+    if diff:
+        lines.append("  diff:\n" + "\n".join("    " + ln for ln in diff.splitlines()))
+    return "\n".join(lines)
 
 
 def format_history(items: list[HistoryItem], dropped: int) -> str:
     if not items and not dropped:
         return "(none yet: this is the first proposal)"
     lines = [f"({dropped} earlier iteration(s) omitted to fit the context budget)"] if dropped else []
-    return "\n".join(lines + [format_history_item(h) for h in items])
+    return "\n".join(lines + [format_history_item(h, with_diff=n >= len(items) - DIFF_ITEMS)
+                               for n, h in enumerate(items)])
+
+
+def _si(v: float, unit: str) -> str:
+    for scale, prefix in ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(v) >= scale:
+            return f"{v / scale:.3g} {prefix}{unit}"
+    return f"{v:.3g} {unit}"
+
+
+def format_standing(ctx: Context) -> str:
+    """Where the best stands: its time, its speedups over the reference and the initial kernel (each saying which
+    measurement it comes from, agent/figures.py), and the task's work on the main shape with the throughput the best
+    achieves and its share of the device's peak."""
+    spec = ctx.task.spec
+    lines = [f"- Current best on the main shape ({shape_label(spec.main)}): {_ms(ctx.best_ms)}",
+             f"- PyTorch reference on the main shape: {_ms(ctx.reference_ms)}" + (" (timed at the run's setup)" if ctx.reference_ms else "")]
+    for name, f in (("the PyTorch reference", ctx.vs_reference), ("the initial kernel", ctx.vs_initial)):
+        if f is not None:
+            lines.append(f"- The best against {name}: {f.text()} ({f.source})")
+    flops, nbytes = spec.flops(spec.main), spec.bytes(spec.main)
+    work = []
+    if flops:
+        work.append(f"{_si(flops, 'FLOP')} (`{spec.metrics.flops}`)")
+    if nbytes:
+        work.append(f"{_si(nbytes, 'B')} moved at least (`{spec.metrics.bytes}`)")
+    if work:
+        lines.append(f"- Work on the main shape: {', '.join(work)}")
+    if work and ctx.best_ms:
+        s = ctx.best_ms / 1e3
+        rates = []
+        for v, unit, peak in ((flops, "FLOP/s", ctx.peak.tflops * 1e12 if ctx.peak else None),
+                              (nbytes, "B/s", ctx.peak.gbps * 1e9 if ctx.peak else None)):
+            if v:
+                rates.append(_si(v / s, unit) + (f" = {100 * v / s / peak:.1f}% of peak" if peak else ""))
+        of = f" (peaks: {ctx.peak.label}, {ctx.peak.tflops:g} TFLOP/s, {ctx.peak.gbps:g} GB/s)" if ctx.peak else ""
+        lines.append(f"- The best achieves {', '.join(rates)}{of}")
+    return "\n".join(lines)
 
 
 def _ms(v: float | None) -> str:
@@ -87,7 +153,7 @@ def iteration_prompt(ctx: Context, profile_json: str, budget_tokens: int, machin
                            module_source=module.read_text().rstrip() if module.is_file() else "(missing)")
     values = dict(iteration=ctx.iteration, task_name=spec.name, device=spec.device,
                   description=spec.description.strip() or "(no description)",
-                  main_shape=shape_label(spec.main), best=_ms(ctx.best_ms), reference=_ms(ctx.reference_ms),
+                  standing=format_standing(ctx),
                   shapes="; ".join(shape_label(s) for s in spec.shapes), editable=", ".join(spec.editable),
                   knobs=format_knobs(ctx), profile=profile_json, bootstrap=bootstrap, machine=machine or "(not known)",
                   sources=format_sources(ctx.sources))

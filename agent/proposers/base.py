@@ -5,9 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import ClassVar, Protocol
 
+from agent.figures import Figure
 from agent.proposal import Proposal
 from agent.runlog import Usage
 from tools.profile.model import ProfileReport
+from tools.results import DevicePeak
 from tools.task import Task
 
 
@@ -45,6 +47,10 @@ class HistoryItem:
     speedup: float | None = None
     knobs: dict[str, int] | None = None
     ms: float | None = None   # the candidate's main-shape median (ms), where its bench ran
+    predicted: float | None = None                  # the speedup the proposal predicted
+    interval: tuple[float, float] | None = None     # the measured speedup's 95% interval
+    patch: str = ""                                 # its diff against its parent
+    repairs: list[str] = field(default_factory=list)   # the attempts before the last, one line each
 
 
 @dataclass
@@ -57,6 +63,9 @@ class Context:
     history: list[HistoryItem] = field(default_factory=list)
     best_ms: float | None = None
     reference_ms: float | None = None
+    vs_reference: Figure | None = None      # the best's speedup over the reference, with its source (agent/figures.py)
+    vs_initial: Figure | None = None
+    peak: DevicePeak | None = None          # the device's spec-sheet peaks for the task's dtype (a GPU's bench said)
     knobs: dict[str, int | None] = field(default_factory=dict)   # current knob values in the best
     measured_knobs: list[dict[str, int]] = field(default_factory=list)  # configurations already measured (initial too)
     feedback: str | None = None             # repair context: why the last attempt failed (patch miss, ...)

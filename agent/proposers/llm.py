@@ -75,8 +75,9 @@ class LLMProposer:
         self.budget = Budget(settings.budget_tokens, settings.budget_usd, settings.price(), spent)
         self.profile_view = profile_view or compact_profile
         self.schema = proposal_schema()
-        self.system = render("system", agent_rules=agent_rules(), schema=json.dumps(self.schema, indent=1),
-                             role="GPU" if task.backend.gpu else "CPU")
+        # the schema travels once a request: as its response format, or where the endpoint takes none appended to the
+        # system message by the client (agent/llm/client.py with_schema)
+        self.system = render("system", agent_rules=agent_rules(), role="GPU" if task.backend.gpu else "CPU")
         self.machine = machine_facts(task)   # once a run: the machine, the toolchain, the tolerance, the harness
         self._last: _Conversation | None = None
 
@@ -146,7 +147,8 @@ class LLMProposer:
         return self._fresh(ctx)
 
     def _fresh(self, ctx: Context) -> list[dict[str, str]]:
-        left = self.settings.context_tokens - estimate_tokens(self.system)
+        # the schema is part of every prompt, in the response format or in the system message
+        left = self.settings.context_tokens - estimate_tokens(self.system) - estimate_tokens(json.dumps(self.schema))
         user = iteration_prompt(ctx, self.profile_view(ctx.profile), left, self.machine)
         return [{"role": "system", "content": self.system}, {"role": "user", "content": user}]
 
@@ -189,7 +191,8 @@ class LLMProposer:
         self.budget.record(reply.usage)
         if ctx.iter_dir:
             _save(ctx.iter_dir, f"response-{k}.json", {
-                "mode": reply.mode, "finish_reason": reply.finish_reason, "usage": reply.usage.model_dump(),
+                "mode": reply.mode, "schema_in": "response_format" if reply.mode == "json_schema" else "system message",
+                "finish_reason": reply.finish_reason, "usage": reply.usage.model_dump(),
                 "notes": reply.notes, "body": _as_json(reply.raw)})
         return reply
 

@@ -201,6 +201,7 @@ def iteration_detail(run: Run, rec: IterationRecord) -> RenderableType:
         for at in rec.attempts:
             t.add_row(f"attempt {at.attempt}", Text(f"{at.outcome.value}: {at.reason}  [{at.hypothesis}]  "
                                                     f"{at.usage.prompt_tokens}+{at.usage.completion_tokens} tokens"
+                                                    + (f", {at.seconds:.1f} s" if at.seconds is not None else "")
                                                     + (f"  ({at.rejected_ref})" if at.rejected_ref else "")))
         t.add_row(f"attempt {len(rec.attempts) + 1}", Text(f"{rec.outcome.value} (below)"))
         parts.append(Panel(t, title="attempts (repaired within the iteration)", expand=False))

@@ -30,8 +30,43 @@ def _load(task_dir: str, lib_path: str):
 
 
 def plan(task_dir: str, lib_path: str, shape: dict) -> dict:
-    mod, lib, module_name = _load(task_dir, lib_path)
-    return plan_from(mod, lib, shape, module_name)
+    from tools.task import load_task
+    task = load_task(Path(task_dir))
+    mod, lib, _ = _load(task_dir, lib_path)
+    return plan_shapes(task, mod, lib, shape)
+
+
+MAX_OTHERS = 96   # shapes planned beside the main one
+
+
+def plan_shapes(task, mod, lib, main: dict) -> dict:
+    """The plan on the main shape, and under "others" on every declared shape, every [dims] extreme parity runs
+    (tools/measure/ranges.py, a fixed seed) and the wide shape: resources that grow with the shape (a row staged in
+    shared memory, a grid of one CTA per element) break a limit on long rows only. A shape whose plan fails is
+    left out here: the run on it fails as well, and parity says so."""
+    import random
+
+    from tools.measure.ranges import range_shapes, wide_shape
+    out = plan_from(mod, lib, main, task.spec.module)
+    if not out.get("ok") or out.get("planned") is False:
+        return out
+    wide = wide_shape(task.spec, mod)
+    shapes = [dict(s) for s in task.spec.shapes] + [s for s, _ in range_shapes(task.spec, mod, random.Random(0))]
+    seen, others = {tuple(sorted(main.items()))}, []
+    for shape in shapes + ([wide] if wide else []):
+        shape = {k: (v if isinstance(v, bool) else int(v)) for k, v in shape.items()}
+        key = tuple(sorted(shape.items()))
+        if key in seen or len(others) >= MAX_OTHERS:
+            continue
+        seen.add(key)
+        try:
+            got = plan_from(mod, lib, shape, task.spec.module)
+        except Exception:  # the task's launch_plan refuses the shape: the run on it is parity's business
+            continue
+        if got.get("ok") and got.get("launches"):
+            others.append({"shape": shape, "launches": got["launches"]})
+    out["others"] = others
+    return out
 
 
 def plan_from(mod, lib, shape: dict, module_name: str = "the task module") -> dict:

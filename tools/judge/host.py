@@ -124,10 +124,10 @@ class Host:
         return {"ok": True}
 
     def plan(self, r: dict) -> dict:
-        from tools.judge._plan_child import plan_from
+        from tools.judge._plan_child import plan_shapes
         main = {k: (v if isinstance(v, bool) else int(v)) for k, v in self.task.spec.main.items()}
         try:
-            return {"ok": True, "plan": plan_from(self.mod, self.libs[r["lib"]], main, self.task.spec.module)}
+            return {"ok": True, "plan": plan_shapes(self.task, self.mod, self.libs[r["lib"]], main)}
         except Exception as e:  # the task's launch_plan raised
             return {"ok": True, "plan": {"ok": False, "error": f"launch_plan raised {type(e).__name__}: "
                                                                 f"{' '.join(str(e).split())[:300]}"}}

@@ -1,7 +1,7 @@
 """Launch (CTA) check, DESIGN step 5: is the launch geometry legal and big enough for the GPU?
 
 static_check: the library's own launch plan (asked in a child process; no GPU needed) plus the
-ptxas resources of the build. dynamic_check (GPU): the geometry the driver really saw, from the
+ptxas resources of the build, on the main shape and, rule by rule, on every other shape parity runs. dynamic_check (GPU): the geometry the driver really saw, from the
 torch profiler trace of one run of the main shape, checked by the same rules and compared with the
 plan (a plan that lies is rejected). A task without launch_plan (a torch extension as its author
 wrote it) passes the static check with no launches, and the trace alone is checked, the parent's CTA
@@ -18,11 +18,12 @@ import math
 import re
 import sys
 from pathlib import Path
+from typing import Callable
 
 from tools.results import (BuildResult, BuildStatus, DeviceLimits, KernelResources, Launch, LaunchResult,
                            LaunchStatus, LaunchViolation)
 from tools.isolation.sandbox import ProcStatus, run_python_json
-from tools.task import Task
+from tools.task import Task, shape_label
 
 CHILD = "tools.judge._plan_child"
 REG_ALLOC_UNIT = 256        # registers are allocated per warp in units of 256
@@ -48,6 +49,36 @@ def main_index(task: Task, launches: list[Launch]) -> int | None:
     return 0
 
 
+def per_launch(ln: Launch, limits: DeviceLimits, bad: Callable[[str, Launch, str], None]) -> None:
+    """The rules one launch must keep on any shape (the block, the grid, shared memory, registers)."""
+    t = ln.threads
+    if min(ln.block) < 1:
+        bad("block_invalid", ln, f"block {ln.block} has a dimension below 1")
+        return
+    if t > limits.max_threads_per_block:
+        bad("block_too_large", ln, f"block {ln.block} = {t} threads > {limits.max_threads_per_block} per block")
+    for axis, (v, lim) in enumerate(zip(ln.block, limits.max_block)):
+        if v > lim:
+            bad("block_dim_too_large", ln, f"block.{'xyz'[axis]} = {v} > {lim}")
+    if t % 32:
+        bad("block_multiple_of_32", ln, f"block of {t} threads is not a multiple of 32 (a partial warp idles lanes)")
+    for axis, (v, lim) in enumerate(zip(ln.grid, limits.max_grid)):
+        if v < 1:
+            bad("grid_invalid", ln, f"grid.{'xyz'[axis]} = {v} (must be at least 1)")
+        elif v > lim:
+            bad("grid_dim_too_large", ln, f"grid.{'xyz'[axis]} = {v} > {lim}")
+    smem = ln.smem_dynamic_bytes + (ln.smem_static_bytes or 0)
+    if smem > limits.max_smem_per_block_optin:
+        bad("smem_over_optin", ln, f"shared memory {smem} B (dynamic {ln.smem_dynamic_bytes} + static "
+            f"{ln.smem_static_bytes or 0}) > {limits.max_smem_per_block_optin} B opt-in limit per block")
+    if ln.registers:
+        need = block_registers(ln.registers, t)
+        cap = min(limits.regs_per_block, limits.regs_per_sm)
+        if need > cap:
+            bad("registers_over_sm", ln, f"{ln.registers} registers x {t} threads = {need} (allocated per warp) "
+                f"> {cap} registers per block/SM: the launch fails (lower registers or threads)")
+
+
 def check_rules(task: Task, launches: list[Launch], limits: DeviceLimits,
                 parent: LaunchResult | None = None) -> tuple[list[LaunchViolation], int | None]:
     """Every broken rule, each with the number and the limit. Returns (violations, main CTAs)."""
@@ -57,32 +88,7 @@ def check_rules(task: Task, launches: list[Launch], limits: DeviceLimits,
         out.append(LaunchViolation(rule=rule, kernel=ln.kernel, message=f"{ln.kernel}: {msg}"))
 
     for ln in launches:
-        t = ln.threads
-        if min(ln.block) < 1:
-            bad("block_invalid", ln, f"block {ln.block} has a dimension below 1")
-            continue
-        if t > limits.max_threads_per_block:
-            bad("block_too_large", ln, f"block {ln.block} = {t} threads > {limits.max_threads_per_block} per block")
-        for axis, (v, lim) in enumerate(zip(ln.block, limits.max_block)):
-            if v > lim:
-                bad("block_dim_too_large", ln, f"block.{'xyz'[axis]} = {v} > {lim}")
-        if t % 32:
-            bad("block_multiple_of_32", ln, f"block of {t} threads is not a multiple of 32 (a partial warp idles lanes)")
-        for axis, (v, lim) in enumerate(zip(ln.grid, limits.max_grid)):
-            if v < 1:
-                bad("grid_invalid", ln, f"grid.{'xyz'[axis]} = {v} (must be at least 1)")
-            elif v > lim:
-                bad("grid_dim_too_large", ln, f"grid.{'xyz'[axis]} = {v} > {lim}")
-        smem = ln.smem_dynamic_bytes + (ln.smem_static_bytes or 0)
-        if smem > limits.max_smem_per_block_optin:
-            bad("smem_over_optin", ln, f"shared memory {smem} B (dynamic {ln.smem_dynamic_bytes} + static "
-                f"{ln.smem_static_bytes or 0}) > {limits.max_smem_per_block_optin} B opt-in limit per block")
-        if ln.registers:
-            need = block_registers(ln.registers, t)
-            cap = min(limits.regs_per_block, limits.regs_per_sm)
-            if need > cap:
-                bad("registers_over_sm", ln, f"{ln.registers} registers x {t} threads = {need} (allocated per warp) "
-                    f"> {cap} registers per block/SM: the launch fails (lower registers or threads)")
+        per_launch(ln, limits, bad)
     idx = main_index(task, launches)
     main_ctas = launches[idx].ctas if idx is not None else None
     if idx is not None:
@@ -181,7 +187,30 @@ def from_plan(task: Task, data: dict, kernels: list[KernelResources], limits: De
     if not launches:
         return LaunchResult(status=LaunchStatus.error, limits=limits, message="launch_plan returned no launches")
     violations, main_ctas = check_rules(task, launches, limits, parent)
+    violations += other_shapes(data.get("others", []), kernels, limits)
     return _result("static", launches, limits, violations, main_ctas)
+
+
+def other_shapes(others: list[dict], kernels: list[KernelResources], limits: DeviceLimits) -> list[LaunchViolation]:
+    """The per-launch rules on every other shape the plan was asked for (tools/judge/_plan_child.py plan_shapes), each
+    rule and kernel named once, on the first shape that breaks it."""
+    out: list[LaunchViolation] = []
+    named: set[tuple[str, str]] = set()
+    for item in others:
+        label = shape_label(item["shape"])
+
+        def bad(rule: str, ln: Launch, msg: str) -> None:
+            if (rule, ln.kernel) not in named:
+                named.add((rule, ln.kernel))
+                out.append(LaunchViolation(rule=rule, kernel=ln.kernel, message=f"{ln.kernel} on {label}: {msg}"))
+
+        for it in item["launches"]:
+            res = match_resources(it["kernel"], kernels)
+            per_launch(Launch(kernel=it["kernel"], grid=tuple(it["grid"]), block=tuple(it["block"]),
+                              smem_dynamic_bytes=it["smem_dynamic_bytes"],
+                              smem_static_bytes=res.smem_static_bytes if res else None,
+                              registers=res.registers if res else None), limits, bad)
+    return out
 
 
 # --- dynamic -----------------------------------------------------------------------------------
