@@ -37,7 +37,7 @@ def compiler_errors(log: str, src_dir: Path) -> str:
     candidate's own file, as it was built), or the log's first lines where no error line is recognised."""
     out = []
     for m in list(_ERROR.finditer(log))[:ERRORS_SHOWN]:
-        out.append(m.group(0).strip())
+        out.append(m.group(0).strip().replace(m.group("file"), Path(m.group("file")).name, 1))   # no scratch paths
         line = int(m.group("l1") or m.group("l2"))
         src = src_dir / Path(m.group("file")).name
         try:
@@ -72,11 +72,12 @@ def parity_failures(a: Attempt) -> list[str]:
 def feedback(e: IterationEnded, a: Attempt, src_dir: Path) -> str:
     """What the model is told of its failed attempt: the error (for a build, its first errors with the code around
     each line), then the diff it made. Built before the candidate is reverted (the code is read from it)."""
-    parts = [f"({e.outcome.value}) {e.reason.strip()}"]
-    if e.outcome == Outcome.compile_failed and a.build is not None and a.build.log:
-        errors = compiler_errors(a.build.log, src_dir)
-        if errors:
-            parts.append("The compiler's first errors, with the code around each line:\n\n```\n" + errors + "\n```")
+    errors = compiler_errors(a.build.log, src_dir) if (
+        e.outcome == Outcome.compile_failed and a.build is not None and a.build.log) else ""
+    # the reason's first line where the errors follow in full (it quotes them too)
+    parts = [f"({e.outcome.value}) {e.reason.strip().splitlines()[0] if errors else e.reason.strip()}"]
+    if errors:
+        parts.append("The compiler's first errors, with the code around each line:\n\n```\n" + errors + "\n```")
     if e.outcome == Outcome.parity_failed and a.parity is not None:
         parts.extend(parity_failures(a))
     if a.patch.strip():

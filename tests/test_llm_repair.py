@@ -77,6 +77,11 @@ def test_a_candidate_that_fails_to_compile_then_fails_parity_is_repaired_and_kep
     shown = agent(root, "show", "repair", "--iter", "1")
     assert shown.returncode == 0, shown.stderr
     assert "attempt 1" in shown.stdout and "compile_failed" in shown.stdout and "attempt 3" in shown.stdout
+    # the conversation as the model saw it (docs/TRANSCRIPT.md is this view of a GPU run)
+    tr = agent(root, "show", "repair", "--iter", "1", "--transcript")
+    assert tr.returncode == 0, tr.stderr
+    assert tr.stdout.count("## Call ") == 3 and "did not compile" in tr.stdout and "wrong result" in tr.stdout
+    assert "| 2 | parity_failed |" in tr.stdout and "**kept**" in tr.stdout
     assert snapshot(root) == before
 
 

@@ -32,6 +32,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     s = sub.add_parser("show", help="a run's summary, or one iteration in full")
     s.add_argument("run", help="run id (or a unique prefix, or the run folder)")
     s.add_argument("--iter", type=int, metavar="N", help="show iteration N in full")
+    s.add_argument("--transcript", action="store_true", help="with --iter: the iteration's conversation with the "
+                   "model as it saw it (markdown, from the saved prompts and replies)")
     s.add_argument("--runs-dir", type=Path)
     s.add_argument("--json", action="store_true")
     s.set_defaults(func=cmd_show)
@@ -100,9 +102,15 @@ def cmd_runs(args) -> int:
 
 def cmd_show(args) -> int:
     from agent.review import show
+    if args.transcript and args.iter is None:
+        return _fail("--transcript shows one iteration's conversation: add --iter N")
     try:
         run = _load(args)
         rec = run.record(args.iter) if args.iter is not None else None
+        if args.transcript:
+            from agent.review.transcript import transcript
+            print(transcript(run.dir, run.id, rec))
+            return 0
     except LogError as e:
         return _fail(str(e))
     if args.json:

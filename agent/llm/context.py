@@ -115,7 +115,7 @@ def format_standing(ctx: Context) -> str:
     lines = [f"- Current best on the main shape ({shape_label(spec.main)}): {_ms(ctx.best_ms)}",
              f"- PyTorch reference on the main shape: {_ms(ctx.reference_ms)}" + (" (timed at the run's setup)" if ctx.reference_ms else "")]
     for name, f in (("the PyTorch reference", ctx.vs_reference), ("the initial kernel", ctx.vs_initial)):
-        if f is not None:
+        if f is not None and (f.confirmed or abs(f.value - 1.0) > 1e-9 or name.endswith("reference")):
             lines.append(f"- The best against {name}: {f.text()} ({f.source})")
     flops, nbytes = spec.flops(spec.main), spec.bytes(spec.main)
     work = []
