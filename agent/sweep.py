@@ -22,6 +22,7 @@ the batch under way.
 from __future__ import annotations
 
 import concurrent.futures as cf
+import math
 import os
 import random
 import shutil
@@ -29,11 +30,13 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
+from functools import partial
 from pathlib import Path
 
 from pydantic import BaseModel
 
 from agent.evaluate import Evaluator, IterationEnded, snapshot_lib
+from agent.executor import Executor, Local
 from agent.runlog import StageTimes
 from tools.judge import batch as batch_eval
 from tools.backends.device import task_limits
@@ -48,7 +51,7 @@ SCREEN_BATCH_FACTOR = 4
 class SweepPoint(BaseModel):
     knobs: dict[str, int]
     ok: bool
-    # ok | compile_failed | launch_rejected | parity_failed | bench_failed | crashed | timeout | screened_out
+    # ok | compile_failed | launch_rejected | parity_failed | bench_failed | crashed | timeout | screened_out | lost
     outcome: str
     reason: str = ""
     index: int | None = None          # the configuration's number: its files are in out_dir/cfg-INDEX
@@ -65,6 +68,7 @@ class SweepPoint(BaseModel):
     verified_ci_low: float | None = None
     verified_ci_high: float | None = None
     verified_sanitizers: str = ""     # on a GPU: what memcheck and racecheck said of the verified point
+    worker: str = ""                  # --workers / --scheduler: the worker and GPU (or cores) that evaluated it
 
 
 class SweepResult(BaseModel):
@@ -84,9 +88,15 @@ class SweepResult(BaseModel):
     screen_wall_s: float = 0.0
     eval_wall_s: float = 0.0
     verify_wall_s: float = 0.0
+    workers: int = 1                  # evaluated on this many workers (agent/executor.py)
+    where: str = ""                   # what evaluated: this process, or the dask workers
 
     def best(self) -> SweepPoint | None:
+        """The fastest that passed: by its median, or on several workers (several GPUs: medians of different cards) by
+        its speedup over the initial configuration, timed interleaved with it on the same worker."""
         ok = [p for p in self.points if p.ok and p.median_ms is not None]
+        if self.workers > 1 and ok and all(p.speedup_vs_initial for p in ok):
+            return max(ok, key=lambda p: p.speedup_vs_initial)
         return min(ok, key=lambda p: p.median_ms) if ok else None
 
 
@@ -119,12 +129,14 @@ Progress = Callable[[int, int, SweepPoint], None]
 
 def sweep(task: Task, out_dir: Path, limit: int | None = None, seed: int = 0, progress: Progress | None = None,
           *, jobs: int | None = None, batch: int = 16, screen: int | None = None,
-          log: Callable[[str], None] | None = None) -> SweepResult:
+          log: Callable[[str], None] | None = None, executor: Executor | None = None) -> SweepResult:
     """Measure the knob space (or a random sample of `limit` configurations); see the module doc.
 
     progress(n, total, point) is called once per configuration as its point is recorded; log(line)
-    gets the build progress and the verification of the best."""
+    gets the build progress and the verification of the best. `executor` evaluates the configurations (parity and
+    the bench against the initial; agent/executor.py): here by default, or on dask workers, a GPU each."""
     say = log or (lambda _: None)
+    ex = executor or Local()
     if screen is not None and screen < 1:
         raise ValueError("screen must keep at least 1 configuration")
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -136,7 +148,8 @@ def sweep(task: Task, out_dir: Path, limit: int | None = None, seed: int = 0, pr
         space = random.Random(seed).sample(space, limit)
     limits = task_limits(task)
     res = SweepResult(task=task.name, shape=task.spec.main, started=datetime.now().isoformat(timespec="seconds"),
-                      initial_knobs=initial, total=len(space), jobs=jobs, batch=batch, screen=screen)
+                      initial_knobs=initial, total=len(space), jobs=jobs, batch=batch, screen=screen,
+                      workers=ex.workers, where=ex.where)
     path = out_dir / "sweep.json"
 
     def record(point: SweepPoint) -> None:
@@ -168,15 +181,12 @@ def sweep(task: Task, out_dir: Path, limit: int | None = None, seed: int = 0, pr
             _save(path, res)
 
         t0 = time.monotonic()
-        for settled in batch_eval.evaluate(task, [c.lib for c in built], base_lib, batch=batch,
-                                           contexts=[c.launch_context for c in built]):
-            for k, r in settled:
-                built[k].launch = r.launch or built[k].launch
-                record(_point(built[k], r))
-                if r.status != BatchStatus.ok:
-                    built[k].lib.unlink(missing_ok=True)   # only the passing ones are kept for a second look
+
+        def saved() -> None:
             res.eval_wall_s = time.monotonic() - t0
             _save(path, res)
+
+        evaluate_built(task, built, base_lib, batch, ex, record, saved, say)
 
         t0 = time.monotonic()
         _verify_best(res, {b.index: b for b in built}, base_lib, out_dir, limits, say)
@@ -185,6 +195,58 @@ def sweep(task: Task, out_dir: Path, limit: int | None = None, seed: int = 0, pr
     finally:
         _save(path, res)
     return res
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """Configurations evaluated together on one worker: their libraries, launch contexts and numbers in `built`."""
+    libs: list[str]
+    contexts: list[dict | None]
+    indices: list[int]
+
+
+def evaluate_chunk(task_root: str, baseline: str, batch: int, chunk: Chunk) -> list[tuple[int, BatchItemResult]]:
+    """What a worker runs (or this process, with the local executor): parity and the bench against the initial of each
+    library of the chunk, `batch` per throwaway child (tools/judge/batch.py)."""
+    task = load_task(Path(task_root))
+    out: list[tuple[int, BatchItemResult]] = []
+    for settled in batch_eval.evaluate(task, [Path(p) for p in chunk.libs], Path(baseline), batch=batch,
+                                       contexts=chunk.contexts):
+        out += [(chunk.indices[k], r) for k, r in settled]
+    return out
+
+
+def evaluate_built(task: Task, built: list[_Built], base_lib: Path, batch: int, ex: Executor,
+                   record: Callable[[SweepPoint], None], saved: Callable[[], None],
+                   say: Callable[[str], None] = lambda _: None) -> None:
+    """Every built configuration through parity and the bench, in chunks: `batch` each here; on several workers an
+    equal share each (at most `batch`), so that the workers finish together. A chunk whose worker died twice is
+    recorded as lost, configuration by configuration."""
+    size = batch if ex.workers <= 1 else max(1, min(batch, math.ceil(len(built) / ex.workers)))
+    chunks = [Chunk(libs=[str(b.lib) for b in built[i:i + size]], contexts=[b.launch_context for b in built[i:i + size]],
+                    indices=list(range(i, min(i + size, len(built))))) for i in range(0, len(built), size)]
+    fn = partial(evaluate_chunk, str(task.root), str(base_lib), batch)
+    if built:
+        say(f"evaluating {len(built)} configurations in {len(chunks)} chunk(s) of up to {size} on {ex.where} "
+            "(parity, then the bench against the initial; a chunk reports when its batch child is done)")
+    for done in ex.run(fn, chunks):
+        if done.error is not None:
+            raise done.error
+        if done.lost:
+            for k in chunks[done.index].indices:
+                b = built[k]
+                record(SweepPoint(knobs=b.knobs, index=b.index, ok=False, outcome="lost", reason=done.lost,
+                                  build_seconds=b.build_seconds, seconds=b.seconds, worker=done.worker))
+            saved()
+            continue
+        for k, r in done.value:
+            built[k].launch = r.launch or built[k].launch
+            p = _point(built[k], r)
+            p.worker = "" if ex.workers <= 1 and done.worker == "local" else done.worker
+            record(p)
+            if r.status != BatchStatus.ok:
+                built[k].lib.unlink(missing_ok=True)   # only the passing ones are kept for a second look
+        saved()
 
 
 def build_configurations(task: Task, space: list[dict[str, int]], out_dir: Path, limits, jobs: int,

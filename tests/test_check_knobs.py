@@ -10,7 +10,7 @@ import json
 
 import pytest
 
-from tests.test_sweep import _task
+from tests.test_sweep import planted_task
 from tests.userrepo import agent, snapshot
 
 VALUES = {"LOOP_ORDER": [0, 1], "BLOCK_M": [8, 16, 32], "BLOCK_N": [16], "BLOCK_K": [16, 32]}
@@ -22,7 +22,7 @@ WRONG_AT_M32 = "#if BLOCK_M == 32\n    C[0] += 1.0f;\n#endif\n"
 
 # not slow: the fast tier's one pass through agent/knobcheck.py and the batch child's --parity-only
 def test_each_value_is_built_and_checked_and_the_failures_are_one_table(tmp_path):
-    d = _task(tmp_path, VALUES, head=SEGFAULT_AT_M8 + NO_COMPILE_AT_K32, tail=WRONG_AT_M32)
+    d = planted_task(tmp_path, VALUES, head=SEGFAULT_AT_M8 + NO_COMPILE_AT_K32, tail=WRONG_AT_M32)
     root = d.parents[1]
     before = snapshot(root)
 
@@ -60,7 +60,7 @@ def test_each_value_is_built_and_checked_and_the_failures_are_one_table(tmp_path
 @pytest.mark.slow
 def test_all_finds_a_value_wrong_only_beside_another_and_passes_an_honest_task(tmp_path):
     wrong = "#if LOOP_ORDER == 1 && BLOCK_M == 8\n    C[0] += 1.0f;\n#endif\n"
-    d = _task(tmp_path, {**VALUES, "BLOCK_M": [8, 16]}, tail=wrong)
+    d = planted_task(tmp_path, {**VALUES, "BLOCK_M": [8, 16]}, tail=wrong)
     root = d.parents[1]
     # each moves one knob at a time: LOOP_ORDER=1 with BLOCK_M=16, BLOCK_M=8 with LOOP_ORDER=0: both right
     r = agent(root, "check", "kernels/matmul_cpu", "--knobs", "each", "--json")

@@ -23,7 +23,7 @@ from tools.task import load_task
 BODY = "int M, int N, int K) {\n"
 
 
-def _task(tmp: Path, values: dict[str, list[int]] | None = None, head: str = "", tail: str = "",
+def planted_task(tmp: Path, values: dict[str, list[int]] | None = None, head: str = "", tail: str = "",
           prelude: str = "") -> Path:
     """The fast matmul_cpu copy, with knob value lists narrowed, `head` planted at the top of the
     kernel's body, `tail` at its end and `prelude` before it. What is planted reads files, keeps state or forges (the
@@ -51,7 +51,7 @@ def _by_knobs(res: SweepResult) -> dict[tuple, SweepPoint]:
 
 # not slow: the fast tier's one pass through agent/sweep.py, tools/judge/batch.py and the batch child
 def test_sample_is_measured_and_the_best_verified(tmp_path):
-    task = load_task(_task(tmp_path))
+    task = load_task(planted_task(tmp_path))
     out = tmp_path / "sweep"
     seen, lines = [], []
     res = sweep(task, out, limit=4, seed=1, jobs=2, batch=3, progress=lambda n, t, p: seen.append((n, t)),
@@ -83,7 +83,7 @@ def test_compile_failure_crash_and_wrong_result_cost_one_configuration_each(tmp_
             "#if LOOP_ORDER == 0 && BLOCK_M == 8 && BLOCK_K == 16\n"
             "    { float* volatile p = nullptr; *p = 1.0f; }\n#endif\n")
     tail = "#if LOOP_ORDER == 1 && BLOCK_M == 16 && BLOCK_K == 32\n    C[0] += 1.0f;\n#endif\n"
-    d = _task(tmp_path, {"LOOP_ORDER": [0, 1], "BLOCK_M": [8, 16], "BLOCK_N": [16], "BLOCK_K": [16, 32]},
+    d = planted_task(tmp_path, {"LOOP_ORDER": [0, 1], "BLOCK_M": [8, 16], "BLOCK_N": [16], "BLOCK_K": [16, 32]},
               head, tail)
     res = sweep(load_task(d), tmp_path / "sweep", jobs=2, batch=8)
     assert res.complete and len(res.points) == 7
@@ -106,7 +106,7 @@ def test_a_best_that_fails_verification_is_marked_and_the_next_is_verified(tmp_p
     # the last point is recorded: both fast configurations pass the batch, then fail the fresh parity
     marker = tmp_path / "broken"
     tail = f'#if LOOP_ORDER == 1\n    if (FILE* f = fopen("{marker}", "r")) {{ fclose(f); C[0] += 1.0f; }}\n#endif\n'
-    d = _task(tmp_path, {"LOOP_ORDER": [0, 1], "BLOCK_M": [8, 16], "BLOCK_N": [16], "BLOCK_K": [16]}, tail=tail)
+    d = planted_task(tmp_path, {"LOOP_ORDER": [0, 1], "BLOCK_M": [8, 16], "BLOCK_N": [16], "BLOCK_K": [16]}, tail=tail)
 
     def progress(n, total, p):
         if n == total:
@@ -161,7 +161,7 @@ def test_a_configuration_that_forges_the_comparison_is_judged_outside_its_proces
     """The batch's verdicts are the judge's: the configurations run in a host, and the comparison, the
     probes and the bench's statistics stay in the batch child, which never loads them (issue 24)."""
     head = "#if LOOP_ORDER == 1 && BLOCK_M == 16\n    forge_once();\n    M = M / 2;\n#endif\n"
-    d = _task(tmp_path, {"LOOP_ORDER": [0, 1], "BLOCK_M": [8, 16], "BLOCK_N": [16], "BLOCK_K": [16]}, head,
+    d = planted_task(tmp_path, {"LOOP_ORDER": [0, 1], "BLOCK_M": [8, 16], "BLOCK_N": [16], "BLOCK_K": [16]}, head,
               prelude=FORGE_COMPARE)
     res = sweep(load_task(d), tmp_path / "sweep", jobs=2, batch=8)
     pts = _by_knobs(res)
@@ -175,7 +175,7 @@ def test_a_configuration_that_forges_the_comparison_is_judged_outside_its_proces
 @pytest.mark.slow
 def test_a_hang_costs_one_library_and_the_rest_of_the_batch_runs(tmp_path):
     head = "#if BLOCK_M == 8\n    { volatile int spin = 1; while (spin) {} }\n#endif\n"
-    d = _task(tmp_path, head=head)
+    d = planted_task(tmp_path, head=head)
     task = load_task(d)
     libs = []
     for n, bm in enumerate([8, 16, 32]):

@@ -68,6 +68,12 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "the screen's short timings run 4 times as many per process")
     s.add_argument("--screen", type=int, metavar="K",
                    help="rank every configuration by a short timing alone first; only the K fastest get parity and bench")
+    where = s.add_mutually_exclusive_group()
+    where.add_argument("--workers", type=int, metavar="N",
+                       help="evaluate on N local dask workers, one per GPU (a CPU task: a share of the cores each); "
+                            "default: here, one configuration at a time")
+    where.add_argument("--scheduler", metavar="ADDRESS",
+                       help="evaluate on the workers of a running dask scheduler (tcp://HOST:8786; docs/SCALE.md)")
     s.add_argument("--runs-dir", type=Path)
     s.add_argument("--json", action="store_true", help="print the SweepResult as JSON on stdout")
     s.set_defaults(func=cmd_sweep)
@@ -160,25 +166,32 @@ def cmd_sweep(args) -> int:
     except UsageError as e:
         console.print(f"[red]error[/red]: {escape(str(e))}")
         return 2
-    if any(v is not None and v < 1 for v in (args.jobs, args.batch, args.screen)):
-        console.print("[red]error[/red]: --jobs, --batch and --screen must be at least 1")
+    if any(v is not None and v < 1 for v in (args.jobs, args.batch, args.screen, args.workers)):
+        console.print("[red]error[/red]: --jobs, --batch, --screen and --workers must be at least 1")
         return 2
     task = load_task(task_dir)
+    from agent.executor import ExecutorError, make_executor
+    try:
+        ex = make_executor(args.workers, args.scheduler, task.backend.gpu)
+    except ExecutorError as e:
+        console.print(f"[red]error[/red]: {escape(str(e))}", highlight=False)
+        return 2
     root = repo_root_of(task_dir)
     from datetime import datetime
     out = (args.runs_dir or root / "runs") / f"sweep-{task.name}-{datetime.now():%Y%m%d-%H%M%S}"
     gitops.ensure_runs_ignored(gitops.open_repo(root), out.parent)
-    console.print(f"{why}; {len(task.spec.knob_space())} configurations allowed; results in {out}", highlight=False,
-                  markup=False)
+    console.print(f"{why}; {len(task.spec.knob_space())} configurations allowed; evaluated on {ex.where}; results in "
+                  f"{out}", highlight=False, markup=False)
 
     def progress(n, total, p):
         vs = f" ({p.speedup_vs_initial:.2f}x)" if p.speedup_vs_initial is not None else ""
         what = f"{p.median_ms * 1e3:.1f} us{vs}" if p.ok else f"{p.outcome}: {p.reason[:80]}"
-        console.print(f"[{n}/{total}] {p.knobs} {what}", highlight=False, markup=False)
+        on = f" on {p.worker}" if p.worker else ""
+        console.print(f"[{n}/{total}] {p.knobs} {what}{on}", highlight=False, markup=False)
 
     try:
         res = sweep(task, out, limit=args.limit, seed=args.seed, progress=progress, jobs=args.jobs,
-                    batch=args.batch, screen=args.screen,
+                    batch=args.batch, screen=args.screen, executor=ex,
                     log=lambda line: console.print(line, highlight=False, markup=False))
     except KeyboardInterrupt:
         console.print(f"interrupted; the configurations measured so far are in {out / 'sweep.json'}", highlight=False,
@@ -190,6 +203,8 @@ def cmd_sweep(args) -> int:
     except BatchError as e:       # the evaluation child could not load the task or the initial library
         console.print(f"[red]sweep failed[/red]: {escape(str(e))}", highlight=False)
         return 1
+    finally:
+        ex.close()
     if args.json:
         print(res.model_dump_json(indent=2))
     else:

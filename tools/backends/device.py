@@ -152,6 +152,17 @@ def ncu_report_info(ncu_path: str | None) -> ToolInfo:
     return ToolInfo(found=False)
 
 
+def visible_gpus() -> list[str]:
+    """The GPUs this process may use, as CUDA_VISIBLE_DEVICES names them (the variable's own entries where it is set,
+    else nvidia-smi's indices), without a CUDA context: one dask worker each (agent/executor.py)."""
+    env = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if env is not None:
+        return [g.strip() for g in env.split(",") if g.strip() and g.strip() != "-1"]
+    smi = shutil.which("nvidia-smi")
+    out = _run([smi, "--query-gpu=index", "--format=csv,noheader"]) if smi else None
+    return [ln.strip() for ln in (out or "").splitlines() if ln.strip().isdigit()]
+
+
 def gpu_processes() -> set[int] | None:
     """The pids nvidia-smi lists as holding a CUDA context (`--query-compute-apps`), or None where it cannot say (no
     nvidia-smi, or it failed). A process that has ended is still listed while another process holds its context

@@ -1,0 +1,170 @@
+"""Where candidates are evaluated (issue 44): the executor seam, and its two implementations.
+
+- `Local` (the default): here, one thing at a time. One machine needs nothing new installed or started.
+- `Dask`: dask.distributed, one worker per GPU, each pinned through its Nanny's environment (CUDA_VISIBLE_DEVICES; a
+  CPU task's worker gets its own share of the cores instead, AGENT_CPUS), each running one task at a time (nthreads=1):
+  one timing per GPU, never beside another candidate's. `--workers N` starts a local cluster of N such workers;
+  `--scheduler ADDRESS` uses a running one, on one host or several (docs/SCALE.md: `dask scheduler` on one host, a
+  `dask worker ADDRESS --nthreads 1` per GPU, pinned the same way, on each; the run's folder on a filesystem every
+  host sees).
+
+Why dask.distributed: futures with `as_completed` are the shape of the work (independent candidates, each a few
+seconds to a minute, results wanted as they come); a Nanny per worker restarts a worker that died, and the scheduler
+gives its task to another worker; it ran 8 GPU tasks on 2 workers 1.98x faster than on one in the issue's own check;
+its wheels with their dependencies are about 5 MB (Ray's alone is 79 MB).
+
+A worker that dies (killed, its host gone) loses the task it held: the scheduler gives it to another worker once
+(`distributed.scheduler.allowed-failures` = 1, set here for a local cluster); a second loss comes back as a `Done`
+with `lost` set, and the caller records it. The run goes on.
+
+Code under test never runs in a worker: a worker runs the judge's instruments (tools/judge), which start the
+candidate's sandboxed children as they do here.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+ALLOWED_FAILURES = 1     # a task is given to another worker once after its worker died; a second death: lost
+
+log = logging.getLogger(__name__)
+
+
+class ExecutorError(Exception):
+    """The executor cannot start (no dask, a scheduler that does not answer, more workers than GPUs)."""
+
+
+@dataclass
+class Done:
+    index: int                      # the item's position in the list given to run()
+    value: Any = None
+    error: BaseException | None = None
+    lost: str = ""                  # the worker(s) holding it died: why, as dask said
+    worker: str = "local"           # which worker and GPU (or cores) evaluated it
+
+
+class Executor(Protocol):
+    workers: int
+    where: str                      # one line for the user: what evaluates
+
+    def run(self, fn: Callable[[Any], Any], items: list[Any]) -> Iterator[Done]:
+        """fn(item) for every item, each exactly once, yielded as each finishes (any order)."""
+        ...
+
+    def close(self) -> None:
+        ...
+
+
+def on_worker(fn: Callable[[Any], Any], item: Any) -> tuple[Any, str]:
+    """What a worker runs: the item under this worker's pinning (its cores, for a CPU task: the candidate's children
+    inherit them), and the worker's label with the result."""
+    cpus = os.environ.get("AGENT_CPUS")
+    if cpus and hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, {int(c) for c in cpus.split(",")})
+    return fn(item), os.environ.get("AGENT_WORKER", "local")
+
+
+class Local:
+    workers = 1
+    where = "this process"
+
+    def run(self, fn: Callable[[Any], Any], items: list[Any]) -> Iterator[Done]:
+        for i, item in enumerate(items):
+            yield Done(index=i, value=fn(item))
+
+    def close(self) -> None:
+        pass
+
+
+def worker_envs(n: int, gpu: bool, gpus: list[str] | None = None, cpus: list[int] | None = None) -> list[dict]:
+    """Each worker's environment: its GPU (one each, from `gpus`: the visible ones), or for a CPU task its share of
+    `cpus` (the cores this process may use, split in n contiguous parts)."""
+    if gpu:
+        have = gpus if gpus is not None else []
+        if n > len(have):
+            raise ExecutorError(f"--workers {n}: {len(have)} GPU(s) visible here (one worker per GPU)")
+        return [{"CUDA_VISIBLE_DEVICES": have[i], "AGENT_WORKER": f"w{i} gpu{have[i]}"} for i in range(n)]
+    cores = cpus if cpus is not None else sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+    if cores and n > len(cores):
+        raise ExecutorError(f"--workers {n}: {len(cores)} core(s) here; a CPU task's worker needs a core of its own")
+    if not cores:
+        return [{"AGENT_WORKER": f"w{i}"} for i in range(n)]
+    share = [cores[len(cores) * i // n: len(cores) * (i + 1) // n] for i in range(n)]
+    return [{"AGENT_CPUS": ",".join(map(str, s)), "AGENT_WORKER": f"w{i} cpu{s[0]}-{s[-1]}"} for i, s in enumerate(share)]
+
+
+class Dask:
+    """A local cluster of pinned workers (`envs`), or a running scheduler (`address`)."""
+
+    def __init__(self, envs: list[dict] | None = None, address: str | None = None):
+        try:
+            import dask
+            from distributed import Client, Nanny, Scheduler, SpecCluster
+        except ImportError as e:
+            raise ExecutorError(f"dask.distributed is not installed ({e}); pip install distributed") from None
+        self.cluster = None
+        quiet = {"DASK_LOGGING__DISTRIBUTED": "error"}
+        try:
+            if address:
+                self.client = Client(address, timeout="20s")
+                self.workers = len(self.client.scheduler_info().get("workers", {}))
+                self.where = f"the dask scheduler at {address} ({self.workers} workers)"
+            else:
+                assert envs, "a local cluster needs the workers' environments"
+                dask.config.set({"distributed.scheduler.allowed-failures": ALLOWED_FAILURES})
+                spec = {f"w{i}": {"cls": Nanny, "options": {
+                    "nthreads": 1, "env": {**quiet, **env}, "name": f"w{i}", "dashboard": False,
+                    "silence_logs": logging.ERROR}} for i, env in enumerate(envs)}
+                self.cluster = SpecCluster(scheduler={"cls": Scheduler, "options": {"dashboard": False,
+                                                                                    "dashboard_address": ":0"}},
+                                           workers=spec, silence_logs=logging.ERROR)
+                self.client = Client(self.cluster)
+                self.workers = len(envs)
+                self.where = f"{self.workers} local dask workers ({', '.join(e['AGENT_WORKER'] for e in envs)})"
+        except (OSError, TimeoutError, RuntimeError) as e:
+            self.close()
+            raise ExecutorError(f"dask could not start: {' '.join(str(e).split())[:300]}") from None
+
+    def run(self, fn: Callable[[Any], Any], items: list[Any]) -> Iterator[Done]:
+        from distributed import as_completed
+        from distributed.scheduler import KilledWorker
+        futs = {self.client.submit(on_worker, fn, item, pure=False): i for i, item in enumerate(items)}
+        try:
+            for fut in as_completed(list(futs)):
+                i = futs[fut]
+                try:
+                    value, worker = fut.result()
+                    yield Done(index=i, value=value, worker=worker)
+                except KilledWorker as e:
+                    yield Done(index=i, lost=f"its worker died {ALLOWED_FAILURES + 1} times ({e})", worker="lost")
+                except Exception as e:  # the function raised on the worker: the caller's to judge, as here
+                    yield Done(index=i, error=e)
+        finally:   # an interrupt: what is queued is cancelled, what runs ends with its worker's cluster
+            for fut in futs:
+                fut.cancel()
+
+    def close(self) -> None:
+        for part in ("client", "cluster"):
+            obj = getattr(self, part, None)
+            if obj is not None:
+                try:
+                    obj.close()
+                except Exception as e:  # closing a cluster that half started: nothing more to do
+                    log.debug("closing the dask %s: %s", part, e)
+
+
+def make_executor(workers: int | None, scheduler: str | None, gpu: bool) -> Executor:
+    """--workers N / --scheduler ADDRESS, or the local default."""
+    if scheduler:
+        return Dask(address=scheduler)
+    if workers is None or workers <= 1:
+        return Local()
+    gpus = None
+    if gpu:
+        from tools.backends.device import visible_gpus
+        gpus = visible_gpus()
+    return Dask(envs=worker_envs(workers, gpu, gpus))

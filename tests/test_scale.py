@@ -1,0 +1,122 @@
+"""Scale-out (issue 44, agent/executor.py): a sweep on a local dask cluster of two CPU workers, each pinned to a core
+of its own, gives the in-process executor's verdicts (a configuration that does not compile, one that segfaults, one
+that computes the wrong result, the rest measured); a worker killed while it evaluates is survived (its chunk goes to
+a worker again); a chunk whose workers die twice is recorded `lost` and the sweep ends cleanly. Real compiler, real
+child processes, real dask processes; the kills are SIGKILLs of the worker processes found with psutil."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+
+import psutil
+import pytest
+
+from agent.executor import Dask, ExecutorError, Local, worker_envs
+from agent.sweep import sweep
+from tests.test_sweep import planted_task
+from tests.userrepo import agent
+from tools.task import load_task
+
+pytestmark = pytest.mark.slow
+
+# 7 configurations besides the initial (0, 16, 16, 16): (0,8,16,16) segfaults, (0,16,16,32) does not compile,
+# (1,16,16,32) computes a wrong result; the other four are right
+HEAD = ("#if LOOP_ORDER == 0 && BLOCK_M == 16 && BLOCK_K == 32\n#error planted: does not compile\n#endif\n"
+        "#if LOOP_ORDER == 0 && BLOCK_M == 8 && BLOCK_K == 16\n    { float* volatile p = nullptr; *p = 1.0f; }\n#endif\n")
+TAIL = "#if LOOP_ORDER == 1 && BLOCK_M == 16 && BLOCK_K == 32\n    C[0] += 1.0f;\n#endif\n"
+SPACE = {"LOOP_ORDER": [0, 1], "BLOCK_M": [8, 16], "BLOCK_N": [16], "BLOCK_K": [16, 32]}
+
+
+def _verdicts(points) -> dict[tuple, str]:
+    return {tuple(p["knobs"].values()) if isinstance(p, dict) else tuple(p.knobs.values()):
+            p["outcome"] if isinstance(p, dict) else p.outcome for p in points}
+
+
+def test_worker_shares_and_refusals():
+    envs = worker_envs(2, False, cpus=[0, 1, 2, 3])
+    assert [e["AGENT_CPUS"] for e in envs] == ["0,1", "2,3"]
+    assert [e["CUDA_VISIBLE_DEVICES"] for e in worker_envs(2, True, gpus=["3", "5"])] == ["3", "5"]
+    with pytest.raises(ExecutorError, match="1 GPU"):
+        worker_envs(2, True, gpus=["0"])
+    with pytest.raises(ExecutorError, match="core"):
+        worker_envs(3, False, cpus=[0, 1])
+    assert [d.value for d in Local().run(lambda x: x * 2, [1, 2])] == [2, 4]
+
+
+def test_a_sweep_on_two_dask_workers_gives_the_in_process_verdicts(tmp_path):
+    d = planted_task(tmp_path, SPACE, HEAD, TAIL)
+    here = sweep(load_task(d), tmp_path / "here", jobs=2, batch=8)
+    root = d.parents[1]
+    res = agent(root, "sweep", "kernels/matmul_cpu", "--workers", "2", "--batch", "8", "--jobs", "2", "--json",
+                timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "2 local dask workers" in res.stderr
+    there = json.loads(res.stdout)
+    assert there["workers"] == 2 and there["complete"]
+    assert _verdicts(there["points"]) == _verdicts(here.points), (there["points"], here.points)
+    assert _verdicts(here.points)[(0, 8, 16, 16)] == "crashed"
+    assert _verdicts(here.points)[(1, 16, 16, 32)] == "parity_failed"
+    evaluated = [p for p in there["points"] if p["outcome"] != "compile_failed"]
+    assert {p["worker"] for p in evaluated} == {"w0 cpu0-0", "w1 cpu1-1"}
+    best = [p for p in there["points"] if p["verified"]]
+    assert len(best) == 1 and best[0]["outcome"] == "ok" and best[0]["knobs"] == there["verified"]
+
+
+def _worker_of_a_batch_child(parent: int) -> psutil.Process | None:
+    """A dask worker process (under this test's cluster) that has a batch child running."""
+    for p in psutil.Process(parent).children(recursive=True):
+        try:
+            if "tools.judge._batch_child" in " ".join(p.cmdline()):
+                return p.parent()
+        except psutil.Error:
+            continue
+    return None
+
+
+def _sweep_killing(tmp_path, kills: int):
+    """A sweep on two workers in a thread, while this thread SIGKILLs the worker of the first batch child it sees,
+    `kills` times (each time a fresh one: the Nanny restarts the worker)."""
+    d = planted_task(tmp_path, {"LOOP_ORDER": [0, 1], "BLOCK_M": [8, 16], "BLOCK_N": [16], "BLOCK_K": [16]})
+    ex = Dask(envs=worker_envs(2, False))
+    out: dict = {}
+    t = threading.Thread(target=lambda: out.update(res=sweep(load_task(d), tmp_path / "sweep", jobs=2, batch=8,
+                                                              executor=ex)))
+    killed: list[int] = []
+    try:
+        t.start()
+        deadline = time.monotonic() + 300
+        while t.is_alive() and len(killed) < kills and time.monotonic() < deadline:
+            w = _worker_of_a_batch_child(os.getpid())
+            if w is not None and w.pid not in killed:
+                os.kill(w.pid, signal.SIGKILL)
+                killed.append(w.pid)
+            time.sleep(0.05)
+        t.join(timeout=300)
+    finally:
+        ex.close()
+    assert not t.is_alive(), "the sweep did not end"
+    return out["res"], killed
+
+
+def test_a_worker_killed_mid_candidate_is_survived(tmp_path):
+    res, killed = _sweep_killing(tmp_path, kills=1)
+    assert len(killed) == 1
+    assert res.complete and len(res.points) == 3
+    assert all(p.outcome == "ok" for p in res.points), [(p.knobs, p.outcome, p.reason) for p in res.points]
+    assert res.verified is not None
+    time.sleep(1)
+    left = [p for p in psutil.Process(os.getpid()).children(recursive=True)
+            if "tools.judge._batch_child" in " ".join(p.cmdline())]
+    assert not left, left
+
+
+def test_a_chunk_whose_workers_die_twice_is_recorded_lost_and_the_sweep_ends(tmp_path):
+    res, killed = _sweep_killing(tmp_path, kills=8)
+    assert res.complete and len(res.points) == 3
+    lost = [p for p in res.points if p.outcome == "lost"]
+    assert lost and all("worker died" in p.reason and not p.ok for p in lost), [(p.outcome, p.reason) for p in res.points]
+    assert len(killed) >= 2
