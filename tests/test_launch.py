@@ -196,3 +196,26 @@ def test_without_a_plan_the_trace_alone_is_judged_by_the_same_rules(tmp_path):
     parent = LaunchResult(status=LaunchStatus.ok, main_ctas=4096)
     dyn3 = dynamic_check(task3, b3.lib_path, limits, static_check(task3, b3, limits, parent=parent))
     assert _rules(dyn3) == {"cta_collapse"}, dyn3.message
+
+
+def test_every_other_shape_is_held_to_the_limits_that_make_a_launch_fail(limits):
+    """The plan on the shapes beside the main one (tools/judge/_plan_child.py plan_shapes): shared memory that grows
+    with the row past the opt-in limit fails on the shape that breaks it, named; a block of 5 threads for a row of 5
+    (not a multiple of 32: a cost, judged on the main shape only) and an honest plan pass."""
+    from tools.measure.launch import from_plan
+    task = load_task(FIX)
+    main = {"kernel": "scale_kernel", "grid": [4096, 1, 1], "block": [256, 1, 1], "smem_dynamic_bytes": 0}
+
+    def plan(*others):
+        return {"ok": True, "launches": [main], "others": [
+            {"shape": shape, "launches": [{"kernel": "scale_kernel", "grid": [g, 1, 1], "block": [b, 1, 1],
+                                           "smem_dynamic_bytes": smem}]} for shape, g, b, smem in others]}
+
+    honest = from_plan(task, plan(({"n": 5}, 1, 5, 20), ({"n": 1 << 20}, 4096, 256, 0)), [], limits)
+    assert honest.status == LaunchStatus.ok, honest.message
+    grown = from_plan(task, plan(({"n": 5}, 1, 5, 20), ({"n": 1 << 20}, 4096, 256, 4 << 20),
+                                 ({"n": 1 << 21}, 8192, 256, 8 << 20)), [], limits)
+    assert grown.status == LaunchStatus.rejected and [v.rule for v in grown.violations] == ["smem_over_optin"]
+    assert "on n=1048576" in grown.violations[0].message and "opt-in limit" in grown.violations[0].message
+    huge = from_plan(task, plan(({"n": 3}, 1, 2048, 0)), [], limits)
+    assert {v.rule for v in huge.violations} == {"block_too_large", "block_dim_too_large"} and "on n=3" in huge.message
