@@ -5,8 +5,8 @@
   CPU task's worker gets its own share of the cores instead, AGENT_CPUS), each running one task at a time (nthreads=1):
   one timing per GPU, never beside another candidate's. `--workers N` starts a local cluster of N such workers;
   `--scheduler ADDRESS` uses a running one, on one host or several (docs/SCALE.md: `dask scheduler` on one host, a
-  `dask worker ADDRESS --nthreads 1` per GPU, pinned the same way, on each; the run's folder on a filesystem every
-  host sees).
+  `dask worker ADDRESS --nthreads 1` per GPU, pinned the same way, on each; a chunk carries the task's folder and its
+  libraries as bytes, so a worker needs none of this host's files).
 
 Why dask.distributed: futures with `as_completed` are the shape of the work (independent candidates, each a few
 seconds to a minute, results wanted as they come); a Nanny per worker restarts a worker that died, and the scheduler
@@ -23,10 +23,13 @@ candidate's sandboxed children as they do here.
 
 from __future__ import annotations
 
+import io
 import logging
 import os
+import tarfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Protocol
 
 ALLOWED_FAILURES = 1     # a task is given to another worker once after its worker died; a second death: lost
@@ -155,6 +158,37 @@ class Dask:
                     obj.close()
                 except Exception as e:  # closing a cluster that half started: nothing more to do
                     log.debug("closing the dask %s: %s", part, e)
+
+
+PACK_SKIP = ("__pycache__", ".git", "build")   # folders a task's files never need
+PACK_MAX_BYTES = 16 << 20                       # a larger file is not a task's source (a dataset, a profile)
+
+
+def pack_folder(root: Path) -> bytes:
+    """A task's folder as bytes (a gzipped tar, without build products), for a worker on a host that cannot read this
+    one's files."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+        for p in sorted(root.rglob("*")):
+            rel = p.relative_to(root)
+            if any(part in PACK_SKIP for part in rel.parts) or not p.is_file() or p.suffix in (".so", ".o"):
+                continue
+            if p.stat().st_size <= PACK_MAX_BYTES:
+                tar.add(p, arcname=str(rel))
+    return buf.getvalue()
+
+
+def unpack_folder(data: bytes, dest: Path) -> Path:
+    dest.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
+        try:
+            tar.extractall(dest, filter="data")   # no absolute paths, no links, nothing out of dest
+        except TypeError:   # Python before 3.11.4: the same refusals by hand
+            for m in tar.getmembers():
+                if not m.isfile() and not m.isdir() or m.name.startswith("/") or ".." in Path(m.name).parts:
+                    raise ValueError(f"refused to unpack {m.name!r}") from None
+            tar.extractall(dest)
+    return dest
 
 
 def make_executor(workers: int | None, scheduler: str | None, gpu: bool) -> Executor:

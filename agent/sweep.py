@@ -26,6 +26,7 @@ import math
 import os
 import random
 import shutil
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -36,7 +37,7 @@ from pathlib import Path
 from pydantic import BaseModel
 
 from agent.evaluate import Evaluator, IterationEnded, snapshot_lib
-from agent.executor import Executor, Local
+from agent.executor import Executor, Local, pack_folder, unpack_folder
 from agent.runlog import StageTimes
 from tools.judge import batch as batch_eval
 from tools.backends.device import task_limits
@@ -199,19 +200,47 @@ def sweep(task: Task, out_dir: Path, limit: int | None = None, seed: int = 0, pr
 
 @dataclass(frozen=True)
 class Chunk:
-    """Configurations evaluated together on one worker: their libraries, launch contexts and numbers in `built`."""
+    """Configurations evaluated together on one worker: their libraries (paths here; for a dask worker their bytes, so
+    that a worker on another host needs none of this host's files), launch contexts and numbers in `built`."""
     libs: list[str]
     contexts: list[dict | None]
     indices: list[int]
+    data: list[bytes] | None = None
 
 
-def evaluate_chunk(task_root: str, baseline: str, batch: int, chunk: Chunk) -> list[tuple[int, BatchItemResult]]:
+@dataclass(frozen=True)
+class Shipped:
+    """What every chunk sent to a dask worker needs besides its libraries: the task's folder and the initial library."""
+    task: bytes
+    baseline: bytes
+    name: str                 # the libraries' file name
+
+
+def evaluate_chunk(task_root: str, baseline: str, batch: int, chunk: Chunk,
+                   shipped: Shipped | None = None) -> list[tuple[int, BatchItemResult]]:
     """What a worker runs (or this process, with the local executor): parity and the bench against the initial of each
-    library of the chunk, `batch` per throwaway child (tools/judge/batch.py)."""
-    task = load_task(Path(task_root))
+    library of the chunk, `batch` per throwaway child (tools/judge/batch.py). With `shipped`, from the bytes it carries,
+    unpacked in a folder of the worker's own that is removed after."""
+    if shipped is None:
+        return _evaluate_chunk(Path(task_root), Path(baseline), [Path(p) for p in chunk.libs], batch, chunk)
+    with tempfile.TemporaryDirectory(prefix="agent-chunk-") as tmp:
+        root = unpack_folder(shipped.task, Path(tmp) / "task")
+        (Path(tmp) / "initial").mkdir()
+        base = Path(tmp) / "initial" / shipped.name
+        base.write_bytes(shipped.baseline)
+        libs = []
+        for k, data in enumerate(chunk.data or []):
+            (Path(tmp) / f"cfg-{k}").mkdir()
+            libs.append(Path(tmp) / f"cfg-{k}" / shipped.name)
+            libs[-1].write_bytes(data)
+        return _evaluate_chunk(root, base, libs, batch, chunk)
+
+
+def _evaluate_chunk(root: Path, baseline: Path, libs: list[Path], batch: int,
+                    chunk: Chunk) -> list[tuple[int, BatchItemResult]]:
+    task = load_task(root)
     out: list[tuple[int, BatchItemResult]] = []
-    for settled in batch_eval.evaluate(task, [Path(p) for p in chunk.libs], Path(baseline), batch=batch,
-                                       contexts=chunk.contexts):
+    for settled in batch_eval.evaluate(task, libs, baseline, batch=batch, contexts=chunk.contexts):
         out += [(chunk.indices[k], r) for k, r in settled]
     return out
 
@@ -222,10 +251,14 @@ def evaluate_built(task: Task, built: list[_Built], base_lib: Path, batch: int, 
     """Every built configuration through parity and the bench, in chunks: `batch` each here; on several workers an
     equal share each (at most `batch`), so that the workers finish together. A chunk whose worker died twice is
     recorded as lost, configuration by configuration."""
-    size = batch if ex.workers <= 1 else max(1, min(batch, math.ceil(len(built) / ex.workers)))
+    local = isinstance(ex, Local)
+    size = batch if local else max(1, min(batch, math.ceil(len(built) / ex.workers)))
     chunks = [Chunk(libs=[str(b.lib) for b in built[i:i + size]], contexts=[b.launch_context for b in built[i:i + size]],
-                    indices=list(range(i, min(i + size, len(built))))) for i in range(0, len(built), size)]
-    fn = partial(evaluate_chunk, str(task.root), str(base_lib), batch)
+                    indices=list(range(i, min(i + size, len(built)))),
+                    data=None if local else [b.lib.read_bytes() for b in built[i:i + size]])
+              for i in range(0, len(built), size)]
+    shipped = None if local else Shipped(task=pack_folder(task.root), baseline=base_lib.read_bytes(), name=base_lib.name)
+    fn = partial(evaluate_chunk, str(task.root), str(base_lib), batch, shipped=shipped)
     if built:
         say(f"evaluating {len(built)} configurations in {len(chunks)} chunk(s) of up to {size} on {ex.where} "
             "(parity, then the bench against the initial; a chunk reports when its batch child is done)")

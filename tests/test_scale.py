@@ -120,3 +120,31 @@ def test_a_chunk_whose_workers_die_twice_is_recorded_lost_and_the_sweep_ends(tmp
     lost = [p for p in res.points if p.outcome == "lost"]
     assert lost and all("worker died" in p.reason and not p.ok for p in lost), [(p.outcome, p.reason) for p in res.points]
     assert len(killed) >= 2
+
+
+def test_a_chunk_carries_what_a_worker_on_another_host_needs(tmp_path):
+    """A chunk for a dask worker carries the task's folder and the libraries as bytes: evaluated after every file it
+    came from is gone (a worker on a host that cannot read this one's files), its verdicts stand; the folder it was
+    unpacked in is removed after."""
+    import shutil
+    import tempfile
+
+    from agent.executor import pack_folder
+    from agent.sweep import Chunk, Shipped, evaluate_chunk
+    from tools.build.build import build
+    d = planted_task(tmp_path, tail=TAIL.replace("LOOP_ORDER == 1 && BLOCK_M == 16 && BLOCK_K == 32", "1"))
+    (d / "build").mkdir()
+    (d / "build" / "junk.o").write_bytes(b"x" * 100)
+    right = load_task(planted_task(tmp_path / "r"))
+    wrong = load_task(d)
+    libs = [build(t, tmp_path / f"b{k}").lib_path for k, t in enumerate((right, wrong))]
+    data = [open(p, "rb").read() for p in libs]
+    shipped = Shipped(task=pack_folder(right.root), baseline=data[0], name="libmatmul_cpu.so")
+    chunk = Chunk(libs=["/nonexistent/a.so", "/nonexistent/b.so"], contexts=[None, None], indices=[7, 9], data=data)
+    shutil.rmtree(tmp_path / "b0")
+    shutil.rmtree(tmp_path / "b1")
+    shutil.rmtree(right.root)
+    before = set(os.listdir(tempfile.gettempdir()))
+    got = dict(evaluate_chunk("/nonexistent/task", "/nonexistent/base.so", 4, chunk, shipped=shipped))
+    assert got[7].status.value == "ok" and got[9].status.value == "parity_failed", got
+    assert not [n for n in set(os.listdir(tempfile.gettempdir())) - before if n.startswith("agent-chunk-")]
