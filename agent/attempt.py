@@ -20,7 +20,7 @@ from typing import Literal
 from pydantic import BaseModel, Field
 
 from agent.proposal import Proposal
-from agent.runlog import IterationRecord, Outcome, RepairAttempt, StageTimes, Usage
+from agent.runlog import CandidateTried, IterationRecord, Outcome, RepairAttempt, StageTimes, Usage
 from tools.results import BenchResult, BuildResult, LaunchResult, ParityResult, ScratchFile, SpeedupCI
 
 
@@ -54,6 +54,8 @@ class Attempt(BaseModel):
     times: StageTimes = Field(default_factory=StageTimes)
     usage: Usage = Field(default_factory=Usage)
     attempts: list[RepairAttempt] = []        # the failed attempts before this one, each sent back for repair
+    candidates: list[CandidateTried] = []     # --candidates K: the iteration's other candidates
+    worker: str = ""                          # the worker that evaluated it ("" here)
 
     def to_record(self, **rest) -> IterationRecord:
         """The iteration's record: this attempt's fields as they are, plus what the loop adds (the
@@ -64,7 +66,7 @@ class Attempt(BaseModel):
 # the Attempt's fields that the iteration record carries as they are (confirm_error is in the reason)
 _RECORDED = ("run_id", "iteration", "started", "proposal", "proposal_error", "patch", "patch_message", "parent_sha",
              "commit_sha", "rejected_ref", "build", "launch", "parity", "bench", "confirm", "profile_summary",
-             "scratch_files", "output_dropped_bytes", "times", "usage", "attempts")
+             "scratch_files", "output_dropped_bytes", "times", "usage", "attempts", "candidates", "worker")
 
 
 class Verdict(BaseModel):

@@ -4,10 +4,9 @@
             -> decide: keep (amend message with results, trailers) | revert (ref refs/agent/RUN/rejected/N)
             -> profile the new best -> log one record
 
-The run's best (commit, library, profile, figures) lives in `Best`; one iteration's candidate in an `Attempt`, which
-each stage fills and `decide` reads. Every way out of an iteration is an `IterationEnded` with an outcome, a reason and
-the failed stage's typed result; one the model can repair goes back to it first (agent/repair.py, --repairs). Records
-are appended before the next iteration begins; session.prepare_resume continues a run from its log and branch.
+The best lives in `Best`; an iteration's candidate in an `Attempt` each stage fills and `decide` reads; every way out
+is an `IterationEnded` (outcome, reason, the stage's result); a repairable one goes back to the model (agent/repair.py);
+--candidates K: agent/candidates.py. session.prepare_resume continues a run from its log and branch.
 """
 
 from __future__ import annotations
@@ -19,6 +18,7 @@ from pathlib import Path
 from agent import gitops
 from agent.attempt import Attempt, KeepRule, decide
 from agent.best import Best, dump, dump_results
+from agent.candidates import Candidates
 from agent.evaluate import (BenchFailed, Evaluator, Implausible, IterationEnded, NoChange, NotFaster, RangeParityFailed,
                             snapshot_lib)
 from agent.propose import StopRun, context, last_failure, propose_and_apply
@@ -40,27 +40,25 @@ class Loop:
     def __init__(self, run_dir: Path, cfg: RunConfig, rgit: gitops.RunGit, proposer: Proposer, view: View):
         self.run_dir, self.cfg, self.git, self.proposer, self.view = run_dir, cfg, rgit, proposer, view
         self.state = read_state(run_dir) if (run_dir / "state.json").exists() else RunState()
-        self.task = load_task(self._task_dir())
+        self.task = load_task(self.task_dir())
         self.records: list[IterationRecord] = read_iterations(run_dir)
         user = rgit.repo.working_tree_dir     # its file modes are watched around each candidate child
         self.evaluator = Evaluator(self.task, run_dir / "build", task_limits(self.task), checkout=user)
         self.best = Best(run_dir, cfg, self.state, self.evaluator, view)
         self.run_end = time.monotonic() + (cfg.budget_seconds or float("inf"))   # --budget-seconds; caps a model call
         self._iter_t0: float | None = None     # the iteration under way started (monotonic)
-        self._interrupt_after_keep = False
-        self._sigint = False
+        self._interrupt_after_keep = self._sigint = False
+        self._k: Candidates | None = None    # --candidates K (agent/candidates.py), made on first use
 
-    def _task_dir(self) -> Path:
+    def task_dir(self) -> Path:
         return Path(self.cfg.worktree) / self.cfg.task_dir
 
     def reload_task(self) -> None:
-        """The task as the worktree has it now (after a commit, a revert or a reset), for the loop and
-        its evaluator alike."""
-        self.task = self.evaluator.task = load_task(self._task_dir())
+        """The task as the worktree has it now (after a commit, a revert or a reset), for loop and evaluator alike."""
+        self.task = self.evaluator.task = load_task(self.task_dir())
 
     def _iter_dir(self, i: int) -> Path:
-        d = self.run_dir / f"iter-{i}"
-        d.mkdir(parents=True, exist_ok=True)
+        (d := self.run_dir / f"iter-{i}").mkdir(parents=True, exist_ok=True)
         return d
 
     def _rel(self, files: list[str]) -> list[str]:
@@ -68,12 +66,11 @@ class Loop:
 
     # --- Ctrl-C ------------------------------------------------------------------------------
     def _on_sigint(self, signum, frame) -> None:
-        """A Ctrl-C is remembered as well as raised: one that lands in a finalizer (GitPython reaps its git processes
-        in __del__, where Python ignores exceptions) is lost; the next stage boundary raises it again."""
+        """A Ctrl-C is remembered as well as raised: one landing in a finalizer (GitPython's __del__) is lost there."""
         self._sigint = True
         raise KeyboardInterrupt
 
-    def _stage(self, i: int, stage: str, hypothesis: str | None = None) -> None:
+    def stage(self, i: int, stage: str, hypothesis: str | None = None) -> None:
         if self._sigint:
             raise KeyboardInterrupt
         self.view.stage(i, stage, hypothesis)
@@ -115,12 +112,13 @@ class Loop:
         finally:
             if prev is not None:
                 signal.signal(signal.SIGINT, prev)
+            if self._k is not None:
+                self._k.ex.close()
             self.view.close()
         return self.state
 
     def _stop_reason(self) -> str | None:
-        stop = self.best.target_stop()
-        if stop:
+        if stop := self.best.target_stop():
             return stop
         if self.state.iterations_done >= self.cfg.iters:
             return f"{self.cfg.iters} iterations done"
@@ -142,10 +140,9 @@ class Loop:
         self._iter_t0 = time.monotonic()
         try:
             self._attempts(i, d, a)
-            # Ctrl-C during a keep is deferred until the kept record is written (an interrupt between
-            # the state update and the record would leave state.best_sha on a commit no record calls
-            # kept); a SIGKILL there is repaired by session.prepare_resume
-            self._stage(i, "keep")
+            # Ctrl-C during a keep waits for the kept record (else state.best_sha could name a commit no record
+            # calls kept); a SIGKILL there is repaired by session.prepare_resume
+            self.stage(i, "keep")
             with DeferSigint() as sig:
                 kept = self._keep(i, d, a)
             self._interrupt_after_keep = sig.hit
@@ -155,8 +152,7 @@ class Loop:
                 dump_results(d, a)
             return self._reject(i, a, e.outcome, e.reason)
         except ProposerError as e:   # not one that ends the run (propose_and_apply): this iteration is lost
-            if a.proposal is None:
-                a.proposal_error = f"proposer: {e}"
+            a.proposal_error = a.proposal_error if a.proposal is not None else f"proposer: {e}"
             return self._reject(i, a, Outcome.proposal_failed, f"proposer: {e}")
         except KeyboardInterrupt:
             rec_i = self._reject(i, a, Outcome.interrupted, "interrupted by the user; candidate reverted",
@@ -169,6 +165,9 @@ class Loop:
     def _attempts(self, i: int, d: Path, a: Attempt) -> None:
         """Propose, commit, evaluate; a failure the model can repair goes back to it in the same conversation, at most
         cfg.repairs times (agent/repair.py): the iteration's verdict is its last attempt's."""
+        if self.cfg.candidates > 1:   # K proposals, each on a worker; the fastest that passed goes on (agent/candidates.py)
+            self._k = self._k or Candidates.for_loop(self)
+            return self._settle(i, a, self._k.run(i, d, a))
         fb, left = last_failure(self.records), (self.cfg.repairs if self.proposer.can_repair else 0)
         while True:
             before, t0 = a.usage, time.monotonic()
@@ -176,21 +175,21 @@ class Loop:
                 proposal, a.patch_message = propose_and_apply(
                     self.proposer, lambda text, kind: context(self.task, i, d, self.records, self.state,
                                                               self.best.profile, text, kind, self.run_end),
-                    self._task_dir(), self.task.spec.editable, lambda: self.git.reset_to(self.state.best_sha),
-                    lambda: self._stage(i, "propose"), fb, a, d)
-                self._stage(i, "commit", proposal.summary())
-                self._commit(d, a)
+                    self.task_dir(), self.task.spec.editable, lambda: self.git.reset_to(self.state.best_sha),
+                    lambda: self.stage(i, "propose"), fb, a, d)
+                self.stage(i, "commit", proposal.summary())
+                self.commit(d, a)
                 return self._evaluate(i, d, a)
             except IterationEnded as e:
                 if left <= 0 or not repairable(e):
                     raise
                 left -= 1
                 e.fill(a)
-                fb = (feedback(e, a, self._task_dir()), e.outcome.value)
+                fb = (feedback(e, a, self.task_dir()), e.outcome.value)
                 self._revert(i, a, e.reason, f"{i}.{len(a.attempts) + 1}")
                 set_aside(a, e, a.rejected_ref, before, time.monotonic() - t0)
 
-    def _commit(self, d: Path, a: Attempt) -> None:
+    def commit(self, d: Path, a: Attempt) -> None:
         t0 = time.monotonic()
         diff = self.git.diff(self._rel(self.task.spec.editable))
         if not diff.strip():
@@ -204,30 +203,32 @@ class Loop:
 
     def _evaluate(self, i: int, d: Path, a: Attempt) -> None:
         """Build, then launch check + parity + bench in one child, then what decide() asks for."""
-        self._stage(i, "build")
+        self.stage(i, "build")
         warm = self.evaluator.prestart()   # the evaluate child starts up while nvcc runs
         try:
             a.build = self.evaluator.build(a.times)
             (d / "build.log").write_text(a.build.log)
             lib = snapshot_lib(a.build.lib_path, d / self.best.lib.name)
             # the static launch check, parity and the bench, in one child (a failed launch check runs nothing)
-            self._stage(i, "check+bench")
+            self.stage(i, "check+bench")
             self.evaluator.evaluate_candidate(lib, self.best.lib, a.times, into=a, warm=warm, parity_extent="quick",
                                               launch_context=self.evaluator.launch_context(a.build, self.best.launch))
         finally:
             if warm is not None:
                 warm.close()
             dump_results(d, a)
-        rule = KeepRule(min_gain=self.cfg.min_gain, implausible=IMPLAUSIBLE_RATIO)
-        v = decide(a, rule)
+        self._settle(i, a, lib)
+
+    def _settle(self, i: int, a: Attempt, lib: Path) -> None:
+        """What decide() asks for after the first bench: the confirmation, then the real launch geometry."""
+        v = decide(a, rule := KeepRule(min_gain=self.cfg.min_gain, implausible=IMPLAUSIBLE_RATIO))
         if v.action == "confirm":
-            self._stage(i, "confirm")
+            self.stage(i, "confirm")
             self._confirm(lib, a, reparity=v.reparity)
             v = decide(a, rule)
         if v.action == "reject":
             raise (Implausible if v.outcome == Outcome.implausible else NotFaster)(v.reason)
-        # about to be kept: the real launch geometry (profiler trace) must match the plan and the limits
-        self._stage(i, "launch")
+        self.stage(i, "launch")   # about to be kept: the real geometry (profiler trace) must match plan and limits
         a.launch = self.evaluator.verify_launch(lib, a.launch, a.times)
 
     def _confirm(self, lib: Path, a: Attempt, reparity: bool) -> None:
@@ -251,7 +252,7 @@ class Loop:
         snapshot_lib(d / self.best.lib.name, self.best.lib)
         self.state.best_sha, self.state.best_iteration = sha, i
         self.best.launch = a.launch
-        self._stage(i, "profile")
+        self.stage(i, "profile")
         t0 = time.monotonic()
         self.best.reprofile(d)
         a.times.profile += time.monotonic() - t0
@@ -264,8 +265,7 @@ class Loop:
                 decision: Decision | None = None) -> IterationRecord:
         """Revert the candidate (its commit stays reviewable under a rejected ref) and record why."""
         commit_sha = self._revert(i, a, reason, i)
-        if decision is None:
-            decision = Decision.reverted if commit_sha is not None else Decision.skipped
+        decision = decision or (Decision.reverted if commit_sha is not None else Decision.skipped)
         s = a.bench.speedup_vs_baseline.median if a.bench is not None and a.bench.speedup_vs_baseline else None
         return self._record(a, decision, outcome, reason, speedup_vs_best=s)
 

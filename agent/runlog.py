@@ -92,6 +92,9 @@ class RunConfig(BaseModel):
     budget_usd: float | None = None
     budget_seconds: float | None = None
     repairs: int = 2                   # a failed candidate goes back to the model this often in its iteration
+    candidates: int = 1                # proposals evaluated per iteration (agent/candidates.py)
+    workers: int | None = None         # --workers N: a local dask cluster (agent/executor.py)
+    scheduler: str | None = None       # --scheduler ADDRESS: a running one
     profile_tier: int = 1
     started: str
     env: EnvFingerprint = Field(default_factory=EnvFingerprint)
@@ -138,6 +141,19 @@ class RepairAttempt(BaseModel):
     seconds: float | None = None       # its wall clock: the model's call, the patch, the build and the checks it reached
 
 
+class CandidateTried(BaseModel):
+    """One of an iteration's K candidates that was not the one it settled on (agent/candidates.py)."""
+    candidate: int                     # 1..K, in the order proposed
+    hypothesis: str = ""
+    outcome: str                       # an Outcome value, or not_faster: passed, but another was faster
+    reason: str = ""
+    speedup: float | None = None       # over the best, timed side by side with it on its worker
+    patch: str = ""
+    ref: str | None = None             # refs/agent/RUN/candidate/N.K
+    worker: str = ""                   # the worker and GPU (or cores) that evaluated it; "" here
+    usage: Usage = Field(default_factory=Usage)
+
+
 class IterationRecord(BaseModel):
     schema_version: int = SCHEMA_VERSION
     run_id: str
@@ -170,6 +186,8 @@ class IterationRecord(BaseModel):
     wall_s: float | None = None        # the iteration's wall clock, start to record (times leave out the gaps)
     usage: Usage = Field(default_factory=Usage)
     attempts: list[RepairAttempt] = []   # the attempts before the last, each repaired (--repairs)
+    candidates: list[CandidateTried] = []   # --candidates K: the others of the iteration's K
+    worker: str = ""                   # --workers / --scheduler: the worker and GPU that evaluated this candidate
 
 
 class RunState(BaseModel):

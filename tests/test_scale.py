@@ -158,3 +158,65 @@ def test_a_chunk_carries_what_a_worker_on_another_host_needs(tmp_path):
     got = dict(evaluate_chunk("/nonexistent/task", "/nonexistent/base.so", 4, chunk, shipped=shipped))
     assert got[7].status.value == "ok" and got[9].status.value == "parity_failed", got
     assert not [n for n in set(os.listdir(tempfile.gettempdir())) - before if n.startswith("agent-chunk-")]
+
+
+def test_optimize_with_two_candidates_on_two_workers_gives_the_in_process_verdicts(tmp_path):
+    """`agent optimize --candidates 2`: the heuristic's two best moves in one iteration, the loop order (3-4x) and a
+    smaller tile planted not to compile; here and on two dask workers alike, the loop order is kept, the other is
+    recorded compile_failed with its ref, and on the workers the kept one names its worker."""
+    from agent.runlog import Decision, read_iterations
+    from tests.userrepo import git
+    d = planted_task(tmp_path, head="#if BLOCK_M == 8\n#error planted: does not compile\n#endif\n")
+    root = d.parents[1]
+    git(root, "add", "kernels")
+    git(root, "commit", "-qm", "plant")   # a run starts from the user's HEAD
+    runs = {}
+    for run, extra in (("here", []), ("there", ["--workers", "2"])):
+        res = agent(root, "optimize", "kernels/matmul_cpu", "--proposer", "heuristic", "--candidates", "2",
+                    "--iters", "1", "--target", "100x", "--quiet", "--run-id", run, *extra, timeout=600)
+        assert res.returncode == 0, res.stderr[-3000:]
+        [rec] = read_iterations(root / "runs" / run)
+        runs[run] = rec
+        assert rec.decision == Decision.kept and rec.proposal.hypothesis.startswith("LOOP_ORDER 0->1"), rec.reason
+        [other] = rec.candidates
+        assert other.outcome == "compile_failed" and "planted" in other.reason, other
+        assert other.hypothesis.startswith("BLOCK_M 16->8") and other.ref.endswith(f"/{run}/candidate/1.2")
+    assert runs["here"].worker == "" and runs["there"].worker.startswith("w")
+    shown = agent(root, "show", "there", "--iter", "1")
+    assert shown.returncode == 0 and "candidate 2" in shown.stdout and "compile_failed" in shown.stdout, shown.stdout
+    bad = agent(root, "optimize", "kernels/matmul_cpu", "--workers", "2")
+    assert bad.returncode == 2 and "--candidates K" in bad.stderr
+
+
+def test_a_models_second_candidate_is_asked_knowing_the_first(tmp_path):
+    """With --candidates 2 and a model (the real client, a scripted server), the second request's history lists the
+    first proposal as being evaluated beside it; both are evaluated, the faster kept, the other recorded."""
+    from agent.runlog import Decision, read_iterations
+    from tests.fake_openai import FakeOpenAI
+    from tests.userrepo import configure_llm, make_user_repo
+
+    def proposal(hyp, search, replace):
+        return {"hypothesis": hyp, "evidence": [{"metric": "knob", "value": search}],
+                "predicted": {"metric": "time", "direction": "down", "speedup": 2.0},
+                "edits": [{"file": "matmul.cpp", "search": search, "replace": replace}]}
+
+    root = make_user_repo(tmp_path / "user")
+    first = proposal("Loop order i-k-j: B and C stream along rows", "#define LOOP_ORDER 0", "#define LOOP_ORDER 1")
+    second = proposal("Taller row blocks: BLOCK_M 32", "#define BLOCK_M 16", "#define BLOCK_M 32")
+    with FakeOpenAI() as srv:
+        configure_llm(root, srv.base_url, timeout_s=5.0, max_attempts=2)
+        srv.push_proposal(first)
+        srv.push_proposal(second)
+        res = agent(root, "optimize", "kernels/matmul_cpu", "--proposer", "llm", "--candidates", "2", "--iters", "1",
+                    "--target", "100x", "--quiet", "--run-id", "k2", timeout=600)
+        assert res.returncode == 0, res.stderr[-3000:]
+        reqs = srv.chat_requests
+    assert len(reqs) == 2
+    told = reqs[1].body["messages"][-1]["content"]
+    assert "[pending]" in told and first["hypothesis"] in told and "propose another change" in told
+    assert "[pending]" not in reqs[0].body["messages"][-1]["content"]
+    [rec] = read_iterations(root / "runs" / "k2")
+    assert rec.decision == Decision.kept and rec.proposal.hypothesis == first["hypothesis"], rec.reason
+    [other] = rec.candidates
+    assert other.hypothesis == second["hypothesis"] and other.outcome == "not_faster" and other.speedup
+    assert rec.usage.calls == 2

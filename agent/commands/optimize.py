@@ -39,6 +39,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--repairs", type=int, default=2,
                    help="a candidate that does not compile, is refused by the launch check or fails parity goes back "
                         "to the model with the error this often within its iteration (default 2; llm only)")
+    p.add_argument("--candidates", type=int, default=1, metavar="K",
+                   help="proposals per iteration, evaluated side by side; the fastest that passes is confirmed and "
+                        "kept (default 1; with K > 1 no repairs)")
+    spread = p.add_mutually_exclusive_group()
+    spread.add_argument("--workers", type=int, metavar="N",
+                        help="evaluate an iteration's candidates on N local dask workers, one per GPU (docs/SCALE.md)")
+    spread.add_argument("--scheduler", metavar="ADDRESS", help="... on the workers of a running dask scheduler")
     p.add_argument("--replay", metavar="RUN", help="replay proposer: the run (or proposals file) to replay")
     p.add_argument("--kept-only", action="store_true", help="replay only the proposals that run kept")
     p.add_argument("--model", help="LLM model name")
@@ -91,6 +98,10 @@ def cmd_optimize(args) -> int:
         check_limits(args.iters, args.min_gain, args.budget_seconds, args.budget_tokens, args.budget_usd)
         if args.repairs < 0:
             raise UsageError(f"--repairs {args.repairs}: give 0 or more (0: a failed candidate ends its iteration)")
+        if args.candidates < 1 or (args.workers is not None and args.workers < 1):
+            raise UsageError("--candidates and --workers: give 1 or more")
+        if (args.workers or args.scheduler) and args.candidates < 2:
+            raise UsageError("--workers and --scheduler spread an iteration's candidates: give --candidates K (2 or more)")
         target = parse_target(args.target)
         task_dir, why = choose_task(args.task, Path.cwd())
         overrides = _llm_overrides(args)
@@ -108,7 +119,8 @@ def cmd_optimize(args) -> int:
                          baseline=args.baseline, min_gain=args.min_gain, run_id=args.run_id, runs_dir=args.runs_dir,
                          budget_seconds=args.budget_seconds, budget_tokens=args.budget_tokens,
                          budget_usd=args.budget_usd, profile_tier=args.tier, extra=extra,
-                         past_target=args.past_target, repairs=args.repairs)
+                         past_target=args.past_target, repairs=args.repairs, candidates=args.candidates,
+                         workers=args.workers, scheduler=args.scheduler)
         return _run_and_summarize(loop)
     except (UsageError, gitops.GitError, LogError, SettingsError) as e:
         console.print(f"[red]error[/red]: {escape(str(e))}", highlight=False)

@@ -205,6 +205,15 @@ def iteration_detail(run: Run, rec: IterationRecord) -> RenderableType:
                                                     + (f"  ({at.rejected_ref})" if at.rejected_ref else "")))
         t.add_row(f"attempt {len(rec.attempts) + 1}", Text(f"{rec.outcome.value} (below)"))
         parts.append(Panel(t, title="attempts (repaired within the iteration)", expand=False))
+    if rec.candidates:   # --candidates K: the others of the iteration's K (agent/candidates.py)
+        t = _kv()
+        for c in rec.candidates:
+            vs = f", {c.speedup:.3f}x" if c.speedup is not None else ""
+            on = f" on {c.worker}" if c.worker else ""
+            t.add_row(f"candidate {c.candidate}", Text(f"{c.outcome}{vs}{on}: {c.reason}  [{c.hypothesis}]"
+                                                       + (f"  ({c.ref})" if c.ref else "")))
+        t.add_row("this one", Text(f"{rec.outcome.value}" + (f" on {rec.worker}" if rec.worker else "") + " (below)"))
+        parts.append(Panel(t, title="candidates (evaluated side by side in this iteration)", expand=False))
     p = rec.proposal
     if p is not None:
         t = _kv()

@@ -1,0 +1,169 @@
+"""K candidates per iteration (issue 44): `agent optimize --candidates K [--workers N | --scheduler ADDRESS]`.
+
+The proposer is asked K times; each request is told the proposals before it (a model sees them in the history as
+being evaluated beside its own; the heuristic counts their configurations as measured), so the K are different moves.
+Each is applied, committed and built here in turn (builds share this host's CPUs); its library and its task folder are
+taken, its commit kept under refs/agent/RUN/candidate/N.K, and the branch goes back to the best. The K are then
+evaluated at once on the executor (agent/executor.py), each in its own judge and host, on its own worker and GPU: the
+static launch check, quick parity and the bench against the best, timed side by side with the best on that worker. The
+fastest that passed, by that speedup, becomes the iteration's candidate: the branch moves to its commit and the loop
+confirms it (the confirmation bench and the [dims] parity here), checks its real launch and keeps it as any
+candidate. The others are in the record (`candidates`: outcome, reason, speedup, worker, ref). With K > 1 a failure
+is one candidate of K: no repairs.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from pathlib import Path
+
+from agent.attempt import Attempt
+from agent.best import dump_results
+from agent.evaluate import Evaluator, IterationEnded, snapshot_lib
+from agent.executor import Executor, Local, make_executor, pack_folder, unpack_folder
+from agent.proposers.base import HistoryItem
+from agent.runlog import CandidateTried, StageTimes, Usage, now
+from tools.backends.device import task_limits
+from tools.task import load_task
+
+
+def evaluate_one(item: dict) -> dict:
+    """On a worker: the candidate's task folder and library, and the best's library, unpacked in a folder of its own;
+    launch check, quick parity and the bench against the best in one judge child (Evaluator.evaluate_candidate)."""
+    with tempfile.TemporaryDirectory(prefix="agent-cand-") as tmp:
+        root = unpack_folder(item["task"], Path(tmp) / "task")
+        for part in ("cand", "best"):
+            (Path(tmp) / part).mkdir()
+            (Path(tmp) / part / item["name"]).write_bytes(item[part])
+        task = load_task(root)
+        ev = Evaluator(task, Path(tmp) / "build", task_limits(task), scratch_root=Path(tmp) / "scratch")
+        ev.budgets = item["budgets"]
+        return judged(ev, Path(tmp) / "cand" / item["name"], Path(tmp) / "best" / item["name"], item["context"])
+
+
+def judged(ev: Evaluator, lib: Path, best: Path, context: dict | None) -> dict:
+    a = Attempt(iteration=0, run_id="", started="", parent_sha="")
+    times, out = StageTimes(), {"outcome": None, "reason": "", "kind": None}
+    try:
+        ev.evaluate_candidate(lib, best, times, into=a, parity_extent="quick", launch_context=context)
+    except IterationEnded as e:
+        e.fill(a)
+        out = {"outcome": e.outcome.value, "reason": e.reason, "kind": type(e)}
+    return {**out, "launch": a.launch, "parity": a.parity, "bench": a.bench, "times": times,
+            "dropped": a.output_dropped_bytes}
+
+
+class Candidates:
+    def __init__(self, loop, executor: Executor):
+        self.loop, self.ex = loop, executor
+
+    @classmethod
+    def for_loop(cls, loop) -> "Candidates":
+        """With the executor the run asked for (--workers N, --scheduler ADDRESS; else here)."""
+        return cls(loop, make_executor(loop.cfg.workers, loop.cfg.scheduler, loop.task.backend.gpu))
+
+    def prepare(self, i: int, d: Path, k: int, earlier: list[Attempt]) -> tuple[Attempt, dict | None, IterationEnded | None]:
+        """Propose (told the earlier ones), apply, commit, build candidate k; its commit kept under a ref and the branch
+        back at the best. Returns its attempt, what a worker needs to evaluate it (None: it failed here) and why."""
+        from agent.propose import context, propose_and_apply
+        lp = self.loop
+        ak = Attempt(iteration=i, run_id=lp.cfg.run_id, started=now(), parent_sha=lp.state.best_sha or "")
+        dk = d / f"candidate-{k}"
+        dk.mkdir(parents=True, exist_ok=True)
+
+        def ctx(text, kind):
+            c = context(lp.task, i, dk, lp.records, lp.state, lp.best.profile, text, kind, lp.run_end)
+            c.measured_knobs += [e.proposal.knobs for e in earlier if e.proposal and e.proposal.knobs]
+            c.history += [HistoryItem(iteration=i, hypothesis=e.proposal.hypothesis, outcome="pending",
+                                      reason="being evaluated beside your proposal in this iteration: propose another "
+                                             "change") for e in earlier if e.proposal]
+            return c
+        try:
+            proposal, ak.patch_message = propose_and_apply(
+                lp.proposer, ctx, lp.task_dir(), lp.task.spec.editable, lambda: lp.git.reset_to(lp.state.best_sha),
+                lambda: lp.stage(i, f"propose {k}/{lp.cfg.candidates}"), (None, None), ak, dk)
+            lp.commit(dk, ak)
+            lp.stage(i, f"build {k}/{lp.cfg.candidates}", proposal.summary())
+            ak.build = lp.evaluator.build(ak.times)
+            (dk / "build.log").write_text(ak.build.log)
+            lib = snapshot_lib(ak.build.lib_path, dk / lp.best.lib.name)
+            item = {"task": pack_folder(lp.task_dir()), "cand": lib.read_bytes(), "best": lp.best.lib.read_bytes(),
+                    "name": lp.best.lib.name, "budgets": lp.evaluator.budgets, "lib": lib,
+                    "context": lp.evaluator.launch_context(ak.build, lp.best.launch)}
+            return ak, item, None
+        except IterationEnded as e:
+            e.fill(ak)
+            return ak, None, e
+        finally:
+            if ak.commit_sha:
+                ak.rejected_ref = lp.git.keep_ref("candidate", f"{i}.{k}", ak.commit_sha)
+            lp.git.reset_to(lp.state.best_sha)
+            lp.reload_task()
+
+    def run(self, i: int, d: Path, a: Attempt) -> Path:
+        """The K candidates; `a` becomes the fastest that passed (the branch at its commit) and its library is
+        returned for the loop to confirm and keep. Raises the first failure's kind where none passed."""
+        lp, k_all = self.loop, self.loop.cfg.candidates
+        prepared: list[tuple[Attempt, dict | None, IterationEnded | None]] = []
+        for k in range(1, k_all + 1):
+            prepared.append(self.prepare(i, d, k, [p[0] for p in prepared]))
+        todo = [(n, item) for n, (_, item, _) in enumerate(prepared) if item is not None]
+        lp.stage(i, f"check+bench {len(todo)} on {self.ex.where}")
+        results: dict[int, dict] = {}
+        workers: dict[int, str] = {}
+        if isinstance(self.ex, Local):   # here: the loop's own evaluator (it also watches the user's checkout)
+            for n, item in todo:
+                results[n] = judged(lp.evaluator, item["lib"], lp.best.lib, item["context"])
+        else:
+            items = [{k: v for k, v in item.items() if k != "lib"} for _, item in todo]
+            for done in self.ex.run(evaluate_one, items):
+                n = todo[done.index][0]
+                workers[n] = done.worker
+                results[n] = done.value if done.value is not None else {
+                    "outcome": "bench_failed", "reason": done.lost or f"the worker raised {done.error!r}",
+                    "kind": None, "launch": None, "parity": None, "bench": None, "times": StageTimes(), "dropped": 0}
+        return self._choose(i, d, a, prepared, results, workers, k_all)
+
+    def _choose(self, i, d, a, prepared, results, workers, k_all) -> Path:
+        lp = self.loop
+        for n, r in results.items():
+            ak = prepared[n][0]
+            ak.launch, ak.parity, ak.bench, ak.output_dropped_bytes = r["launch"], r["parity"], r["bench"], r["dropped"]
+            for f in ("launch", "parity", "bench"):
+                setattr(ak.times, f, getattr(ak.times, f) + getattr(r["times"], f))
+        passed = [n for n, r in results.items() if r["outcome"] is None and r["bench"] is not None
+                  and r["bench"].speedup_vs_baseline is not None]
+        win = max(passed, key=lambda n: results[n]["bench"].speedup_vs_baseline.median) if passed else None
+        tried = []
+        for n, (ak, _, err) in enumerate(prepared):
+            if n == win:
+                continue
+            r = results.get(n, {})
+            ci = ak.bench.speedup_vs_baseline if ak.bench is not None else None
+            outcome = err.outcome.value if err else r.get("outcome") or "not_faster"
+            reason = err.reason if err else r.get("reason") or (
+                f"passed, {ci.median:.3f}x over the best; candidate {win + 1} was faster" if ci and win is not None else "")
+            tried.append(CandidateTried(candidate=n + 1, hypothesis=ak.proposal.hypothesis if ak.proposal else "",
+                                        outcome=outcome, reason=reason, speedup=ci.median if ci else None,
+                                        patch=ak.patch, ref=ak.rejected_ref, worker=workers.get(n, ""), usage=ak.usage))
+        a.candidates = tried
+        a.usage = sum((ak.usage for ak, _, _ in prepared), Usage())
+        if win is None:
+            first = next((err or results[n] for n, (_, _, err) in enumerate(prepared)), None)
+            why = "; ".join(f"{t.candidate}: {t.outcome}" for t in tried)
+            w = prepared[0][0]
+            for f in ("proposal", "patch", "build", "launch", "parity", "bench", "commit_sha"):
+                setattr(a, f, getattr(w, f))
+            kind = first.__class__ if isinstance(first, IterationEnded) else (first.get("kind") or IterationEnded)
+            raise kind(f"none of the {k_all} candidates passed ({why})")
+        w = prepared[win][0]
+        for f in ("proposal", "patch", "patch_message", "build", "launch", "parity", "bench", "output_dropped_bytes"):
+            setattr(a, f, getattr(w, f))
+        a.times, a.commit_sha, a.worker = w.times, w.commit_sha, workers.get(win, "")
+        lp.git.reset_to(w.commit_sha)
+        lp.reload_task()
+        lib = d / lp.best.lib.name
+        shutil.copy2(d / f"candidate-{win + 1}" / lp.best.lib.name, lib)
+        dump_results(d, a)
+        return lib
