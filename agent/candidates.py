@@ -88,9 +88,10 @@ class Candidates:
             ak.build = lp.evaluator.build(ak.times)
             (dk / "build.log").write_text(ak.build.log)
             lib = snapshot_lib(ak.build.lib_path, dk / lp.best.lib.name)
-            item = {"task": pack_folder(lp.task_dir()), "cand": lib.read_bytes(), "best": lp.best.lib.read_bytes(),
-                    "name": lp.best.lib.name, "budgets": lp.evaluator.budgets, "lib": lib,
-                    "context": lp.evaluator.launch_context(ak.build, lp.best.launch)}
+            item = {"lib": lib, "context": lp.evaluator.launch_context(ak.build, lp.best.launch)}
+            if not isinstance(self.ex, Local):   # a worker, maybe on another host: the files as bytes
+                item.update(task=pack_folder(lp.task_dir()), cand=lib.read_bytes(), best=lp.best.lib.read_bytes(),
+                            name=lp.best.lib.name, budgets=lp.evaluator.budgets)
             return ak, item, None
         except IterationEnded as e:
             e.fill(ak)

@@ -177,13 +177,7 @@ def from_plan(task: Task, data: dict, kernels: list[KernelResources], limits: De
     if data.get("planned") is False:
         return LaunchResult(status=LaunchStatus.ok, limits=limits, parent_main_ctas=parent.main_ctas if parent else None,
                             message="no launch_plan in the task: the launch is checked from a profiler trace on the GPU")
-    launches = []
-    for item in data["launches"]:
-        res = match_resources(item["kernel"], kernels)
-        launches.append(Launch(kernel=item["kernel"], grid=tuple(item["grid"]), block=tuple(item["block"]),
-                               smem_dynamic_bytes=item["smem_dynamic_bytes"],
-                               smem_static_bytes=res.smem_static_bytes if res else None,
-                               registers=res.registers if res else None, source="plan"))
+    launches = [planned(item, kernels) for item in data["launches"]]
     if not launches:
         return LaunchResult(status=LaunchStatus.error, limits=limits, message="launch_plan returned no launches")
     violations, main_ctas = check_rules(task, launches, limits, parent)
@@ -206,12 +200,16 @@ def other_shapes(others: list[dict], kernels: list[KernelResources], limits: Dev
                 out.append(LaunchViolation(rule=rule, kernel=ln.kernel, message=f"{ln.kernel} on {label}: {msg}"))
 
         for it in item["launches"]:
-            res = match_resources(it["kernel"], kernels)
-            per_launch(Launch(kernel=it["kernel"], grid=tuple(it["grid"]), block=tuple(it["block"]),
-                              smem_dynamic_bytes=it["smem_dynamic_bytes"],
-                              smem_static_bytes=res.smem_static_bytes if res else None,
-                              registers=res.registers if res else None), limits, bad)
+            per_launch(planned(it, kernels), limits, bad)
     return out
+
+
+def planned(item: dict, kernels: list[KernelResources]) -> Launch:
+    """A plan's launch entry with ptxas's resources of its kernel."""
+    res = match_resources(item["kernel"], kernels)
+    return Launch(kernel=item["kernel"], grid=tuple(item["grid"]), block=tuple(item["block"]),
+                  smem_dynamic_bytes=item["smem_dynamic_bytes"], smem_static_bytes=res.smem_static_bytes if res else None,
+                  registers=res.registers if res else None, source="plan")
 
 
 # --- dynamic -----------------------------------------------------------------------------------
