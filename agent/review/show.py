@@ -56,7 +56,10 @@ def run_json(run: Run) -> dict:
             "iterations": [{"iteration": r.iteration, "decision": r.decision.value, "outcome": r.outcome.value,
                             "hypothesis": r.proposal.summary() if r.proposal else None,
                             "speedup_vs_best": r.speedup_vs_best, "reason": r.reason, "commit": r.commit_sha,
-                            "seconds": r.times.model_dump(), "wall_s": r.wall_s}
+                            "seconds": r.times.model_dump(), "wall_s": r.wall_s, "worker": r.worker,
+                            "candidates": [c.model_dump(mode="json", include={"candidate", "hypothesis", "outcome",
+                                                                                "speedup", "worker"})
+                                           for c in r.candidates]}
                            for r in run.records]}
 
 

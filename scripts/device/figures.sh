@@ -27,6 +27,10 @@
 #   opt_ops      the same section: attention_ext with its binding registered as a TORCH_LIBRARY custom
 #                op (tests/fixtures/attention_ops), `agent check` and then to 1.5x
 #                (opt_* also give that section's table of seconds per iteration, from `agent show`)
+#   opt_sm_k1    "Scale-out": softmax to 1.2x, one candidate an iteration (the baseline of opt_sm_k2)
+#   opt_sm_k2    the same section: softmax to 1.2x, --candidates 2 --workers 2 (a GPU each; 2 GPUs)
+#   opt_attn_rej "Scale-out": what a rejected attention candidate costs (the heuristic's first two moves are
+#                rejected), with the host's buffers back through CUDA IPC, or through files with AGENT_HOST_IPC=0
 #   sweep_sm     "Sweeps: what the knobs can reach": every softmax configuration
 #   sweep_attn   the same section: every attention_fwd configuration
 #   sweep_ext    a sample of 32 attention_ext configurations (the extension's binding compiled once)
@@ -56,7 +60,7 @@
 # the agent's run folders (worktrees, builds, libraries and ncu reports left out).
 set -uo pipefail
 
-PARTS="baseline rebuild rebuild_ext phases repeat profile opt_attn opt_sm opt_attn_hi opt_ext check_opt_ext opt_ops opt_one sweep_sm sweep_attn sweep_ext gpu_tests"
+PARTS="baseline rebuild rebuild_ext phases repeat profile opt_attn opt_sm opt_sm_k1 opt_sm_k2 opt_attn_rej opt_attn_hi opt_ext check_opt_ext opt_ops opt_one sweep_sm sweep_attn sweep_ext gpu_tests"
 usage() { echo "usage: bash scripts/device/figures.sh PART [PART ...]; parts: $PARTS" >&2; exit 2; }
 [ $# -gt 0 ] || usage
 for part in "$@"; do
@@ -92,7 +96,12 @@ print("stage medians", {k: round(v, 2) for k, v in d["stage_medians_s"].items()}
 for it in d.get("iterations", []):
     t, wall = it.get("seconds") or {}, it.get("wall_s") or 0.0
     print(f"  iter {it['iteration']}: {it['decision']} {it['outcome']}: wall {wall:.2f} s, without the proposer "
-          f"{wall - t.get('propose', 0.0):.2f} s; " + " ".join(f"{k} {v:.2f}" for k, v in t.items() if v >= 0.005))
+          f"{wall - t.get('propose', 0.0):.2f} s; " + " ".join(f"{k} {v:.2f}" for k, v in t.items() if v >= 0.005)
+          + (f"; on {it['worker']}" if it.get("worker") else ""))
+    for c in it.get("candidates") or []:
+        print(f"    candidate {c['candidate']} on {c['worker'] or 'here'}: {c['outcome']} {c['speedup'] or ''} "
+              f"{(c['hypothesis'] or '')[:60]}")
+print("best", d["best"])
 PY
 }
 
@@ -291,6 +300,21 @@ opt_sm() {
   # the run, the same budget for every softmax row of the current figures, so their iteration counts
   # and per-iteration seconds compare.
   optimize sm kernels/softmax "${ITERS:-20}" 170 290 --target 1.5x
+}
+
+opt_sm_k1() {
+  # Issue 44's comparison: iterations and wall clock to 1.2x (the heuristic's second VEC move reaches it), the
+  # same budget for both parts, one candidate an iteration here and two on two GPUs in opt_sm_k2.
+  optimize smk1 kernels/softmax "${ITERS:-10}" "${K_BUDGET:-150}" "${K_OUTER:-230}" --target 1.2x
+}
+
+opt_sm_k2() {
+  optimize smk2 kernels/softmax "${ITERS:-10}" "${K_BUDGET:-150}" "${K_OUTER:-230}" --target 1.2x \
+      --candidates 2 --workers 2
+}
+
+opt_attn_rej() {
+  optimize "attnrej${AGENT_HOST_IPC:-1}" kernels/attention_fwd 2 200 260 --target 100x
 }
 
 opt_attn_hi() {

@@ -13,7 +13,7 @@ out=${OUT:-/tmp/scale_sweep}; mkdir -p "$out"
 for w in 1 2; do
     echo "== workers $w: GPU processes before: $(nvidia-smi --query-compute-apps=pid,name --format=csv,noheader | tr '\n' ';')"
     s=$(date +%s.%N)
-    timeout "$each" python3 -m agent sweep "$task" --limit "$limit" --seed 3 --workers "$w" --runs-dir "$out/runs-w$w" \
+    timeout "$each" python3 -m agent sweep "$task" --limit "$limit" --seed 3 --batch "${BATCH:-4}" --workers "$w" --runs-dir "$out/runs-w$w" \
         > "$out/sweep-w$w.log" 2>&1
     rc=$?
     echo "workers $w: rc=$rc wall $(python3 -c "import time; print(round(time.time() - $s, 1))") s"

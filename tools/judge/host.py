@@ -17,7 +17,8 @@ Requests (each answered {"ok": true, ...} or {"ok": false, "error": "..."}):
            threads}                            outputs marked so, make the calls back to back (or in two
                                                threads at once: threads 2; a call may name its shape), write
                                                the `get` buffers back (and, with `check`, the inputs a
-                                               call changed); answer the seconds it took to issue the
+                                               call changed; with `ipc`, as CUDA IPC handles where
+                                               the driver shares them: tools/judge/devshare.py); answer the seconds it took to issue the
                                                calls and to finish, and the changed inputs' keys
     arms  {shape, sets, outs, arms}            the bench's arms (a library, or null: the reference) over
                                                buffers already here
@@ -203,12 +204,24 @@ class Host:
         self.sync()
         t2 = time.perf_counter()
         changed = sorted(k for k in keys if not _same_bits(before[k], self.bufs[k]))
-        for key in list(r.get("get", [])) + changed:
-            save(self.bufs[key], self._file(key))
+        shared = self._give(list(r.get("get", [])) + changed, bool(r.get("ipc")))
         left = {tid: name for tid, name in _threads().items() if tid not in threads_before}
         return {"ok": True, "issue_ms": (t1 - t0) * 1e3, "total_ms": (t2 - t0) * 1e3, "changed": changed,
-                "stream_ms": span.ms(),
+                "stream_ms": span.ms(), "shared": shared,
                 "threads_left": sorted(left.values())[:8], "late": late}
+
+    def _give(self, keys: list[str], ipc: bool) -> dict:
+        """The judge gets these buffers: with `ipc`, each GPU buffer's IPC handle (tools/judge/devshare.py) in the
+        answer; otherwise, or where the driver cannot share it, its bytes in a file."""
+        from tools.judge import devshare
+        shared = {}
+        for key in keys:
+            s = devshare.export(self.bufs[key]) if ipc else None
+            if s is None:
+                save(self.bufs[key], self._file(key))
+            else:
+                shared[key] = s
+        return shared
 
     def _two_threads(self, todo: list) -> list[int]:
         """Each call in the thread it names, the two at once (the reentrancy probe, tools/measure/probes.py); on a

@@ -17,6 +17,7 @@ import weakref
 from pathlib import Path
 
 from tools.isolation.forkserver import become_child, die_with_parent, exit_with
+from tools.judge import devshare
 from tools.judge.host import digest, load_into, save
 from tools.isolation.scratch import Scratch
 
@@ -214,6 +215,10 @@ class Remote:
         # freed and another made at the same address is a different object, and goes out again
         self.synced: dict[str, tuple] = {}
         self.threads_left: list[str] = []   # threads a call started and left running (names, the first seen)
+        # buffers back through CUDA IPC where the host can share them (not under compute-sanitizer's wrapper)
+        self.ipc = devshare.enabled() and not host.wrapped
+        self.mapped = devshare.Mapped()
+        self.moved = {"ipc": 0, "file": 0}  # bytes brought back from the host, by channel
         self.late: list[int] = []           # the latest two-thread call's calls whose work outlived their stream
 
     def _key(self, t, kind: str) -> str:
@@ -245,9 +250,24 @@ class Remote:
         ref, version = self.synced.get(key, (None, None))
         return ref is not None and ref() is t and version == t._version
 
-    def _back(self, key: str, t) -> None:
-        load_into(t, self._file(key))
-        self.synced[key] = (weakref.ref(t), t._version)
+    def bring(self, ans: dict, tensors: dict) -> None:
+        """After the host's answer `ans` to a call that named `get` buffers (asked with "ipc": self.ipc), each of
+        `tensors` (key -> the judge's tensor) back here: the ones the host shared through CUDA IPC copied device to
+        device and waited for before the host is asked anything else, the others from their files."""
+        shared = ans.get("shared") if isinstance(ans.get("shared"), dict) else {}
+        for key, t in tensors.items():
+            if key in shared:
+                try:
+                    self.mapped.copy_into(t, shared[key])
+                except ValueError as e:
+                    raise HostFailed("error", f"the kernel's host: {e}") from None
+                self.moved["ipc"] += t.numel() * t.element_size()
+            else:
+                load_into(t, self._file(key))
+                self.moved["file"] += t.numel() * t.element_size()
+            self.synced[key] = (weakref.ref(t), t._version)
+        if shared:
+            __import__("torch").cuda.synchronize()
 
     def mirror(self, shape: dict, sets: list[tuple], seeds: list[int], dist: str) -> None:
         """Each set holds make_inputs' values for its seed here: the host makes the same from the same seeds in
@@ -272,6 +292,7 @@ class Remote:
         keys = [self._key(self._out(t)[0], k) if k == "o" else self._key(t, k) for t, k in tensors]
         for key in keys:
             self.synced.pop(key, None)
+        self.mapped.close()   # the host's memory goes back only when no mapping holds it (the wide shape's 4 GiB)
         self.host.ask({"op": "drop", "keys": keys})
 
     def calls(self, lib: str, shape: dict, pairs: list[tuple], transfer: bool = True,
@@ -299,20 +320,21 @@ class Remote:
         put = self.put([(t, "i") for t in ins.values()] + [(t, "o") for t in outs.values() if keep_outs]) \
             if transfer else []
         t0 = time.perf_counter()
-        ans = self.host.ask({"op": "call", "shape": shape, "put": put, "calls": calls, "threads": threads,
-                             "get": list(outs) if transfer else [], "check": transfer and check})
-        total = time.perf_counter() - t0
+        req = {"op": "call", "shape": shape, "put": put, "calls": calls, "threads": threads,
+               "get": list(outs) if transfer else [], "check": transfer and check}
+        if transfer:   # the outputs back, and any input a call changed
+            ans = self.host.ask({**req, "ipc": self.ipc})
+            total = time.perf_counter() - t0
+            back = {**outs, **{k: ins[k] for k in ans.get("changed") or [] if k in ins}}
+            self.bring(ans, back)
+        else:
+            ans = self.host.ask(req)
+            total = time.perf_counter() - t0
         late = ans.get("late") or []
         self.late = [int(n) for n in late if isinstance(n, int) and 0 <= n < len(pairs)]
         left = ans.get("threads_left")
         if isinstance(left, list) and left and not self.threads_left:
             self.threads_left = [str(x)[:40] for x in left[:8]]
-        if transfer:
-            for key, t in outs.items():
-                self._back(key, t)
-            for key in ans.get("changed") or []:
-                if key in ins:
-                    self._back(key, ins[key])
         issue, span = ans.get("issue_ms"), ans.get("stream_ms")
         # the host's words, held to the judge's clock: neither can exceed the time the judge saw pass
         span = min(float(span) / 1e3, total) if isinstance(span, (int, float)) and span >= 0 else None

@@ -110,9 +110,8 @@ class HostRuns:
         for o in outs:
             flat, d = r._out(o)
             flats[d["key"]] = flat
-        r.host.ask({"op": "call", "shape": self.shape, "put": [], "calls": [], "get": list(flats)})
-        for key, flat in flats.items():
-            r._back(key, flat)
+        ans = r.host.ask({"op": "call", "shape": self.shape, "put": [], "calls": [], "get": list(flats), "ipc": r.ipc})
+        r.bring(ans, flats)
 
     def time_pairs(self, sets: list[tuple], outs: list, n: int) -> list[float]:
         """The candidate alone on these buffers, timed by the host's clock as a bench rep is (after the
