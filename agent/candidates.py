@@ -20,7 +20,7 @@ from pathlib import Path
 
 from agent.attempt import Attempt
 from agent.best import dump_results
-from agent.evaluate import Evaluator, IterationEnded, snapshot_lib
+from agent.evaluate import BenchFailed, Evaluator, IterationEnded, snapshot_lib
 from agent.executor import Executor, Local, make_executor, pack_folder, unpack_folder
 from agent.proposers.base import HistoryItem
 from agent.runlog import CandidateTried, StageTimes, Usage, now
@@ -52,6 +52,29 @@ def judged(ev: Evaluator, lib: Path, best: Path, context: dict | None) -> dict:
         out = {"outcome": e.outcome.value, "reason": e.reason, "kind": type(e)}
     return {**out, "launch": a.launch, "parity": a.parity, "bench": a.bench, "times": times,
             "dropped": a.output_dropped_bytes}
+
+
+class Board:
+    """The live view's line while the candidates are on the workers: each one's worker and where it stands."""
+
+    def __init__(self, show, cands: list[tuple[int, Attempt]]):
+        self.show = show
+        self.names = [f"{k} ({a.proposal.summary()[:24] if a.proposal else '?'})" for k, a in cands]
+        self.state = ["queued"] * len(cands)
+
+    def _show(self) -> None:
+        self.show("; ".join(f"{n}: {s}" for n, s in zip(self.names, self.state)))
+
+    def started(self, index: int, worker: str) -> None:
+        self.state[index] = f"on {worker}"
+        self._show()
+
+    def finished(self, index: int, worker: str, value: dict | None, lost: str) -> None:
+        b = (value or {}).get("bench")
+        ci = getattr(b, "speedup_vs_baseline", None) if b is not None else None
+        verdict = "lost" if lost else (value or {}).get("outcome") or (f"{ci.median:.3f}x" if ci else "passed")
+        self.state[index] = f"{verdict} on {worker}"
+        self._show()
 
 
 class Candidates:
@@ -118,12 +141,15 @@ class Candidates:
                 results[n] = judged(lp.evaluator, item["lib"], lp.best.lib, item["context"])
         else:
             items = [{k: v for k, v in item.items() if k != "lib"} for _, item in todo]
-            for done in self.ex.run(evaluate_one, items):
+            board = Board(lambda line: lp.stage(i, line), [(n + 1, prepared[n][0]) for n, _ in todo])
+            for done in self.ex.run(evaluate_one, items, started=board.started):
                 n = todo[done.index][0]
                 workers[n] = done.worker
-                results[n] = done.value if done.value is not None else {
-                    "outcome": "bench_failed", "reason": done.lost or f"the worker raised {done.error!r}",
-                    "kind": None, "launch": None, "parity": None, "bench": None, "times": StageTimes(), "dropped": 0}
+                board.finished(done.index, done.worker, done.value, done.lost)
+                results[n] = done.value if done.value is not None else {   # its worker died twice, or raised
+                    "outcome": "lost" if done.lost else "bench_failed", "kind": BenchFailed,
+                    "reason": done.lost or f"the worker raised {done.error!r}",
+                    "launch": None, "parity": None, "bench": None, "times": StageTimes(), "dropped": 0}
         return self._choose(i, d, a, prepared, results, workers, k_all)
 
     def _choose(self, i, d, a, prepared, results, workers, k_all) -> Path:

@@ -27,11 +27,13 @@ import io
 import logging
 import os
 import tarfile
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+POLL_S = 0.2            # how often the scheduler is asked where items run, while none has finished
 ALLOWED_FAILURES = 1     # a task is given to another worker once after its worker died; a second death: lost
 
 log = logging.getLogger(__name__)
@@ -54,8 +56,10 @@ class Executor(Protocol):
     workers: int
     where: str                      # one line for the user: what evaluates
 
-    def run(self, fn: Callable[[Any], Any], items: list[Any]) -> Iterator[Done]:
-        """fn(item) for every item, each exactly once, yielded as each finishes (any order)."""
+    def run(self, fn: Callable[[Any], Any], items: list[Any],
+            started: Callable[[int, str], None] | None = None) -> Iterator[Done]:
+        """fn(item) for every item, each exactly once, yielded as each finishes (any order); `started(index, worker)`
+        when an item is seen on a worker (again on another, if its worker died)."""
         ...
 
     def close(self) -> None:
@@ -75,8 +79,11 @@ class Local:
     workers = 1
     where = "this process"
 
-    def run(self, fn: Callable[[Any], Any], items: list[Any]) -> Iterator[Done]:
+    def run(self, fn: Callable[[Any], Any], items: list[Any],
+            started: Callable[[int, str], None] | None = None) -> Iterator[Done]:
         for i, item in enumerate(items):
+            if started:
+                started(i, "local")
             yield Done(index=i, value=fn(item))
 
     def close(self) -> None:
@@ -110,6 +117,7 @@ class Dask:
         except ImportError as e:
             raise ExecutorError(f"dask.distributed is not installed ({e}); pip install distributed") from None
         self.cluster = None
+        self.labels = {f"w{i}": e.get("AGENT_WORKER", f"w{i}") for i, e in enumerate(envs or [])}   # name -> label
         quiet = {"DASK_LOGGING__DISTRIBUTED": "error"}
         try:
             if address:
@@ -132,23 +140,49 @@ class Dask:
             self.close()
             raise ExecutorError(f"dask could not start: {' '.join(str(e).split())[:300]}") from None
 
-    def run(self, fn: Callable[[Any], Any], items: list[Any]) -> Iterator[Done]:
+    def run(self, fn: Callable[[Any], Any], items: list[Any],
+            started: Callable[[int, str], None] | None = None) -> Iterator[Done]:
         from distributed import as_completed
-        from distributed.scheduler import KilledWorker
         futs = {self.client.submit(on_worker, fn, item, pure=False): i for i, item in enumerate(items)}
+        seen: set[tuple[int, str]] = set()
+        done = as_completed(list(futs))
         try:
-            for fut in as_completed(list(futs)):
-                i = futs[fut]
-                try:
-                    value, worker = fut.result()
-                    yield Done(index=i, value=value, worker=worker)
-                except KilledWorker as e:
-                    yield Done(index=i, lost=f"its worker died {ALLOWED_FAILURES + 1} times ({e})", worker="lost")
-                except Exception as e:  # the function raised on the worker: the caller's to judge, as here
-                    yield Done(index=i, error=e)
+            while not done.is_empty():
+                if started:
+                    for i, worker in self._placed(futs):
+                        if (i, worker) not in seen:
+                            seen.add((i, worker))
+                            started(i, worker)
+                batch = done.next_batch(block=False) if done.has_ready() else []
+                for fut in batch:
+                    yield self._done(fut, futs[fut])
+                if not batch:
+                    time.sleep(POLL_S)
         finally:   # an interrupt: what is queued is cancelled, what runs ends with its worker's cluster
             for fut in futs:
                 fut.cancel()
+
+    def _placed(self, futs: dict) -> list[tuple[int, str]]:
+        """(item, worker label) for each item a worker is running now, as the scheduler says."""
+        try:
+            now, info = self.client.processing(), self.client.scheduler_info().get("workers", {})
+        except Exception as e:  # the scheduler did not answer this time: the progress line waits for the next
+            log.debug("dask processing(): %s", e)
+            return []
+        index = {f.key: i for f, i in futs.items()}
+        name = lambda addr: str(info.get(addr, {}).get("name", addr))   # noqa: E731
+        return [(index[k], self.labels.get(name(a), name(a))) for a, keys in now.items() for k in keys if k in index]
+
+    @staticmethod
+    def _done(fut, i: int) -> Done:
+        from distributed.scheduler import KilledWorker
+        try:
+            value, worker = fut.result()
+            return Done(index=i, value=value, worker=worker)
+        except KilledWorker as e:
+            return Done(index=i, lost=f"its worker died {ALLOWED_FAILURES + 1} times ({e})", worker="lost")
+        except Exception as e:  # the function raised on the worker: the caller's to judge, as here
+            return Done(index=i, error=e)
 
     def close(self) -> None:
         for part in ("client", "cluster"):

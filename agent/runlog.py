@@ -145,7 +145,8 @@ class CandidateTried(BaseModel):
     """One of an iteration's K candidates that was not the one it settled on (agent/candidates.py)."""
     candidate: int                     # 1..K, in the order proposed
     hypothesis: str = ""
-    outcome: str                       # an Outcome value, or not_faster: passed, but another was faster
+    outcome: str                       # an Outcome value (not_faster: passed, another was faster), or lost: the
+                                       # worker evaluating it died, and again on the worker it was given to
     reason: str = ""
     speedup: float | None = None       # over the best, timed side by side with it on its worker
     patch: str = ""

@@ -262,7 +262,10 @@ def evaluate_built(task: Task, built: list[_Built], base_lib: Path, batch: int, 
     if built:
         say(f"evaluating {len(built)} configurations in {len(chunks)} chunk(s) of up to {size} on {ex.where} "
             "(parity, then the bench against the initial; a chunk reports when its batch child is done)")
-    for done in ex.run(fn, chunks):
+    def started(n: int, worker: str) -> None:
+        if not local:
+            say(f"chunk {n + 1}/{len(chunks)} ({len(chunks[n].indices)} configurations) started on {worker}")
+    for done in ex.run(fn, chunks, started=started):
         if done.error is not None:
             raise done.error
         if done.lost:

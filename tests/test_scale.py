@@ -9,6 +9,8 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 
@@ -220,3 +222,72 @@ def test_a_models_second_candidate_is_asked_knowing_the_first(tmp_path):
     [other] = rec.candidates
     assert other.hypothesis == second["hypothesis"] and other.outcome == "not_faster" and other.speedup
     assert rec.usage.calls == 2
+
+
+def test_the_dask_executor_says_which_worker_runs_each_item():
+    """The live view's source: `started(index, worker)` for every item, with the worker that then reports it."""
+    ex = Dask(envs=worker_envs(2, False))
+    seen: dict[int, set] = {}
+    try:
+        done = list(ex.run(time.sleep, [1.0, 1.0, 1.0], started=lambda i, w: seen.setdefault(i, set()).add(w)))
+    finally:
+        ex.close()
+    assert sorted(d.index for d in done) == [0, 1, 2] and not any(d.error or d.lost for d in done)
+    labels = {"w0 cpu0-0", "w1 cpu1-1"}
+    assert set(seen) == {0, 1, 2} and all(ws <= labels for ws in seen.values()), seen
+    assert all(d.worker in seen[d.index] for d in done), (done, seen)
+
+
+def _optimize_killing(tmp_path, kills: int):
+    """`agent optimize --candidates 2 --workers 2` (the CLI, its own process) while this test SIGKILLs a dask worker
+    that is evaluating a candidate (its fork server has forked the candidate's judge), `kills` times."""
+    from tests.userrepo import REPO, git
+    d = planted_task(tmp_path)
+    root = d.parents[1]
+    git(root, "add", "kernels")
+    git(root, "commit", "-qm", "plant")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+    proc = subprocess.Popen([sys.executable, "-m", "agent", "optimize", "kernels/matmul_cpu", "--proposer", "heuristic",
+                             "--candidates", "2", "--workers", "2", "--iters", "1", "--target", "100x", "--quiet",
+                             "--run-id", "k"], cwd=root, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    killed: list[int] = []
+    try:
+        deadline = time.monotonic() + 400
+        while proc.poll() is None and len(killed) < kills and time.monotonic() < deadline:
+            for w in psutil.Process(proc.pid).children():
+                try:   # a dask worker (spawned by its Nanny) whose fork server has forked a candidate's judge
+                    if "spawn_main" in " ".join(w.cmdline()) and w.pid not in killed \
+                            and any(len(f.children()) for f in w.children()):
+                        os.kill(w.pid, signal.SIGKILL)
+                        killed.append(w.pid)
+                        break
+                except psutil.Error:
+                    continue
+            time.sleep(0.05)
+        _, err = proc.communicate(timeout=400)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    return proc.returncode, err, killed, root
+
+
+def test_optimize_survives_a_worker_killed_mid_candidate(tmp_path):
+    from agent.runlog import read_iterations
+    rc, err, killed, root = _optimize_killing(tmp_path, kills=1)
+    assert rc == 0, err[-3000:]
+    assert len(killed) == 1
+    [rec] = read_iterations(root / "runs" / "k")
+    # the killed worker's candidate went to a worker again: both have a verdict, neither is lost
+    assert rec.worker.startswith("w") and rec.decision.value == "kept", rec.reason
+    assert [c.outcome for c in rec.candidates] != ["lost"], rec.candidates
+
+
+def test_optimize_records_a_candidate_whose_workers_die_twice_as_lost_and_ends(tmp_path):
+    from agent.runlog import read_iterations
+    rc, err, killed, root = _optimize_killing(tmp_path, kills=8)
+    assert rc == 0, err[-3000:]
+    assert len(killed) >= 2
+    [rec] = read_iterations(root / "runs" / "k")
+    lost = [c for c in rec.candidates if c.outcome == "lost"]
+    assert lost or "lost" in rec.reason, (rec.outcome, rec.reason, rec.candidates)
+    assert all("worker died" in c.reason for c in lost)

@@ -6,7 +6,8 @@ GPU box:
 Builds the task's kernel with its tensor-core knobs where it has them (a fast candidate: more calls per probe) and
 the committed kernel as its baseline, then runs the judge's bench (`python -m tools.judge.judge bench`, the same
 child the loop runs) under cProfile. Prints the bench's per-probe seconds and the judge's 25 costliest functions
-(cumulative); writes $OUT/probe_costs.prof and $OUT/probe_costs.txt. `wide`: the judge's parity on the [dims]
+(cumulative); writes $OUT/probe_costs.prof and $OUT/probe_costs.txt. `quick`: the judge's parity as a candidate's first check runs it (`--extent
+quick`), the 25 functions that spend its time. `wide`: the judge's parity on the [dims]
 extremes instead (`parity --extent range`, what a candidate about to be kept pays), the 2^31-element shape's
 check (tools/judge/wide.py) among them.
 """
@@ -53,7 +54,8 @@ def main() -> int:
     prof = out / "probe_costs.prof"
     argv = ["bench", "--task", str(libs["candidate"][0]), "--lib", str(libs["candidate"][1]), "--baseline-lib",
             str(libs["baseline"][1]), "--no-reference"] if mode == "bench" else \
-        ["parity", "--task", str(libs["candidate"][0]), "--lib", str(libs["candidate"][1]), "--extent", "range"]
+        ["parity", "--task", str(libs["candidate"][0]), "--lib", str(libs["candidate"][1]), "--extent",
+         "quick" if mode == "quick" else "range"]
     code = (f"import cProfile\nfrom tools.judge.judge import main\n"
             f"cProfile.run({f'main({argv!r})'!r}, {str(prof)!r})\n")
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=400,
@@ -72,6 +74,11 @@ def main() -> int:
     buf = io.StringIO()
     pstats.Stats(str(prof), stream=buf).sort_stats("cumulative").print_stats(40)
     (out / "probe_costs.txt").write_text(buf.getvalue())
+    if mode == "quick":   # where a rejected candidate's parity goes: the functions that take the time themselves
+        buf = io.StringIO()
+        pstats.Stats(str(prof), stream=buf).sort_stats("tottime").print_stats(25)
+        print("\n".join(ln[:150] for ln in buf.getvalue().splitlines()[-32:]))
+        return 0
     print(buf.getvalue()[-9000:])
     return 0
 
