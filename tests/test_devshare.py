@@ -1,4 +1,4 @@
-"""Buffers back from the kernel's host through CUDA IPC (tools/judge/devshare.py): the same bytes as the files
+"""Buffers to and from the kernel's host through CUDA IPC (tools/judge/devshare.py): the same bytes as the files
 channel, and a host's answer that names memory the judge may not take is refused, not copied. On the CPU the
 files channel and the refusals; the IPC copy itself on the GPU."""
 
@@ -61,7 +61,7 @@ def test_a_cpu_task_brings_its_outputs_back_through_files_and_refuses_a_forged_s
         assert remote.ipc is devshare.enabled()      # asked for; a CPU host has no device memory to share
         remote.run("candidate", shape, out, *inputs)
         assert torch.allclose(out, mod.reference(shape, *inputs), rtol=1e-4, atol=1e-4)
-        assert remote.moved == {"ipc": 0, "file": out.numel() * out.element_size()}
+        assert remote.moved == {"ipc": 0, "file": out.numel() * out.element_size(), "ipc_out": 0}
         # a host that answers a handle for a buffer the judge holds in host memory: refused before any copy
         key = next(iter(remote.synced))
         forged = {"shared": {key: {"handle": "00" * 64, "offset": 0, "nbytes": out.numel() * out.element_size()}}}
@@ -73,7 +73,7 @@ def test_a_cpu_task_brings_its_outputs_back_through_files_and_refuses_a_forged_s
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not _cuda(), reason="needs a CUDA GPU")
-def test_on_the_gpu_the_outputs_come_back_through_ipc_with_the_bytes_the_files_give(tmp_path, monkeypatch):
+def test_on_the_gpu_inputs_and_outputs_travel_through_ipc_with_the_bytes_the_files_give(tmp_path, monkeypatch):
     import torch
 
     from tools.build.build import build
@@ -98,8 +98,10 @@ def test_on_the_gpu_the_outputs_come_back_through_ipc_with_the_bytes_the_files_g
             remote = Remote(host)
             out = mod.empty_output(shape, *inputs)
             remote.run("candidate", shape, out, *inputs)
-            nbytes = out.numel() * out.element_size()
-            assert remote.moved == ({"ipc": nbytes, "file": 0} if ipc == "1" else {"ipc": 0, "file": nbytes})
+            nbytes, sent = out.numel() * out.element_size(), sum(t.numel() * t.element_size() for t in inputs)
+            assert remote.moved == ({"ipc": nbytes, "file": 0, "ipc_out": sent} if ipc == "1" else
+                                    {"ipc": 0, "file": nbytes, "ipc_out": 0})
+            assert not list(host.io.glob("*.bin")) if ipc == "1" else list(host.io.glob("i*.bin"))
             got[ipc] = out.clone()
             if ipc == "1":
                 # the host's answer names a range past its allocation's end: refused, nothing copied

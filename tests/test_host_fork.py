@@ -1,4 +1,4 @@
-"""The host forked from the judge (tools/judge/hostclient.py _fork_host): it starts without importing torch
+"""The host forked from the judge (tools/judge/hostfork.py fork_host): it starts without importing torch
 again, and keeps none of the judge's descriptors, its private answer channel above all."""
 
 from __future__ import annotations

@@ -1,10 +1,11 @@
 """Buffers between the judge and its kernel host through CUDA IPC instead of files (issue 44's cost per candidate).
 
-A GPU buffer the judge wants back from the host (an output after the calls, an input a call changed) travelled as
-a file: device to host memory, written, read, host memory to device. For softmax's main shape that is 64 MiB each
+A GPU buffer the judge wants back from the host (an output after the calls, an input a call changed), or sends it (an
+input), travelled as a file: device to host memory, written, read, host memory to device. For softmax's main shape that is 64 MiB each
 way per parity check; for the wide shape (tools/judge/wide.py) 4 GiB, 5.4-6.8 s of its 6-8 s. Here the host answers
-with the CUDA IPC handle of the buffer's allocation and its offset in it (`export`), and the judge maps that
-allocation (`Mapped`) and copies the bytes device to device into its own tensor.
+with the CUDA IPC handle of the buffer's allocation and its offset in it (`export`: after the calls for what comes
+back; for an input, the host makes the buffer first and answers its handle), and the judge maps that allocation
+(`Mapped`) and copies the bytes device to device, into its own tensor or into the host's buffer.
 
 Which way the trust goes: only the host exports, and only its own memory; the judge maps the host's allocations,
 never the other way, so the candidate's process can reach no byte of the judge's memory (the references, the
@@ -94,21 +95,19 @@ class Mapped:
     def __init__(self) -> None:
         self.open: dict[str, tuple[int, int]] = {}     # handle -> (address here, size)
 
-    def copy_into(self, t, shared: dict) -> None:
-        """t (a contiguous CUDA tensor of the judge) gets the host's bytes `shared` names; ValueError where the
-        answer is malformed or names bytes outside the allocation."""
+    def _view(self, t, shared: dict):
+        """The host's bytes `shared` names, as a uint8 tensor here over the mapped allocation; ValueError where the
+        answer is malformed, does not match t's size, or names bytes outside the allocation."""
         import torch
         cu = _driver()
         handle, offset, nbytes = shared.get("handle"), shared.get("offset"), shared.get("nbytes")
-        want = t.numel() * t.element_size()
         if not t.is_cuda:
             raise ValueError("it shared device memory for a buffer the judge holds in host memory")
-        if cu is None or not isinstance(handle, str) or len(handle) != 128 or nbytes != want:
+        if cu is None or not isinstance(handle, str) or len(handle) != 128 or nbytes != t.numel() * t.element_size():
             raise ValueError(f"a shared buffer the judge cannot take: {str(shared)[:160]}")
         if handle not in self.open:
-            h = handle_of(handle)
             ptr = ctypes.c_uint64()
-            rc = cu.cuIpcOpenMemHandle_v2(ctypes.byref(ptr), h, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS)
+            rc = cu.cuIpcOpenMemHandle_v2(ctypes.byref(ptr), handle_of(handle), CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS)
             where = _range(cu, ptr.value) if rc == 0 else None
             if where is None:
                 raise ValueError(f"the driver could not map the host's buffer (CUresult {rc})")
@@ -116,8 +115,17 @@ class Mapped:
         base, size = self.open[handle]
         if not within(offset, nbytes, size):
             raise ValueError(f"a shared range outside its allocation: offset {offset}, {nbytes} bytes of {size}")
-        src = torch.as_tensor(_Device(base + offset, nbytes), device=t.device)
-        t.view(-1).view(torch.uint8).copy_(src)
+        return torch.as_tensor(_Device(base + offset, nbytes), device=t.device)
+
+    def copy_into(self, t, shared: dict) -> None:
+        """t (a contiguous CUDA tensor of the judge) gets the host's bytes (an output, an input a call changed)."""
+        import torch
+        t.view(-1).view(torch.uint8).copy_(self._view(t, shared))
+
+    def copy_from(self, t, shared: dict) -> None:
+        """The host's buffer gets t's bytes (an input, before the calls)."""
+        import torch
+        self._view(t, shared).copy_(t.detach().reshape(-1).view(torch.uint8))
 
     def close(self) -> None:
         """Unmap all (after the copies are done: the caller synchronized); the host's memory is its own again."""

@@ -13,6 +13,8 @@ Requests (each answered {"ok": true, ...} or {"ok": false, "error": "..."}):
     init  {task, io}                           load the task module and torch; a CUDA task's context
     load  {id, path}                           ctypes-load a library under a name
     plan  {lib}                                the library's own launch plan for the main shape
+    share {bufs}                               make these buffers (key, dtype, numel) and answer their CUDA IPC
+                                               handles: the judge writes their bytes (tools/judge/devshare.py)
     call  {shape, put, calls, get, check,      fill the `put` buffers from their files, poison the
            threads}                            outputs marked so, make the calls back to back (or in two
                                                threads at once: threads 2; a call may name its shape), write
@@ -148,6 +150,25 @@ class Host:
         if have is None or have.numel() != numel or have.dtype != dtype:
             have = self.bufs[d["key"]] = torch.empty(numel, dtype=dtype, device=self.device())
         load_into(have, f)
+
+    def share(self, r: dict) -> dict:
+        """Buffers the judge will fill itself through CUDA IPC (tools/judge/devshare.py): each made here (or kept, at
+        its size and dtype) and its handle answered; those the driver cannot share are left for files."""
+        import torch
+
+        from tools.judge import devshare
+        shared = {}
+        for d in r["bufs"]:
+            if not d["key"].replace("-", "").isalnum():
+                raise ValueError(f"bad buffer key {d['key']!r}")
+            dtype, numel = getattr(torch, d["dtype"]), int(d["numel"])
+            have = self.bufs.get(d["key"])
+            if have is None or have.numel() != numel or have.dtype != dtype:
+                have = self.bufs[d["key"]] = torch.empty(numel, dtype=dtype, device=self.device())
+            if (s := devshare.export(have)) is not None:
+                shared[d["key"]] = s
+        self.sync()
+        return {"ok": True, "shared": shared}
 
     def _in(self, d: dict):
         return self.bufs[d["key"]].view(d["shape"])
@@ -300,7 +321,7 @@ class Host:
             return {"ok": True, "ms": self.timed["clock"].run(fn, int(r["n"]), offset=int(r["offset"]), before=before)}
 
 
-OPS = ("init", "load", "plan", "call", "arms", "refill", "poison", "cost", "time", "drop")
+OPS = ("init", "load", "plan", "share", "call", "arms", "refill", "poison", "cost", "time", "drop")
 
 
 def main() -> int:

@@ -11,14 +11,14 @@ import shutil
 import signal
 import subprocess
 import sys
-import threading
 import time
 import weakref
 from pathlib import Path
 
-from tools.isolation.forkserver import become_child, die_with_parent, exit_with
+from tools.isolation.forkserver import die_with_parent
 from tools.judge import devshare
 from tools.judge.host import digest, load_into, save
+from tools.judge.hostfork import fork_host
 from tools.isolation.scratch import Scratch
 
 MAX_ANSWER = 16 << 20
@@ -32,63 +32,6 @@ class HostFailed(Exception):
         self.status = status      # a ParityStatus value: crashed | error
 
 
-def _fork_host(cwd: Path, env: dict[str, str]) -> _Forked | None:
-    """The host forked from this process where torch is imported here and no CUDA context exists yet
-    (as torch's DataLoader forks its workers), so that it does not start Python and import torch again
-    (1.3-1.6 s of CPU a check on a 2-core machine); None where that does not hold, and the host is
-    started afresh. The child keeps nothing of this process's files: its stdin and stdout are the
-    request pipes, its stderr this process's, and every other descriptor (this judge's private answer
-    channel among them) is closed before the fence goes up and any candidate code loads."""
-    torch = sys.modules.get("torch")
-    if not sys.platform.startswith("linux") or torch is None or torch.cuda.is_initialized() \
-            or threading.active_count() != 1:
-        return None
-    req_r, req_w = os.pipe()
-    ans_r, ans_w = os.pipe()
-    parent = os.getpid()
-    import gc
-    gc.freeze()      # the judge's objects so far stay out of the host's collections (no copy on write)
-    pid = os.fork()
-    if pid == 0:   # the host; never returns into the judge's code
-        def body() -> int:
-            become_child(parent, [req_r, ans_w, 2], str(cwd), env, replace_env=False)
-            from tools.isolation.confine import fence_scratch
-            from tools.judge.host import main
-            fence_scratch()
-            return main()
-        exit_with(body)
-    os.close(req_r)
-    os.close(ans_w)
-    return _Forked(pid, os.fdopen(req_w, "wb"), os.fdopen(ans_r, "rb"))
-
-
-class _Forked:
-    """What HostClient uses of subprocess.Popen (stdin, stdout, poll, wait, kill), over a forked child."""
-
-    def __init__(self, pid: int, stdin, stdout):
-        self.pid, self.stdin, self.stdout = pid, stdin, stdout
-        self.returncode: int | None = None
-
-    def poll(self) -> int | None:
-        if self.returncode is None:
-            pid, status = os.waitpid(self.pid, os.WNOHANG)
-            if pid:
-                self.returncode = os.waitstatus_to_exitcode(status)
-        return self.returncode
-
-    def wait(self, timeout: float | None = None) -> int:
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while self.poll() is None:
-            if deadline is not None and time.monotonic() > deadline:
-                raise subprocess.TimeoutExpired(["tools.judge.host (forked)"], timeout)
-            time.sleep(0.005)
-        return self.returncode
-
-    def kill(self) -> None:
-        if self.poll() is None:
-            os.kill(self.pid, signal.SIGKILL)
-
-
 class HostClient:
     """One host process, started now in a scratch directory under `root` (the judge's own)."""
 
@@ -100,7 +43,7 @@ class HostClient:
         self.io = self.scratch.dir / "io"
         self.io.mkdir()
         env = {**self.scratch.env(), "PYTHONUNBUFFERED": "1", **(env or {})}
-        self.proc = (None if wrap else _fork_host(self.scratch.dir, env)) or subprocess.Popen(
+        self.proc = (None if wrap else fork_host(self.scratch.dir, env)) or subprocess.Popen(
             [*(wrap or []), sys.executable, "-m", "tools.judge.host"], cwd=self.scratch.dir, env={**os.environ, **env},
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, preexec_fn=die_with_parent)
         self._send({"op": "init", "task": str(task_root), "io": str(self.io)})
@@ -218,7 +161,7 @@ class Remote:
         # buffers back through CUDA IPC where the host can share them (not under compute-sanitizer's wrapper)
         self.ipc = devshare.enabled() and not host.wrapped
         self.mapped = devshare.Mapped()
-        self.moved = {"ipc": 0, "file": 0}  # bytes brought back from the host, by channel
+        self.moved = {"ipc": 0, "file": 0, "ipc_out": 0}  # bytes back from the host by channel; sent by IPC
         self.late: list[int] = []           # the latest two-thread call's calls whose work outlived their stream
 
     def _key(self, t, kind: str) -> str:
@@ -236,15 +179,34 @@ class Remote:
                       "dtype": str(flat.dtype).removeprefix("torch.")}
 
     def put(self, tensors) -> list[dict]:
-        """Write the tensors the host does not hold as they are here; their descriptions for `put`."""
-        descs = {}
+        """Send the tensors the host does not hold as they are here: GPU tensors into buffers the host makes and
+        shares (CUDA IPC), the others as files; the files' descriptions for `put`."""
+        todo = {}
         for t, kind in tensors:
             key = self._key(t, kind)
-            if key not in descs and not self._held(key, t):
+            if key not in todo and not self._held(key, t):
+                todo[key] = t
+        gpu = [{"key": k, "dtype": str(t.dtype).removeprefix("torch."), "numel": t.numel()}
+               for k, t in todo.items() if self.ipc and getattr(t, "is_cuda", False)]
+        shared = self.host.ask({"op": "share", "bufs": gpu}).get("shared") if gpu else {}
+        descs = []
+        for key, t in todo.items():
+            if isinstance(shared, dict) and key in shared:
+                self._mapped(self.mapped.copy_from, t, shared[key])
+            else:
                 save(t, self._file(key))
-                descs[key] = {"key": key, "dtype": str(t.dtype).removeprefix("torch.")}
-                self.synced[key] = (weakref.ref(t), t._version)
-        return list(descs.values())
+                descs.append({"key": key, "dtype": str(t.dtype).removeprefix("torch.")})
+            self.synced[key] = (weakref.ref(t), t._version)
+        if len(descs) < len(todo):
+            __import__("torch").cuda.synchronize()   # the bytes are in the host's buffers before it is asked to run
+        return descs
+
+    def _mapped(self, copy, t, share) -> None:
+        try:
+            copy(t, share)
+        except ValueError as e:
+            raise HostFailed("error", f"the kernel's host: {e}") from None
+        self.moved["ipc" if copy == self.mapped.copy_into else "ipc_out"] += t.numel() * t.element_size()
 
     def _held(self, key: str, t) -> bool:
         ref, version = self.synced.get(key, (None, None))
@@ -257,11 +219,7 @@ class Remote:
         shared = ans.get("shared") if isinstance(ans.get("shared"), dict) else {}
         for key, t in tensors.items():
             if key in shared:
-                try:
-                    self.mapped.copy_into(t, shared[key])
-                except ValueError as e:
-                    raise HostFailed("error", f"the kernel's host: {e}") from None
-                self.moved["ipc"] += t.numel() * t.element_size()
+                self._mapped(self.mapped.copy_into, t, shared[key])
             else:
                 load_into(t, self._file(key))
                 self.moved["file"] += t.numel() * t.element_size()
