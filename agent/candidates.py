@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import shutil
 import tempfile
+import time
 from pathlib import Path
 
 from agent.attempt import Attempt
@@ -54,6 +55,31 @@ def judged(ev: Evaluator, lib: Path, best: Path, context: dict | None) -> dict:
             "dropped": a.output_dropped_bytes}
 
 
+RANK = ("you are proposal {k} of {K} asked at the same time, each from the same facts: propose the change you rank "
+        "number {k} in promise (1 = the most promising), so that the {K} differ")
+
+
+class Prefetched:
+    """A candidate's proposer when the K requests went out at once: its answer first (or its error), then the proposer
+    itself (a patch repair continues the candidate's own conversation)."""
+
+    def __init__(self, proposer, first: tuple):
+        self.p, self.first = proposer, first
+        self.name, self.can_repair = proposer.name, proposer.can_repair
+
+    def propose(self, ctx):
+        if self.first is None:
+            return self.p.propose(ctx)
+        got, err, _ = self.first
+        self.first = None
+        if err is not None:
+            raise err
+        return got
+
+    def skip_to(self, n: int) -> None:
+        self.p.skip_to(n)
+
+
 class Board:
     """The live view's line while the candidates are on the workers: each one's worker and where it stands."""
 
@@ -86,9 +112,35 @@ class Candidates:
         """With the executor the run asked for (--workers N, --scheduler ADDRESS; else here)."""
         return cls(loop, make_executor(loop.cfg.workers, loop.cfg.scheduler, loop.task.backend.gpu))
 
-    def prepare(self, i: int, d: Path, k: int, earlier: list[Attempt]) -> tuple[Attempt, dict | None, IterationEnded | None]:
-        """Propose (told the earlier ones), apply, commit, build candidate k; its commit kept under a ref and the branch
-        back at the best. Returns its attempt, what a worker needs to evaluate it (None: it failed here) and why."""
+    def ask_at_once(self, i: int, d: Path) -> dict[int, tuple]:
+        """--at-once: the K requests together (a thread each), each told it is one of K and asked for its rank.
+        {k: (the proposer's answer or None, its error or None, seconds)}."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        from agent.proposers.base import ProposerError
+        from agent.propose import context
+        lp, n = self.loop, self.loop.cfg.candidates
+
+        def ask(k: int) -> tuple:
+            dk = d / f"candidate-{k}"
+            dk.mkdir(parents=True, exist_ok=True)
+            c = context(lp.task, i, dk, lp.records, lp.state, lp.best.profile, None, None, lp.run_end)
+            c.history.append(HistoryItem(iteration=i, hypothesis=f"{n - 1} other proposal(s) asked with yours",
+                                         outcome="pending", reason=RANK.format(k=k, K=n)))
+            t0 = time.monotonic()
+            try:
+                return k, (lp.proposer.propose(c), None, time.monotonic() - t0)
+            except ProposerError as e:
+                return k, (None, e, time.monotonic() - t0)
+        lp.stage(i, f"propose {n} at once")
+        with ThreadPoolExecutor(n) as pool:
+            return dict(pool.map(ask, range(1, n + 1)))
+
+    def prepare(self, i: int, d: Path, k: int, earlier: list[Attempt],
+                first: tuple | None = None) -> tuple[Attempt, dict | None, IterationEnded | None]:
+        """Propose (told the earlier ones; with `first`, the answer asked at once with the others), apply, commit,
+        build candidate k; its commit kept under a ref and the branch back at the best. Returns its attempt, what a
+        worker needs to evaluate it (None: it failed here) and why."""
         from agent.propose import context, propose_and_apply
         lp = self.loop
         ak = Attempt(iteration=i, run_id=lp.cfg.run_id, started=now(), parent_sha=lp.state.best_sha or "")
@@ -103,9 +155,11 @@ class Candidates:
                                              "change") for e in earlier if e.proposal]
             return c
         try:
+            proposer = Prefetched(lp.proposer, first) if first else lp.proposer
             proposal, ak.patch_message = propose_and_apply(
-                lp.proposer, ctx, lp.task_dir(), lp.task.spec.editable, lambda: lp.git.reset_to(lp.state.best_sha),
+                proposer, ctx, lp.task_dir(), lp.task.spec.editable, lambda: lp.git.reset_to(lp.state.best_sha),
                 lambda: lp.stage(i, f"propose {k}/{lp.cfg.candidates}"), (None, None), ak, dk)
+            ak.times.propose += first[2] if first else 0.0
             lp.commit(dk, ak)
             lp.stage(i, f"build {k}/{lp.cfg.candidates}", proposal.summary())
             ak.build = lp.evaluator.build(ak.times)
@@ -130,8 +184,9 @@ class Candidates:
         returned for the loop to confirm and keep. Raises the first failure's kind where none passed."""
         lp, k_all = self.loop, self.loop.cfg.candidates
         prepared: list[tuple[Attempt, dict | None, IterationEnded | None]] = []
+        firsts = self.ask_at_once(i, d) if lp.cfg.at_once and getattr(lp.proposer, "at_once", False) else {}
         for k in range(1, k_all + 1):
-            prepared.append(self.prepare(i, d, k, [p[0] for p in prepared]))
+            prepared.append(self.prepare(i, d, k, [p[0] for p in prepared], firsts.get(k)))
         todo = [(n, item) for n, (_, item, _) in enumerate(prepared) if item is not None]
         lp.stage(i, f"check+bench {len(todo)} on {self.ex.where}")
         results: dict[int, dict] = {}

@@ -93,6 +93,7 @@ class RunConfig(BaseModel):
     budget_seconds: float | None = None
     repairs: int = 2                   # a failed candidate goes back to the model this often in its iteration
     candidates: int = 1                # proposals evaluated per iteration (agent/candidates.py)
+    at_once: bool = False              # --at-once: the K model requests sent together, each asked for its rank
     workers: int | None = None         # --workers N: a local dask cluster (agent/executor.py)
     scheduler: str | None = None       # --scheduler ADDRESS: a running one
     profile_tier: int = 1

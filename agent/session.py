@@ -167,7 +167,7 @@ def start_run(task_dir: Path, *, target: float, iters: int, proposer_kind: str, 
               runs_dir: Path | None = None, budget_seconds: float | None = None, budget_tokens: int | None = None,
               budget_usd: float | None = None, profile_tier: int = 1, extra: dict | None = None,
               past_target: bool = False, repairs: int = 2, candidates: int = 1, workers: int | None = None,
-              scheduler: str | None = None) -> Loop:
+              scheduler: str | None = None, at_once: bool = False) -> Loop:
     extra = extra or {}
     task = load_task(task_dir)        # validate before touching anything
     repo = gitops.open_repo(task.root)
@@ -200,7 +200,7 @@ def start_run(task_dir: Path, *, target: float, iters: int, proposer_kind: str, 
                     past_target=past_target, iters=iters, baseline=baseline or task.spec.baseline,
                     min_gain=task.spec.bench.min_gain if min_gain is None else min_gain,
                     budget_tokens=budget_tokens, budget_usd=budget_usd, budget_seconds=budget_seconds, repairs=repairs,
-                    candidates=candidates, workers=workers, scheduler=scheduler,
+                    candidates=candidates, workers=workers, scheduler=scheduler, at_once=at_once,
                     profile_tier=profile_tier, started=now(), env=fingerprint(repo),
                     extra={k: v for k, v in extra.items() if k != "llm_overrides"})
     write_json_atomic(run_dir / "run.json", cfg)

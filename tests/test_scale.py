@@ -224,6 +224,45 @@ def test_a_models_second_candidate_is_asked_knowing_the_first(tmp_path):
     assert rec.usage.calls == 2
 
 
+def test_with_at_once_the_models_k_requests_go_out_together(tmp_path):
+    """--at-once: the two requests reach the scripted server before either is answered (each answer waits 2 s), each
+    told it is one of two and asked for its rank; both proposals are built and evaluated, the faster kept."""
+    from agent.runlog import Decision, read_iterations
+    from tests.fake_openai import FakeOpenAI
+    from tests.userrepo import configure_llm, make_user_repo
+
+    def proposal(hyp, search, replace):
+        return {"hypothesis": hyp, "evidence": [{"metric": "knob", "value": search}],
+                "predicted": {"metric": "time", "direction": "down", "speedup": 2.0},
+                "edits": [{"file": "matmul.cpp", "search": search, "replace": replace}]}
+
+    root = make_user_repo(tmp_path / "user")
+    loop = proposal("Loop order i-k-j: B and C stream along rows", "#define LOOP_ORDER 0", "#define LOOP_ORDER 1")
+    tile = proposal("Taller row blocks: BLOCK_M 32", "#define BLOCK_M 16", "#define BLOCK_M 32")
+    with FakeOpenAI() as srv:
+        configure_llm(root, srv.base_url, timeout_s=10.0, max_attempts=1)
+        srv.push_proposal(loop, delay_s=2.0)
+        srv.push_proposal(tile, delay_s=2.0)
+        res = agent(root, "optimize", "kernels/matmul_cpu", "--proposer", "llm", "--candidates", "2", "--at-once",
+                    "--iters", "1", "--target", "100x", "--quiet", "--run-id", "k2", timeout=600)
+        assert res.returncode == 0, res.stderr[-3000:]
+        reqs = srv.chat_requests
+    assert len(reqs) == 2 and abs(reqs[1].at - reqs[0].at) < 1.5, [r.at for r in reqs]   # not one after the other
+    told = [r.body["messages"][-1]["content"] for r in reqs]
+    assert all("asked at the same time" in t for t in told)
+    assert {"number 1 in promise" in t for t in told} == {True, False}
+    assert not any(loop["hypothesis"] in t or tile["hypothesis"] in t for t in told)   # neither saw the other
+    [rec] = read_iterations(root / "runs" / "k2")
+    assert rec.decision == Decision.kept and rec.proposal.hypothesis == loop["hypothesis"], rec.reason
+    [other] = rec.candidates
+    assert other.hypothesis == tile["hypothesis"] and other.outcome == "not_faster"
+    assert rec.usage.calls == 2
+    bad = agent(root, "optimize", "kernels/matmul_cpu", "--at-once")
+    assert bad.returncode == 2 and "--candidates K" in bad.stderr
+    bad = agent(root, "optimize", "kernels/matmul_cpu", "--proposer", "heuristic", "--candidates", "2", "--at-once")
+    assert bad.returncode == 2 and "asks no model" in bad.stderr
+
+
 def test_the_dask_executor_says_which_worker_runs_each_item():
     """The live view's source: `started(index, worker)` for every item, with the worker that then reports it."""
     ex = Dask(envs=worker_envs(2, False))

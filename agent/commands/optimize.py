@@ -42,6 +42,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--candidates", type=int, default=1, metavar="K",
                    help="proposals per iteration, evaluated side by side; the fastest that passes is confirmed and "
                         "kept (default 1; with K > 1 no repairs)")
+    p.add_argument("--at-once", action="store_true",
+                   help="with --candidates K and a model: send the K requests at once, each asked for its rank among "
+                        "K (1 = the most promising) instead of being told the proposals before it")
     spread = p.add_mutually_exclusive_group()
     spread.add_argument("--workers", type=int, metavar="N",
                         help="evaluate an iteration's candidates on N local dask workers, one per GPU (docs/SCALE.md)")
@@ -102,11 +105,15 @@ def cmd_optimize(args) -> int:
             raise UsageError("--candidates and --workers: give 1 or more")
         if (args.workers or args.scheduler) and args.candidates < 2:
             raise UsageError("--workers and --scheduler spread an iteration's candidates: give --candidates K (2 or more)")
+        if args.at_once and args.candidates < 2:
+            raise UsageError("--at-once sends an iteration's K model requests together: give --candidates K (2 or more)")
         target = parse_target(args.target)
         task_dir, why = choose_task(args.task, Path.cwd())
         overrides = _llm_overrides(args)
         root = repo_root_of(task_dir)
         kind = args.proposer or default_proposer(root, overrides)
+        if args.at_once and kind != "llm":
+            raise UsageError(f"--at-once sends a model's requests together; the {kind} proposer asks no model")
         console.print(f"{why}; proposer {kind}" + ("" if args.proposer else " (default)"), highlight=False,
                       markup=False)
         note = slow_rebuild_note(load_task(task_dir))
@@ -120,7 +127,7 @@ def cmd_optimize(args) -> int:
                          budget_seconds=args.budget_seconds, budget_tokens=args.budget_tokens,
                          budget_usd=args.budget_usd, profile_tier=args.tier, extra=extra,
                          past_target=args.past_target, repairs=args.repairs, candidates=args.candidates,
-                         workers=args.workers, scheduler=args.scheduler)
+                         workers=args.workers, scheduler=args.scheduler, at_once=args.at_once)
         return _run_and_summarize(loop)
     except (UsageError, gitops.GitError, LogError, SettingsError) as e:
         console.print(f"[red]error[/red]: {escape(str(e))}", highlight=False)

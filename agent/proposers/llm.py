@@ -65,6 +65,7 @@ class _Conversation:
 class LLMProposer:
     name = "llm"
     can_repair = True
+    at_once = True     # may be asked several times at once (threads): each request is built from its ctx alone
     _stop_next: str | None = None
 
     def __init__(self, settings: LLMSettings, task: Task, *, spent: Usage | None = None,
@@ -79,7 +80,9 @@ class LLMProposer:
         # system message by the client (agent/llm/client.py with_schema)
         self.system = render("system", agent_rules=agent_rules(), role="GPU" if task.backend.gpu else "CPU")
         self.machine = machine_facts(task)   # once a run: the machine, the toolchain, the tolerance, the harness
-        self._last: _Conversation | None = None
+        # the last exchange of each candidate (its iteration folder): a repair continues its own conversation, also
+        # when an iteration's K requests were made at once (agent/candidates.py)
+        self._last: dict[str | None, _Conversation] = {}
 
     @property
     def spent(self) -> Usage:
@@ -119,7 +122,7 @@ class LLMProposer:
             if self.budget.over():
                 self._stop_next = self.budget.over()
             proposal.proposer = f"llm:{self.settings.model}"
-            self._last = _Conversation(ctx.iteration, messages, dict(ctx.sources))
+            self._last[ctx.iter_dir] = _Conversation(ctx.iteration, messages, dict(ctx.sources))
             return proposal, usage
         except LLMError as e:
             raise (LLMUnusable if e.fatal else ProposalFailed)(f"LLM: {e}", usage) from None
@@ -133,7 +136,7 @@ class LLMProposer:
     def _opening(self, ctx: Context) -> list[dict[str, str]]:
         if ctx.feedback:
             template = REPAIR_TEMPLATES.get(ctx.feedback_kind or "", "repair_patch")
-            last = self._last
+            last = self._last.get(ctx.iter_dir)
             if last is not None and last.iteration == ctx.iteration:
                 note = ("" if ctx.sources == last.sources else
                         "The files now read:\n\n" + format_sources(ctx.sources))
