@@ -36,6 +36,7 @@ class Best:
         self.launch: LaunchResult | None = None
         self.profile: ProfileReport | None = None
         evaluator.budgets = state.stage_budgets      # a resumed run keeps the budgets its setup measured
+        evaluator.keep_gain = cfg.min_gain           # below it a candidate's bench skips the probes only a keep needs
 
     def save(self) -> None:
         write_json_atomic(self.run_dir / "state.json", self.state)

@@ -39,7 +39,7 @@ def evaluate_one(item: dict) -> dict:
             (Path(tmp) / part / item["name"]).write_bytes(item[part])
         task = load_task(root)
         ev = Evaluator(task, Path(tmp) / "build", task_limits(task), scratch_root=Path(tmp) / "scratch")
-        ev.budgets = item["budgets"]
+        ev.budgets, ev.keep_gain = item["budgets"], item.get("keep_gain")
         return judged(ev, Path(tmp) / "cand" / item["name"], Path(tmp) / "best" / item["name"], item["context"])
 
 
@@ -168,7 +168,7 @@ class Candidates:
             item = {"lib": lib, "context": lp.evaluator.launch_context(ak.build, lp.best.launch)}
             if not isinstance(self.ex, Local):   # a worker, maybe on another host: the files as bytes
                 item.update(task=pack_folder(lp.task_dir()), cand=lib.read_bytes(), best=lp.best.lib.read_bytes(),
-                            name=lp.best.lib.name, budgets=lp.evaluator.budgets)
+                            name=lp.best.lib.name, budgets=lp.evaluator.budgets, keep_gain=lp.evaluator.keep_gain)
             return ak, item, None
         except IterationEnded as e:
             e.fill(ak)

@@ -97,6 +97,8 @@ class Evaluator:
         self.task, self.build_dir, self.limits = task, build_dir, limits
         # the loop's candidate stages' time limits, measured at the run's setup (agent/best.py, tools/judge/budgets.py)
         self.budgets: dict = {}
+        # the loop's minimum gain (--min-gain): a candidate's first bench below it skips the probes only a keep needs
+        self.keep_gain: float | None = None
         # an earlier build of the task whose objects of non-editable sources may be linked as they are
         # (the sweep: a torch extension's binding compiled once, not per configuration)
         self.reuse_objects: Path | list[Path] | None = None
@@ -249,7 +251,8 @@ class Evaluator:
                                                     warm=warm, with_reference=with_reference,
                                                     scratch_root=self.scratch_root, parity_extent=parity_extent,
                                                     memcheck=memcheck,
-                                                    budgets=self.budgets if parity_extent == "quick" else None)
+                                                    budgets=self.budgets if parity_extent == "quick" else None,
+                                                    keep_gain=self.keep_gain if parity_extent == "quick" else None)
         a.output_dropped_bytes += dropped
         total = time.monotonic() - t0
         l_secs = launch.seconds if launch is not None else 0.0

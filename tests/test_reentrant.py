@@ -78,11 +78,8 @@ def test_an_exception_in_either_thread_is_raised_and_neither_thread_hangs():
             raise AssertionError("the thread's exception was not raised")
 
 
-def test_a_candidate_slower_than_its_baseline_does_not_pay_for_the_probe(tmp_path):
-    """Issue 39's budget: a shared-scratch kernel, its work done eight times, benched against the honest kernel:
-    slower, so never kept, and the probe is not run (the message says so); against no baseline it is."""
-    from tools.measure.bench import run_bench
-    task, honest = make_task(tmp_path, "correct", rounds=3)
+def _slow_scratch(tmp_path):
+    """A shared-scratch kernel that does its work eight times: slower than the honest one, and not reentrant."""
     body = source("correct").replace('extern "C" void matmul(', "static void unused(") + r'''
 #include <vector>
 static std::vector<float> scratch;
@@ -102,13 +99,38 @@ extern "C" void matmul(const float* A, const float* B, float* C, int M, int N, i
     }
 }
 '''
-    lib = compile_lib(body, tmp_path / "libslowscratch.so")
+    return compile_lib(body, tmp_path / "libslowscratch.so")
+
+
+def test_a_candidate_slower_than_its_baseline_does_not_pay_for_the_probe(tmp_path):
+    """Issue 39's budget: a shared-scratch kernel, its work done eight times, benched against the honest kernel:
+    slower, so never kept, and the probe is not run (the message says so); against no baseline it is."""
+    from tools.measure.bench import run_bench
+    task, honest = make_task(tmp_path, "correct", rounds=3)
+    lib = _slow_scratch(tmp_path)
     [res] = run_bench(task, lib, baseline_lib=honest, with_reference=False, shapes=[SHAPE])
     assert res.status.value == "ok", res.message
     assert res.speedup_vs_baseline.high < 1.0
     assert "reentrant probe not run: slower than the baseline (never kept)" in res.message
     [res] = run_bench(task, lib, with_reference=False, shapes=[SHAPE])   # no baseline: nothing to be slower than
     assert "probe not run" not in res.message, res.message
+
+
+def test_a_candidate_short_of_the_loops_minimum_gain_does_not_pay_for_the_probe(tmp_path):
+    """The loop's candidate check (run_candidate) told the run's minimum gain: the kernel against itself (about 1x)
+    cannot reach a 50% gain, so the probe is not run and the message says why; the honest kernel against the slow
+    one (about 8x) reaches it, and pays for the probe as before."""
+    from tools.judge.candidate import run_candidate
+    task, honest = make_task(tmp_path, "correct", rounds=3)
+    same = compile_lib(source("correct"), tmp_path / "libsame.so")
+    _, par, [res], _ = run_candidate(task, same, honest, shapes=[SHAPE], parity_extent="quick", keep_gain=0.5)
+    assert par.status.value == "ok" and res.status.value == "ok", (par.message, res.message)
+    assert res.speedup_vs_baseline.median < 1.5
+    assert "reentrant probe not run" in res.message and "reentrant" not in res.probe_seconds, res.message
+    slow = _slow_scratch(tmp_path)
+    _, par, [res], _ = run_candidate(task, honest, slow, shapes=[SHAPE], parity_extent="quick", keep_gain=0.5)
+    assert res.status.value == "ok" and res.speedup_vs_baseline.low > 1.5, res.message
+    assert "probe not run" not in res.message and "reentrant" in res.probe_seconds, res.message
 
 
 def _gpu() -> bool:

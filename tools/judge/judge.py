@@ -109,8 +109,10 @@ def wide(task, mod, remote: Remote, job: dict, par):
 def bench(task, mod, remote: Remote, job: dict, shapes: list[dict]) -> list[dict]:
     from tools.measure.bench import measure
     from tools.results import BenchStatus
+    gain = job.get("keep_gain")
     res = measure(task, mod, None, shapes=shapes, with_reference=not job.get("no_reference"),
-                  runs_for=lambda shape: HostRuns(remote, shape, bool(job.get("baseline_lib"))))
+                  runs_for=lambda shape: HostRuns(remote, shape, bool(job.get("baseline_lib"))),
+                  keep_gain=float(gain) if isinstance(gain, (int, float)) else None)
     if (why := wrote_files(remote.host, task)) is not None:
         res = [r.model_copy(update={"status": BenchStatus.side_effect, "message": why}) if r.status == BenchStatus.ok
                else r for r in res]

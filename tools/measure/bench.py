@@ -158,9 +158,10 @@ def device_info(task: Task) -> tuple[str, DevicePeak | None]:
 
 
 def measure(task: Task, mod, lib, *, baseline=None, shapes: list[dict], with_reference: bool = True,
-            runs_for=None) -> list[BenchResult]:
+            runs_for=None, keep_gain: float | None = None) -> list[BenchResult]:
     """Bench in this process (the child). One BenchResult per shape; never raises for the candidate.
-    `runs_for(shape)` gives the runs to time (default LocalRuns of lib and baseline here)."""
+    `runs_for(shape)` gives the runs to time (default LocalRuns of lib and baseline here). `keep_gain`: the loop's
+    minimum gain, where the bench decides a keep (never_kept)."""
     backend = task.backend
     cuda = backend.gpu
     if (why := backend.runnable()) is not None:
@@ -171,7 +172,7 @@ def measure(task: Task, mod, lib, *, baseline=None, shapes: list[dict], with_ref
     for i, shape in enumerate(shapes):
         t0 = time.monotonic()
         try:
-            r = _bench_shape(task, mod, runs_for(shape), shape, with_reference, device_name)
+            r = _bench_shape(task, mod, runs_for(shape), shape, with_reference, device_name, keep_gain)
         except Exception as e:
             msg = " ".join(str(e).split())[:400]
             r = BenchResult(status=getattr(e, "status", BenchStatus.error), shape=shape,
@@ -189,7 +190,19 @@ def measure(task: Task, mod, lib, *, baseline=None, shapes: list[dict], with_ref
     return out
 
 
-def _bench_shape(task, mod, runs, shape, with_reference, device_name="") -> BenchResult:
+def never_kept(ci, keep_gain: float | None) -> str | None:
+    """Why a candidate with this speedup over its baseline is never kept, or None: slower than it; or, given the loop's
+    minimum gain, short of the keep rule (agent/attempt.py decide: the interval above 1 and the median at 1 + gain)."""
+    if ci is None:
+        return None
+    if ci.high < 1.0:
+        return "slower than the baseline"
+    if keep_gain is not None and not (ci.low > 1.0 and ci.median >= 1.0 + keep_gain):
+        return f"short of the {keep_gain:.0%} minimum gain over the baseline"
+    return None
+
+
+def _bench_shape(task, mod, runs, shape, with_reference, device_name="", keep_gain: float | None = None) -> BenchResult:
     spec = task.spec
     b = spec.bench
     device = task.backend.torch_device
@@ -233,11 +246,11 @@ def _bench_shape(task, mod, runs, shape, with_reference, device_name="") -> Benc
     probe = Probe(task=task, mod=mod, shape=shape, device=device, device_name=device_name, calls=runs.calls,
                   sets=sets, outs=outs, cand_ms=cand_med, flops=flops, nbytes=nbytes, time_pairs=runs.time_pairs,
                   together=runs.together)
-    slower = ci is not None and ci.high < 1.0   # never kept: the probes that matter only for a keep are left out
+    never = never_kept(ci, keep_gain)   # the probes that matter only for a keep are left out
     cost: dict[str, float] = {}
     for check in PROBES if status == BenchStatus.ok else ():
-        if slower and check in BEFORE_KEEP:
-            msg += f"; {check.__name__} probe not run: slower than the baseline (never kept)"
+        if never and check in BEFORE_KEEP:
+            msg += f"; {check.__name__} probe not run: {never} (never kept)"
             continue
         t1 = time.monotonic()
         why = check(probe)
