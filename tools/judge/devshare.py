@@ -93,7 +93,10 @@ class Mapped:
     """The host's allocations the judge has mapped, by handle; each mapped once, all unmapped by close()."""
 
     def __init__(self) -> None:
-        self.open: dict[str, tuple[int, int]] = {}     # handle -> (address here, size)
+        # handle -> (address here, size). A handle names one allocation: memory the host frees and allocates again
+        # at the same address gets a new handle (the driver's cuIpcGetMemHandle contract), so a mapping kept here is
+        # never taken for another allocation's.
+        self.open: dict[str, tuple[int, int]] = {}
 
     def _view(self, t, shared: dict):
         """The host's bytes `shared` names, as a uint8 tensor here over the mapped allocation; ValueError where the

@@ -20,8 +20,9 @@ Requests (each answered {"ok": true, ...} or {"ok": false, "error": "..."}):
                                                threads at once: threads 2; a call may name its shape), write
                                                the `get` buffers back (and, with `check`, the inputs a
                                                call changed; with `ipc`, as CUDA IPC handles where
-                                               the driver shares them: tools/judge/devshare.py); answer the seconds it took to issue the
-                                               calls and to finish, and the changed inputs' keys
+                                               the driver shares them: tools/judge/devshare.py); answer
+                                               the seconds it took to issue the calls and to finish, and
+                                               the changed inputs' keys
     arms  {shape, sets, outs, arms}            the bench's arms (a library, or null: the reference) over
                                                buffers already here
     refill {shape, sets, seeds, dist}          new values in the timed sets (make_inputs), their digests
