@@ -33,6 +33,17 @@ TAIL = "#if LOOP_ORDER == 1 && BLOCK_M == 16 && BLOCK_K == 32\n    C[0] += 1.0f;
 SPACE = {"LOOP_ORDER": [0, 1], "BLOCK_M": [8, 16], "BLOCK_N": [16], "BLOCK_K": [16, 32]}
 
 
+def _proposal(hyp: str, search: str, replace: str) -> dict:
+    """What a model answers (the proposal schema): one knob's #define changed in the kernel."""
+    return {"hypothesis": hyp, "evidence": [{"metric": "knob", "value": search}],
+            "predicted": {"metric": "time", "direction": "down", "speedup": 2.0},
+            "edits": [{"file": "matmul.cpp", "search": search, "replace": replace}]}
+
+
+LOOP = _proposal("Loop order i-k-j: B and C stream along rows", "#define LOOP_ORDER 0", "#define LOOP_ORDER 1")
+TILE = _proposal("Taller row blocks: BLOCK_M 32", "#define BLOCK_M 16", "#define BLOCK_M 32")
+
+
 def _verdicts(points) -> dict[tuple, str]:
     return {tuple(p["knobs"].values()) if isinstance(p, dict) else tuple(p.knobs.values()):
             p["outcome"] if isinstance(p, dict) else p.outcome for p in points}
@@ -197,14 +208,8 @@ def test_a_models_second_candidate_is_asked_knowing_the_first(tmp_path):
     from tests.fake_openai import FakeOpenAI
     from tests.userrepo import configure_llm, make_user_repo
 
-    def proposal(hyp, search, replace):
-        return {"hypothesis": hyp, "evidence": [{"metric": "knob", "value": search}],
-                "predicted": {"metric": "time", "direction": "down", "speedup": 2.0},
-                "edits": [{"file": "matmul.cpp", "search": search, "replace": replace}]}
-
     root = make_user_repo(tmp_path / "user")
-    first = proposal("Loop order i-k-j: B and C stream along rows", "#define LOOP_ORDER 0", "#define LOOP_ORDER 1")
-    second = proposal("Taller row blocks: BLOCK_M 32", "#define BLOCK_M 16", "#define BLOCK_M 32")
+    first, second = LOOP, TILE
     with FakeOpenAI() as srv:
         configure_llm(root, srv.base_url, timeout_s=5.0, max_attempts=2)
         srv.push_proposal(first)
@@ -231,14 +236,8 @@ def test_with_at_once_the_models_k_requests_go_out_together(tmp_path):
     from tests.fake_openai import FakeOpenAI
     from tests.userrepo import configure_llm, make_user_repo
 
-    def proposal(hyp, search, replace):
-        return {"hypothesis": hyp, "evidence": [{"metric": "knob", "value": search}],
-                "predicted": {"metric": "time", "direction": "down", "speedup": 2.0},
-                "edits": [{"file": "matmul.cpp", "search": search, "replace": replace}]}
-
     root = make_user_repo(tmp_path / "user")
-    loop = proposal("Loop order i-k-j: B and C stream along rows", "#define LOOP_ORDER 0", "#define LOOP_ORDER 1")
-    tile = proposal("Taller row blocks: BLOCK_M 32", "#define BLOCK_M 16", "#define BLOCK_M 32")
+    loop, tile = LOOP, TILE
     with FakeOpenAI() as srv:
         configure_llm(root, srv.base_url, timeout_s=10.0, max_attempts=1)
         srv.push_proposal(loop, delay_s=2.0)
@@ -330,3 +329,26 @@ def test_optimize_records_a_candidate_whose_workers_die_twice_as_lost_and_ends(t
     lost = [c for c in rec.candidates if c.outcome == "lost"]
     assert lost or "lost" in rec.reason, (rec.outcome, rec.reason, rec.candidates)
     assert all("worker died" in c.reason for c in lost)
+
+
+def test_the_live_line_names_each_candidates_worker_then_its_verdict():
+    """What the live view shows while an iteration's candidates are on the workers (agent/candidates.py Board)."""
+    from types import SimpleNamespace
+
+    from agent.attempt import Attempt
+    from agent.candidates import Board
+    from agent.proposal import Proposal
+    lines: list[str] = []
+    cands = []
+    for k, answer in ((1, LOOP), (2, TILE)):
+        a = Attempt(iteration=1, run_id="r", started="", parent_sha="")
+        a.proposal = Proposal.model_validate(answer)
+        cands.append((k, a))
+    board = Board(lines.append, cands)
+    board.started(0, "w0 gpu0")
+    board.started(1, "w1 gpu1")
+    assert "on w0 gpu0" in lines[-1] and "on w1 gpu1" in lines[-1] and lines[-1].startswith("1 (")
+    bench = SimpleNamespace(speedup_vs_baseline=SimpleNamespace(median=1.085))
+    board.finished(0, "w0 gpu0", {"outcome": None, "bench": bench}, "")
+    board.finished(1, "lost", None, "its worker died 2 times")
+    assert "1.085x on w0 gpu0" in lines[-1] and "lost on lost" in lines[-1], lines[-1]
