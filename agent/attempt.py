@@ -21,6 +21,7 @@ from pydantic import BaseModel, Field
 
 from agent.proposal import Proposal
 from agent.runlog import CandidateTried, IterationRecord, Outcome, RepairAttempt, StageTimes, Usage
+from tools.measure.bench import never_kept
 from tools.results import BenchResult, BuildResult, LaunchResult, ParityResult, ScratchFile, SpeedupCI
 
 
@@ -94,7 +95,7 @@ def decide(a: Attempt, rule: KeepRule) -> Verdict:
     ci = ratio(a.bench)
     if ci is None:
         return Verdict(action="reject", outcome=Outcome.not_faster, reason="bench returned no candidate-vs-best ratio")
-    if not (ci.low > 1.0 and ci.median >= 1.0 + rule.min_gain):
+    if never_kept(ci, rule.min_gain) is not None:   # the rule the candidate's bench also skips its probes by
         why = ("within noise" if not ci.excludes_one() else "slower" if ci.high < 1 else
                f"below the {rule.min_gain:.0%} minimum gain")
         return Verdict(action="reject", outcome=Outcome.not_faster, speedup=ci.median,
