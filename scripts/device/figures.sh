@@ -50,7 +50,8 @@
 #   bash scripts/device/figures.sh opt_ops
 #   bash scripts/device/figures.sh rebuild_ext opt_one
 #
-# Environment overrides: ITERS (iterations of every optimize part; default 20, and 30 for
+# Environment overrides: K_TARGET, K_BUDGET, K_OUTER (opt_sm_k1/k2's --target, default 1.2x, --budget-seconds,
+# default 150, and timeout, default 230), ITERS (iterations of every optimize part; default 20, and 30 for
 # opt_attn_hi), HI_BUDGET (opt_attn_hi's --budget-seconds, default 420), ATTN_S (sweep_attn's
 # timeout, default 560), GPU_TESTS_S (gpu_tests' timeout, default 540), GPU_TESTS_M (gpu_tests'
 # marker expression, default "gpu or nvcc"; "gpu" is what gave the figure BENCHMARKS.md reports).
@@ -305,11 +306,11 @@ opt_sm() {
 opt_sm_k1() {
   # Issue 44's comparison: iterations and wall clock to 1.2x (the heuristic's second VEC move reaches it), the
   # same budget for both parts, one candidate an iteration here and two on two GPUs in opt_sm_k2.
-  optimize smk1 kernels/softmax "${ITERS:-10}" "${K_BUDGET:-150}" "${K_OUTER:-230}" --target 1.2x
+  optimize smk1 kernels/softmax "${ITERS:-10}" "${K_BUDGET:-150}" "${K_OUTER:-230}" --target "${K_TARGET:-1.2x}"
 }
 
 opt_sm_k2() {
-  optimize smk2 kernels/softmax "${ITERS:-10}" "${K_BUDGET:-150}" "${K_OUTER:-230}" --target 1.2x \
+  optimize smk2 kernels/softmax "${ITERS:-10}" "${K_BUDGET:-150}" "${K_OUTER:-230}" --target "${K_TARGET:-1.2x}" \
       --candidates 2 --workers 2
 }
 
