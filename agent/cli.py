@@ -18,6 +18,7 @@ COMMAND_MODULES = [
     "agent.commands.optimize",   # optimize, resume, sweep
     "agent.commands.review",     # runs, show, report, cherry-pick, gate
     "agent.commands.clean",      # clean
+    "agent.commands.kernelbench",  # import
 ]
 
 

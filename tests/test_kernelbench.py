@@ -1,0 +1,87 @@
+"""`agent import kernelbench` (issue 45): KernelBench problem and solution files written for these tests in its
+format (tests/data/kernelbench/, none copied from KernelBench), imported through the real CLI into a user's git
+repository outside this project, then checked with `agent check`. Bad files: one line naming the file, the field
+and the fix, no traceback, nothing written."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.userrepo import agent, git
+
+DATA = Path(__file__).resolve().parent / "data" / "kernelbench"
+
+
+def _repo(tmp_path: Path) -> Path:
+    root = tmp_path / "user"
+    root.mkdir()
+    (root / "README.md").write_text("a user's project\n")
+    git(root, "init", "-q", "-b", "main")
+    git(root, "add", "-A")
+    git(root, "commit", "-qm", "user: initial")
+    return root
+
+
+def _status(root: Path) -> str:
+    return git(root, "status", "--porcelain", "--untracked-files=all")
+
+
+@pytest.mark.parametrize("problem, solution, field", [
+    ("bad_syntax_problem.py", None, "bad_syntax_problem.py: line 10: syntax error"),
+    ("bad_noinputs_problem.py", None, "bad_noinputs_problem.py: get_inputs: the problem defines no get_inputs"),
+    ("ew_problem.py", "mm_problem.py", "mm_problem.py: ModelNew: the solution defines no ModelNew"),
+    ("ew_problem.py", "no_such_file.py", "no_such_file.py: --solution: no such file"),
+    ("ew_problem.py", None, "no --solution given"),
+])
+def test_bad_input_is_one_line_and_writes_nothing(tmp_path, problem, solution, field):
+    root = _repo(tmp_path)
+    args = ["import", "kernelbench", str(DATA / problem), *(["--solution", str(DATA / solution)] if solution else [])]
+    r = agent(root, *args, timeout=300)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert field in " ".join(r.stderr.split()), r.stderr
+    assert "fix" in r.stderr and "Traceback" not in r.stderr + r.stdout
+    assert _status(root) == "" and not (root / "kernels").exists()
+
+
+def test_probe_reads_sizes_shapes_and_the_solution(tmp_path):
+    from tools.isolation.sandbox import run_python_json
+    res, d = run_python_json("tools.kernelbench.probe", [str(DATA / "fuse_problem.py"), "--solution",
+                                                          str(DATA / "fuse_cuda.py"), "--scale", "0.5"], 120)
+    assert d and d["ok"], res.stdout + res.stderr
+    assert d["sizes"] == {"batch_size": 128, "in_features": 512, "out_features": 256}
+    assert d["shapes"][0] == {"batch_size": 64, "in_features": 256, "out_features": 128}      # --scale 0.5
+    assert len(d["shapes"]) == 3 and all(v % 2 == 1 for v in d["shapes"][1].values())      # odd sizes
+    assert d["output"] == {"dtype": "float32", "shape": [64, 128]}
+    assert d["device"] == "cuda" and d["solution"]["functions"] == ["linear_relu_forward"]
+    assert "__global__" in d["solution"]["cuda_sources"]
+
+
+def test_cpu_machine_shrinks_sizes_it_cannot_run(tmp_path):
+    """A problem at sizes a CPU cannot time (a 1024^3 matmul is about 2 GFLOP a call) is benched at smaller ones, said so."""
+    big = tmp_path / "big_mm.py"
+    big.write_text((DATA / "mm_problem.py").read_text().replace("M = 256", "M = 2048").replace("K = 384", "K = 2048")
+                   .replace("N = 320", "N = 2048"))
+    from tools.isolation.sandbox import run_python_json
+    _, d = run_python_json("tools.kernelbench.probe", [str(big), "--no-gpu"], 200)
+    assert d and d["ok"]
+    main = d["shapes"][0]
+    assert main["M"] * main["K"] * main["N"] < 2048 ** 3 and "on one CPU thread" in d["note"], d
+
+
+@pytest.mark.slow
+def test_import_then_check_a_cpu_solution(tmp_path):
+    root = _repo(tmp_path)
+    r = agent(root, "import", "kernelbench", str(DATA / "ew_problem.py"), "--solution", str(DATA / "ew_cpu.py"),
+              "--name", "ew", timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    task = root / "kernels" / "ew"
+    assert sorted(p.name for p in task.iterdir()) == ["binding.cpp", "kernel.cpp", "kernelbench.json", "model_new.py",
+                                                       "problem.py", "task.py", "task.toml"]
+    assert json.loads((task / "kernelbench.json").read_text())["argument"] == "cpp_sources"
+    assert "fma_forward(torch::Tensor x, torch::Tensor y);" in (task / "binding.cpp").read_text()
+    r = agent(root, "check", "kernels/ew", timeout=600)
+    assert r.returncode == 0 and "all checks passed" in r.stdout, r.stdout[-3000:] + r.stderr[-2000:]
+    assert "parity" in r.stdout and "6 checks on 3 shapes" in " ".join(r.stdout.split())

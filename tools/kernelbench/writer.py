@@ -1,0 +1,155 @@
+"""The task folder of an imported KernelBench problem, from the probe's answer (tools/kernelbench/probe.py).
+
+    task.toml        the spec: the problem's sizes as shapes, KernelBench's tolerance, the extension's entry
+    task.py          tools/kernelbench/task_py.py (reference: the problem's Model; call: the solution's ModelNew)
+    problem.py       the problem file as given
+    model_new.py     the solution's Python as given (its load_inline call gets the build under test)
+    binding.cpp      what load_inline would write as main.cpp: torch/extension.h, the C++ declarations, the
+                     pybind11 module for `functions` (compiled once a run)
+    kernel.cu        the solution's cuda_sources (the file the agent edits), or kernel.cpp: its cpp_sources
+                     where the solution has no CUDA (a CPU solution)
+    kernelbench.json which load_inline argument the editable file is, for `agent export --kernelbench`
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from pathlib import Path
+
+from tools.backends.pch import strip_comments
+
+# KernelBench's tolerance by the output's dtype (its evaluator's allclose: atol = rtol)
+TOLERANCE = {"float32": 1e-4, "float64": 1e-6, "float16": 1e-2, "bfloat16": 1e-2}
+CUDA_HEADERS = "#include <torch/types.h>\n#include <cuda.h>\n#include <cuda_runtime.h>\n"   # load_inline's own
+META = "kernelbench.json"
+
+
+class WriteError(Exception):
+    """One line for the user: the file, the field, the fix."""
+
+
+def declarations(cpp: str, functions: list[str], where: str) -> str:
+    """`ret name(params);` for each bound function defined in `cpp` (a CPU solution: binding.cpp declares
+    what kernel.cpp defines)."""
+    text, out = strip_comments(cpp), []
+    for fn in functions:
+        m = re.search(r"(?:^|[;}\n])\s*((?:[\w:<>,]+[\s*&]+)+?)" + re.escape(fn) + r"\s*\(([^)]*)\)\s*\{", text)
+        if not m:
+            raise WriteError(f"{where}: cpp_sources: no definition of {fn}(...) found to declare in binding.cpp; "
+                             f"fix: define it as `torch::Tensor {fn}(torch::Tensor x, ...) {{ ... }}` in cpp_sources")
+        out.append(f"{' '.join(m.group(1).split())} {fn}({' '.join(m.group(2).split())});")
+    return "\n".join(out)
+
+
+def binding(sol: dict, cuda: bool, where: str) -> str:
+    head = ("// What torch.utils.cpp_extension.load_inline writes as main.cpp for this solution (agent import\n"
+            "// kernelbench): torch/extension.h, the C++ side, the pybind11 module for `functions`. Not edited.\n"
+            "#include <torch/extension.h>\n")
+    body = sol["cpp_sources"] if cuda else declarations(sol["cpp_sources"], sol["functions"], where)
+    mod = "\n".join(["PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {",
+                     *(f'    m.def("{f}", torch::wrap_pybind_function({f}), "{f}");' for f in sol["functions"]),
+                     "}"])
+    return head + body.strip("\n") + "\n\n" + mod + "\n"
+
+
+def kernel(sol: dict, cuda: bool) -> str:
+    if cuda:
+        return ("// The solution's cuda_sources (agent import kernelbench): the file the agent edits. The three\n"
+                "// includes are the ones load_inline adds.\n" + CUDA_HEADERS + sol["cuda_sources"].strip("\n") + "\n")
+    return ("// The solution's cpp_sources (agent import kernelbench): the file the agent edits.\n"
+            "#include <torch/extension.h>\n" + sol["cpp_sources"].strip("\n") + "\n")
+
+
+def entry_of(sol: dict, where: str) -> str:
+    if sol["functions"]:
+        return sol["functions"][0]
+    m = re.search(r'\bm\.def\(\s*"(\w+)"', sol["cpp_sources"])
+    if not m:
+        raise WriteError(f"{where}: cpp_sources: its PYBIND11_MODULE defines no function; fix: m.def(\"forward\", ...)")
+    return m.group(1)
+
+
+def _toml_shape(shape: dict) -> str:
+    return "{ " + ", ".join(f"{k} = {int(v)}" for k, v in shape.items()) + " }"
+
+
+def task_toml(name: str, probe: dict, src: dict, files: dict) -> str:
+    dtype = probe["output"]["dtype"]
+    tol = TOLERANCE.get(dtype)
+    if tol is None:
+        raise WriteError(f"{src['problem']}: Model.forward: returns {dtype}; fix: an imported problem's output is one "
+                         f"of {', '.join(TOLERANCE)}")
+    labels = ["KernelBench's sizes" + (" (shrunk: see the note)" if probe["note"] else ""),
+              *(["odd sizes: tails of every tile"] if len(probe["shapes"]) > 1 else []),
+              *(["small sizes"] if len(probe["shapes"]) > 2 else [])]
+    shapes = "\n".join(f"  {_toml_shape(s)},   # {labels[min(i, len(labels) - 1)]}" for i, s in enumerate(probe["shapes"]))
+    note = "".join(f"# {line}\n" for line in (probe["note"] or "").split("; ") if line)
+    dropped = "".join(f"# not taken by the model: {d}\n" for d in probe["dropped"])
+    lines = [
+        f"# Imported from the KernelBench problem {src['problem']}"
+        + (f" and the solution {src['solution']}" if src.get("solution") else "") + " by `agent import kernelbench`.",
+        "# problem.py is the reference (Model, seeded with 42 as KernelBench's evaluator seeds it); model_new.py the",
+        f"# solution's Python; {files['kernel']} the kernel the agent edits; binding.cpp load_inline's main.cpp.",
+        f'name = "{name}"',
+        f'description = """KernelBench problem {Path(src["problem"]).name}: the output of Model.forward, '
+        f'{dtype} {tuple(probe["output"]["shape"])} at the first shape."""',
+        f'device = "{probe["device"]}"',
+        'form = "torch_extension"',
+        'module = "task.py"',
+        f"sources = {json.dumps(files['sources'])}",
+        f'editable = ["{files["kernel"]}"]',
+        'baseline = "reference"        # KernelBench\'s speedup: against the problem\'s Model in PyTorch',
+        f'dtypes = ["{dtype}"]',
+        'distributions = ["problem"]   # the problem\'s own get_inputs, seeded',
+        "main_shape = 0",
+        note + dropped + "shapes = [",
+        shapes,
+        "]",
+        "",
+        f"# KernelBench's tolerance for {dtype} outputs (torch.allclose, atol = rtol)",
+        f"[tolerance.{dtype}]",
+        f"atol = {tol:g}",
+        f"rtol = {tol:g}",
+        "",
+        "[extension]",
+        f'entry = "{files["entry"]}"     # a function of `functions` in the load_inline call',
+        "",
+        "[parity]",
+        "hidden_shapes = 0              # the problem defines no other sizes; the listed odd and small ones stand in",
+        ""]
+    return "\n".join(lines)
+
+
+def write_task(into: Path, name: str, probe: dict, problem: Path, solution: Path | None) -> dict:
+    """The task folder `into` (which must not exist or be empty). Returns what was written."""
+    if into.exists() and any(into.iterdir()):
+        raise WriteError(f"{into}: exists and is not empty; fix: name a new folder with --into (nothing was written)")
+    sol = probe.get("solution")
+    if sol is None:
+        raise WriteError(f"{problem}: no --solution given; fix: pass --solution NEW.py (a ModelNew built with load_inline)")
+    cuda = bool(sol["cuda_sources"])
+    where = str(solution)
+    entry = entry_of(sol, where)
+    ext = "cu" if cuda else "cpp"
+    files = {"kernel": f"kernel.{ext}", "entry": entry,
+             "sources": ["binding.cpp", f"kernel.{ext}"] if sol["functions"] else [f"kernel.{ext}"]}
+    if not sol["functions"] and cuda:
+        files["sources"] = ["binding.cpp", "kernel.cu"]
+    texts = {"task.toml": task_toml(name, probe,
+                                    {"problem": str(problem), "solution": where}, files),
+             files["kernel"]: kernel(sol, cuda),
+             META: json.dumps({"kernel": files["kernel"], "argument": "cuda_sources" if cuda else "cpp_sources",
+                               "functions": sol["functions"], "problem": str(problem), "solution": where}, indent=1)}
+    if "binding.cpp" in files["sources"]:
+        texts["binding.cpp"] = binding(sol, cuda, where) if sol["functions"] else \
+            "#include <torch/extension.h>\n" + sol["cpp_sources"]
+    into.mkdir(parents=True, exist_ok=True)
+    for f, t in texts.items():
+        (into / f).write_text(t)
+    shutil.copyfile(Path(__file__).with_name("task_py.py"), into / "task.py")
+    shutil.copyfile(problem, into / "problem.py")
+    shutil.copyfile(solution, into / "model_new.py")
+    return {"into": str(into), "files": sorted([*texts, "task.py", "problem.py", "model_new.py"]), "entry": entry,
+            "device": probe["device"]}
