@@ -72,16 +72,91 @@ def test_cpu_machine_shrinks_sizes_it_cannot_run(tmp_path):
 
 
 @pytest.mark.slow
-def test_import_then_check_a_cpu_solution(tmp_path):
+def test_import_optimize_export_and_the_export_matches_in_a_fresh_process(tmp_path):
+    """The whole door on the CPU: a solution with a tunable #define imported with --knob, checked, optimized by the
+    heuristic (2 iterations), its best exported as a ModelNew file that a fresh process builds and finds equal to Model."""
     root = _repo(tmp_path)
-    r = agent(root, "import", "kernelbench", str(DATA / "ew_problem.py"), "--solution", str(DATA / "ew_cpu.py"),
-              "--name", "ew", timeout=300)
+    r = agent(root, "import", "kernelbench", str(DATA / "ew_problem.py"), "--solution", str(DATA / "ew_cpu_unroll.py"),
+              "--name", "ew", "--knob", "UNROLL=1,2,4,8", timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
     task = root / "kernels" / "ew"
     assert sorted(p.name for p in task.iterdir()) == ["binding.cpp", "kernel.cpp", "kernelbench.json", "model_new.py",
                                                        "problem.py", "task.py", "task.toml"]
+    assert 'name = "UNROLL"' in (task / "task.toml").read_text()
     assert json.loads((task / "kernelbench.json").read_text())["argument"] == "cpp_sources"
     assert "fma_forward(torch::Tensor x, torch::Tensor y);" in (task / "binding.cpp").read_text()
     r = agent(root, "check", "kernels/ew", timeout=600)
     assert r.returncode == 0 and "all checks passed" in r.stdout, r.stdout[-3000:] + r.stderr[-2000:]
-    assert "parity" in r.stdout and "6 checks on 3 shapes" in " ".join(r.stdout.split())
+    assert "6 checks on 3 shapes" in " ".join(r.stdout.split())
+    git(root, "add", "-A")
+    git(root, "commit", "-qm", "user: the imported task")
+    r = agent(root, "optimize", "kernels/ew", "--iters", "2", "--run-id", "kb", "--target", "100x", timeout=900)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
+    assert "UNROLL" in r.stdout
+    out = tmp_path / "exported.py"
+    r = agent(root, "export", "kb", "--kernelbench", str(out), timeout=900)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
+    text = out.read_text()
+    assert text.startswith("# Exported by `agent export kb --kernelbench`") and "load_inline(" in text
+    assert "checked in a fresh process" in r.stdout and "trials match Model" in r.stdout
+    assert _status(root) == ""                       # the user's checkout untouched by the run and the export
+    r = agent(root, "export", "kb", "--kernelbench", str(out), timeout=60)
+    assert r.returncode == 2 and "exists" in r.stderr     # never over a file without --force
+
+
+def test_export_splices_the_kernel_where_the_author_bound_it():
+    from tools.kernelbench.export import splice
+    src = (DATA / "ew_cuda.py").read_text()
+    out = splice(src, "cuda_sources", "// new kernel \"\"\" with quotes\n__global__ void k() {}\n", "# header\n")
+    import ast
+    tree = ast.parse(out)
+    assert out.startswith("# header\n") and out.count("load_inline(") == src.count("load_inline(")
+    consts = [n.value.value for n in tree.body if isinstance(n, ast.Assign) and isinstance(n.value, ast.Constant)]
+    assert "// new kernel \"\"\" with quotes\n__global__ void k() {}\n" in consts     # bound where the author bound it
+    assert out.splitlines()[-5:] == src.splitlines()[-5:]                 # the rest byte for byte
+
+
+def _gpu() -> bool:
+    from tools.backends.device import torch_cuda_available
+    return torch_cuda_available()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _gpu(), reason="needs a CUDA GPU")
+def test_a_default_stream_cuda_solution_passes_check(tmp_path):
+    """KernelBench's solutions launch with <<<grid, block>>> on the legacy default stream; the reentrancy probe's
+    threads are on blocking streams, which order themselves with it (on torch's non-blocking streams this honest
+    kernel was refused: a thread's copy of the output ran before the kernel, H100, 2026-11-28)."""
+    root = _repo(tmp_path)
+    assert "(blocks), THREADS>>>" in (DATA / "ew_cuda.py").read_text()      # no stream argument: stream 0
+    r = agent(root, "import", "kernelbench", str(DATA / "ew_problem.py"), "--solution", str(DATA / "ew_cuda.py"),
+              "--name", "ew", timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    r = agent(root, "check", "kernels/ew", timeout=600)
+    assert r.returncode == 0 and "all checks passed" in r.stdout, r.stdout[-3000:]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _gpu(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("adversary, stage", [("adv_uninit", "mismatch"), ("adv_zero_inputs", "input_mutated"),
+                                              ("adv_stream", "scan_rejected")])
+def test_kernelbench_reward_hacks_are_refused_at_their_stage(tmp_path, adversary, stage):
+    root = _repo(tmp_path)
+    r = agent(root, "import", "kernelbench", str(DATA / "ew_problem.py"), "--solution", str(DATA / f"{adversary}.py"),
+              "--name", "adv", timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    r = agent(root, "check", "kernels/adv", timeout=600)
+    assert r.returncode != 0 and stage in r.stdout, r.stdout[-3000:]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("adversary, stage", [("adv_uninit_cpu", "mismatch"), ("adv_zero_inputs_cpu", "input_mutated")])
+def test_kernelbench_reward_hacks_on_the_cpu(tmp_path, adversary, stage):
+    """The two of KernelBench's published hacks a CPU solution can play: an output never written (torch::empty_like:
+    the reference's answer is in another process here, never in reach of the allocator) and inputs zeroed in place."""
+    root = _repo(tmp_path)
+    r = agent(root, "import", "kernelbench", str(DATA / "ew_problem.py"), "--solution", str(DATA / f"{adversary}.py"),
+              "--name", "adv", timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    r = agent(root, "check", "kernels/adv", timeout=600)
+    assert r.returncode != 0 and stage in r.stdout, r.stdout[-3000:]

@@ -8,7 +8,8 @@ import random
 import pytest
 
 from tests.fixtures.cpu_faults.faults import compile_lib, make_task, source
-from tools.measure.probes import Probe, reentrant, two_threads
+from tools.measure.probes import Probe, reentrant
+from tools.measure.together import two_threads
 
 SHAPE = {"M": 128, "N": 96, "K": 112}     # a call of 0.1-0.5 ms: the two threads' calls overlap
 

@@ -1,6 +1,8 @@
 """`agent import kernelbench PROBLEM.py --solution NEW.py [--into DIR] [--name NAME] [--scale F]`: a task from
 a KernelBench problem file (tools/kernelbench/). The files are read in a child process (they are code); the
-task folder is written only when everything checked out, and never over an existing folder."""
+task folder is written only when everything checked out, and never over an existing folder.
+
+`agent export RUN --kernelbench OUT.py`: the run's best kernel as a ModelNew file, checked in a fresh process."""
 
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ from rich.markup import escape
 from tools.console import make_console
 
 PROBE_TIMEOUT_S = 300.0
+EVAL_TIMEOUT_S = 600.0         # the exported file's load_inline builds from scratch (torch's headers)
 
 
 def register(subparsers) -> None:
@@ -24,7 +27,10 @@ def register(subparsers) -> None:
     p.add_argument("--into", type=Path, help="the new task folder (default: kernels/NAME in this git repository)")
     p.add_argument("--name", help="the task's name (default: the problem file's name)")
     p.add_argument("--scale", type=float, default=1.0, help="multiply the problem's sizes by this (e.g. 0.25)")
+    p.add_argument("--knob", action="append", default=[], metavar="NAME=V1,V2,...",
+                   help="a tunable #define of the kernel and the values the heuristic and sweep may give it (repeat)")
     p.set_defaults(func=_import)
+    register_export(subparsers)
 
 
 def _root() -> Path:
@@ -48,6 +54,10 @@ def _import(args) -> int:
     name = args.name or re.sub(r"\W", "_", args.problem.stem).strip("_") or "kernelbench"
     if not re.fullmatch(r"[A-Za-z0-9_\-]+", name):
         return _fail(f"--name {name!r}: letters, digits, _ and - only")
+    try:
+        knobs = {k.strip(): [int(v) for v in vals.split(",")] for k, _, vals in (kv.partition("=") for kv in args.knob)}
+    except ValueError:
+        return _fail(f"--knob {' '.join(args.knob)}: give NAME=V1,V2,... with integer values")
     into = args.into or _root() / "kernels" / name
     if into.exists() and any(into.iterdir()):
         return _fail(f"{into}: exists and is not empty; fix: name a new folder with --into (nothing was written)")
@@ -60,7 +70,7 @@ def _import(args) -> int:
     if not data.get("ok"):
         return _fail(f"{data['file']}: {data['field']}: {data['error']}; fix: {data['fix']}")
     try:
-        done = write_task(into.resolve(), name, data, problem, solution)
+        done = write_task(into.resolve(), name, data, problem, solution, knobs)
     except WriteError as e:
         return _fail(str(e))
     con = make_console()
@@ -69,4 +79,78 @@ def _import(args) -> int:
     for line in filter(None, [data.get("note"), *data.get("dropped", [])]):
         con.print(f"  note: {escape(line)}")
     con.print(f"next: agent check {escape(str(into))}; then commit the folder and agent optimize {escape(str(into))}")
+    return 0
+
+
+def register_export(subparsers) -> None:
+    p = subparsers.add_parser("export", help="a run's best kernel in another tool's format (--kernelbench OUT.py)",
+                              description="Write a run's best kernel (or --iter N's) as a self-contained KernelBench "
+                                          "ModelNew file, then load it in a fresh process and compare it with the "
+                                          "problem's Model as KernelBench's evaluator does.")
+    p.add_argument("run", help="a run id (or a unique prefix, or its folder)")
+    p.add_argument("--kernelbench", type=Path, required=True, metavar="OUT.py", help="the file to write")
+    p.add_argument("--runs-dir", type=Path)
+    p.add_argument("--force", action="store_true", help="overwrite OUT.py if it exists")
+    p.add_argument("--no-check", action="store_true", help="write the file without loading it in a fresh process")
+    p.set_defaults(func=_export)
+
+
+def _show(repo: Path, sha: str, path: str) -> str:
+    p = subprocess.run(["git", "show", f"{sha}:{path}"], cwd=repo, capture_output=True, text=True)
+    if p.returncode != 0:
+        raise FileNotFoundError(f"{path} at {sha[:10]}: {p.stderr.strip()[:200]}")
+    return p.stdout
+
+
+def _export(args) -> int:
+    import json
+    import tomllib
+
+    from agent.commands.review import default_runs_dir
+    from agent.review.runs import load_run, resolve_run
+    from agent.runlog import LogError
+    from tools.kernelbench.export import ExportError, splice
+    out = args.kernelbench
+    if out.exists() and not args.force:
+        return _fail(f"{out}: exists; fix: another path, or --force to overwrite it")
+    try:
+        run = load_run(resolve_run(default_runs_dir(args), args.run))
+        sha, repo, td = run.state.best_sha or run.cfg.base_sha, Path(run.cfg.repo), run.cfg.task_dir
+        meta = json.loads(_show(repo, sha, f"{td}/kernelbench.json"))
+        which = f"iteration {run.state.best_iteration}" if run.state.best_iteration else "the initial kernel"
+        header = (f"# Exported by `agent export {run.id} --kernelbench` ({which}, commit {sha[:10]}): the load_inline\n"
+                  f"# call's {meta['argument']} is the task's {meta['kernel']} at that commit.\n")
+        text = splice(_show(repo, sha, f"{td}/model_new.py"), meta["argument"], _show(repo, sha, f"{td}/{meta['kernel']}"),
+                      header)
+        toml = tomllib.loads(_show(repo, sha, f"{td}/task.toml"))
+        problem = _show(repo, sha, f"{td}/problem.py")
+    except (LogError, FileNotFoundError, ExportError, ValueError) as e:
+        return _fail(f"export {args.run}: {e}" + ("; fix: export a run of a task made by `agent import kernelbench`"
+                                                  if "kernelbench.json" in str(e) else ""))
+    out.write_text(text)
+    make_console().print(f"[green]wrote[/green] {escape(str(out))} ({which} of run {escape(run.id)})")
+    if args.no_check:
+        return 0
+    return _check_export(out, problem, toml)
+
+
+def _check_export(out: Path, problem: str, toml: dict) -> int:
+    """The written file loaded in a fresh process and compared with the problem's Model (tools/kernelbench/evalkb.py),
+    at the task's main shape (a CPU machine's sizes may be smaller than KernelBench's)."""
+    import tempfile
+
+    from tools.isolation.sandbox import run_python_json
+    main = toml["shapes"][toml.get("main_shape", 0)]
+    sizes = ",".join(f"{k}={int(v)}" for k, v in main.items())
+    with tempfile.TemporaryDirectory(prefix="agent-export-") as d:
+        (Path(d) / "problem.py").write_text(problem)
+        res, data = run_python_json("tools.kernelbench.evalkb", [str(Path(d) / "problem.py"), str(out.resolve()),
+                                                                 "--sizes", sizes], EVAL_TIMEOUT_S)
+    if data is None:
+        return _fail(f"{out}: the fresh-process check failed: {res.reason()}")
+    if not data.get("ok"):
+        return _fail(f"{out}: written, but in a fresh process it {'does not build' if not data.get('compiled') else 'is wrong'}: "
+                     f"{data.get('error')}")
+    make_console().print(f"checked in a fresh process as KernelBench checks a solution: built, {data['trials']} "
+                         f"trials match Model at {sizes} (max abs diff {data['max_abs_diff']:.3g})")
     return 0

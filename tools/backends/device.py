@@ -232,3 +232,42 @@ def ncu_counter_probe(timeout_s: float = 120) -> CounterProbe:
         return CounterProbe(status="ok", message="ncu read a hardware counter")
     tail = "\n".join(ln for ln in text.strip().splitlines()[-3:])
     return CounterProbe(status="error", message=f"ncu probe {res.reason() if res.status.value != 'ok' else 'gave no metric'}: {tail}")
+
+
+class BlockingStreams:
+    """`with BlockingStreams(n) as streams:` n CUDA streams made with cuStreamCreate's default flags, as torch
+    ExternalStreams. torch's own streams are non-blocking: work a kernel puts on the legacy default stream (a
+    `<<<grid, block>>>` launch without a stream, what KernelBench's solutions write) then runs beside the caller's
+    stream instead of before its next work, and a caller on such a stream reads the output before it is written. A
+    blocking stream keeps the legacy stream's ordering, which is what such a kernel was written for (its callers
+    are on the default stream); two blocking streams still run side by side. Made on the calling thread, which must
+    have torch's CUDA context current (any torch CUDA call made there); destroyed after a device-wide synchronize."""
+
+    def __init__(self, n: int):
+        self.n, self.handles = n, []
+
+    def __enter__(self) -> list:
+        import ctypes
+
+        import torch
+        torch.cuda.current_stream().synchronize()        # torch's context current on this thread
+        cu = ctypes.CDLL("libcuda.so.1")
+        for _ in range(self.n):
+            h = ctypes.c_void_p()
+            rc = cu.cuStreamCreate(ctypes.byref(h), ctypes.c_uint(0))
+            if rc != 0:
+                self.__exit__()
+                raise RuntimeError(f"cuStreamCreate failed with CUresult {rc}")
+            self.handles.append(h)
+        return [torch.cuda.ExternalStream(h.value) for h in self.handles]
+
+    def __exit__(self, *exc) -> None:
+        import ctypes
+
+        import torch
+        if self.handles:
+            torch.cuda.synchronize()
+            cu = ctypes.CDLL("libcuda.so.1")
+            for h in self.handles:
+                cu.cuStreamDestroy_v2(h)
+            self.handles = []

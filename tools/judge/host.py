@@ -248,7 +248,7 @@ class Host:
     def _two_threads(self, todo: list) -> list[int]:
         """Each call in the thread it names, the two at once (the reentrancy probe, tools/measure/probes.py); on a
         GPU each thread on a stream of its own. Returns the calls whose work outlived their stream."""
-        from tools.measure.probes import late_calls, two_threads
+        from tools.measure.together import late_calls, two_threads
         outs = tuple([c[2] for c in todo if c[4] == t] for t in (0, 1)) if self.task.backend.gpu else None
         late = two_threads(tuple([lambda c=c: self.mod.run(c[0], c[1], c[2], *c[3]) for c in todo if c[4] == t]
                                  for t in (0, 1)), outs)

@@ -19,6 +19,7 @@ import shutil
 from pathlib import Path
 
 from tools.backends.pch import strip_comments
+from tools.task import knob_pattern
 
 # KernelBench's tolerance by the output's dtype (its evaluator's allclose: atol = rtol)
 TOLERANCE = {"float32": 1e-4, "float64": 1e-6, "float16": 1e-2, "bfloat16": 1e-2}
@@ -69,6 +70,26 @@ def entry_of(sol: dict, where: str) -> str:
     if not m:
         raise WriteError(f"{where}: cpp_sources: its PYBIND11_MODULE defines no function; fix: m.def(\"forward\", ...)")
     return m.group(1)
+
+
+ROLES = [("THREAD", "threads"), ("VEC", "vector"), ("TILE", "tile"), ("BLOCK", "tile"), ("SPLIT", "split"),
+         ("PAD", "pad"), ("UNROLL", "other")]
+
+
+def knobs_toml(knobs: dict[str, list[int]], kernel_file: str, text: str) -> str:
+    """[[knobs]] for `--knob NAME=v1,v2,...`: each a `#define NAME <int>` the kernel has (its value the default)."""
+    out = []
+    for name, values in knobs.items():
+        m = knob_pattern(name).search(text)
+        if not m:
+            raise WriteError(f"--knob {name}: the kernel ({kernel_file}) has no `#define {name} <integer>` line; fix: "
+                             f"write one where the value is used, or drop the knob")
+        default = int(m.group(2))
+        role = next((r for key, r in ROLES if key in name), "other")
+        vals = sorted(set(values) | {default})
+        out += ["", "[[knobs]]", f'name = "{name}"', f"values = {vals}", f"default = {default}",
+                f'file = "{kernel_file}"', f'role = "{role}"', f'description = "from --knob at import; the kernel\'s value {default}"']
+    return "\n".join(out) + ("\n" if out else "")
 
 
 def _toml_shape(shape: dict) -> str:
@@ -122,8 +143,10 @@ def task_toml(name: str, probe: dict, src: dict, files: dict) -> str:
     return "\n".join(lines)
 
 
-def write_task(into: Path, name: str, probe: dict, problem: Path, solution: Path | None) -> dict:
-    """The task folder `into` (which must not exist or be empty). Returns what was written."""
+def write_task(into: Path, name: str, probe: dict, problem: Path, solution: Path | None,
+               knobs: dict[str, list[int]] | None = None) -> dict:
+    """The task folder `into` (which must not exist or be empty), with `knobs` (name -> values). Returns what was
+    written."""
     if into.exists() and any(into.iterdir()):
         raise WriteError(f"{into}: exists and is not empty; fix: name a new folder with --into (nothing was written)")
     sol = probe.get("solution")
@@ -142,6 +165,7 @@ def write_task(into: Path, name: str, probe: dict, problem: Path, solution: Path
              files["kernel"]: kernel(sol, cuda),
              META: json.dumps({"kernel": files["kernel"], "argument": "cuda_sources" if cuda else "cpp_sources",
                                "functions": sol["functions"], "problem": str(problem), "solution": where}, indent=1)}
+    texts["task.toml"] += knobs_toml(knobs or {}, files["kernel"], texts[files["kernel"]])
     if "binding.cpp" in files["sources"]:
         texts["binding.cpp"] = binding(sol, cuda, where) if sol["functions"] else \
             "#include <torch/extension.h>\n" + sol["cpp_sources"]

@@ -107,7 +107,7 @@ class LocalRuns:
     def together(self, calls: list[tuple]) -> list[int]:
         """The candidate on each (thread, shape, out, inputs), thread 0's and 1's at once (ctypes lets go of
         the GIL), on a GPU each thread on a stream of its own. Returns the calls whose work outlived their stream."""
-        from tools.measure.probes import late_calls, two_threads
+        from tools.measure.together import late_calls, two_threads
         outs = tuple([o for t, _, o, _ in calls if t == n] for n in (0, 1)) if self.gpu else None
         late = two_threads(tuple([lambda s=s, o=o, i=i: self.mod.run(self.lib, s, o, *i) for t, s, o, i in calls
                                   if t == n] for n in (0, 1)), outs)

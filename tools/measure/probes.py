@@ -66,7 +66,6 @@ REPEAT_BYTES = 128 << 20    # fresh inputs per try at most (at least 2 sets)
 REENTRANT_MS = 5.0          # each thread's calls last about this long (the candidate's median decides how many)
 REENTRANT_CALLS = 64        # calls per thread at most
 REENTRANT_BYTES = 256 << 20
-GATE_CYCLES = 40_000_000    # the spin that holds both streams while the threads queue their calls (~20 ms at 2 GHz)
 
 
 @dataclass
@@ -210,73 +209,6 @@ def repeat_speed(p: Probe) -> str | None:
     return (f"{shape_label(p.shape)}: a call on inputs it had not seen took {first * 1e3:.3g} us, a call on the "
             f"timed inputs {again * 1e3:.3g} us ({first / max(again, 1e-9):.1f}x at best of {REPEAT_TRIES} tries, "
             f"{k} fresh sets each): the timed calls did less work because they repeated earlier calls")
-
-
-def two_threads(work: tuple[list[Callable[[], None]], list[Callable[[], None]]], outs: tuple[list, list] | None = None
-                ) -> list[tuple[int, int]]:
-    """Two threads released together, thread t making work[t] back to back; the first exception either
-    raised is raised here. With `outs` (a CUDA task: thread t's outputs), each thread calls on a CUDA stream of its
-    own (torch's current stream is per thread: the task's `run` launches on it) and, after that stream's own
-    synchronize, copies its outputs, as a caller who reads them on that stream sees them; after a device-wide
-    synchronize each output is put back to that copy (so the judge checks what the caller's stream saw), and the
-    (thread, index) of every output that changed in between is returned: work that outlived the caller's stream."""
-    import threading
-    gate, errors = threading.Barrier(2), []
-    seen: dict[tuple[int, int], Any] = {}
-
-    def run(t, items):
-        try:
-            gate.wait(timeout=60)
-            if outs is None:
-                for fn in items:
-                    fn()
-                return
-            import torch
-            stream = torch.cuda.Stream()
-            stream.wait_event(start)     # held until the gate opens: both threads' calls queued by then
-            with torch.cuda.stream(stream):
-                for fn in items:
-                    fn()
-            stream.synchronize()
-            for i, o in enumerate(outs[t]):
-                seen[(t, i)] = o.detach().to("cpu", copy=True)
-        except BaseException as e:  # noqa: BLE001  (the kernel's or the task's error: raised below)
-            errors.append(e)
-            gate.abort()
-    if outs is not None:
-        # the gate: one spin kernel on a stream of its own, then an event both threads' streams wait on, so that their
-        # calls, queued while it spins, start at the same moment on the GPU and run side by side (a spin per stream
-        # started each when its thread got there: short kernels of one stream ran between the other's, and a
-        # split-row softmax with a static per-row counter was kept: verify_gpu, H200)
-        import torch
-        gate_stream, start = torch.cuda.Stream(), torch.cuda.Event()
-        with torch.cuda.stream(gate_stream):
-            torch.cuda._sleep(GATE_CYCLES)
-        start.record(gate_stream)
-    threads = [threading.Thread(target=run, args=(t, items), daemon=True) for t, items in enumerate(work)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    if errors:
-        raise errors[0]
-    if outs is None:
-        return []
-    import torch
-    torch.cuda.synchronize()
-    late = []
-    for (t, i), copy in sorted(seen.items()):
-        o = outs[t][i]
-        if not torch.equal(o.detach().cpu().view(-1).view(torch.uint8), copy.view(-1).view(torch.uint8)):
-            late.append((t, i))
-            o.copy_(copy)
-    return late
-
-
-def late_calls(thread_of: list[int], late: list[tuple[int, int]]) -> list[int]:
-    """two_threads' (thread, index) pairs as positions in the list of calls whose threads are `thread_of`."""
-    mine = [[n for n, t in enumerate(thread_of) if t == want] for want in (0, 1)]
-    return [mine[t][i] for t, i in late]
 
 
 def reentrant(p: Probe) -> str | None:
