@@ -34,7 +34,6 @@ def _status(root: Path) -> str:
     ("bad_noinputs_problem.py", None, "bad_noinputs_problem.py: get_inputs: the problem defines no get_inputs"),
     ("ew_problem.py", "mm_problem.py", "mm_problem.py: ModelNew: the solution defines no ModelNew"),
     ("ew_problem.py", "no_such_file.py", "no_such_file.py: --solution: no such file"),
-    ("ew_problem.py", None, "no --solution given"),
 ])
 def test_bad_input_is_one_line_and_writes_nothing(tmp_path, problem, solution, field):
     root = _repo(tmp_path)
@@ -57,6 +56,37 @@ def test_probe_reads_sizes_shapes_and_the_solution(tmp_path):
     assert d["output"] == {"dtype": "float32", "shape": [64, 128]}
     assert d["device"] == "cuda" and d["solution"]["functions"] == ["linear_relu_forward"]
     assert "__global__" in d["solution"]["cuda_sources"]
+
+
+def test_a_forward_that_reads_tensor_values_gets_one_line(tmp_path):
+    """Shapes are tried on torch's meta device, where a forward that branches on a tensor's value cannot run: one line
+    says so (not a traceback, not a misleading 'fails at its sizes')."""
+    bad = tmp_path / "branchy_problem.py"
+    bad.write_text((DATA / "ew_problem.py").read_text().replace(
+        "        return x * y + y", "        if x.sum() > 0:\n            return x * y + y\n        return x - y"))
+    root = _repo(tmp_path)
+    r = agent(root, "import", "kernelbench", str(bad), timeout=300)
+    assert r.returncode == 2 and "reads tensor values in Python" in r.stderr and "fix" in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr and _status(root) == ""
+
+
+def test_the_scaffold_writes_aten_calls_in_schema_order():
+    """torch.export's graph as C++: positional arguments, a keyword argument after defaults it skips (filled from the
+    schema), ints, lists and strings as C++ values."""
+    import torch
+
+    from tools.kernelbench.scaffold import forward_source
+
+    class M(torch.nn.Module):
+        def forward(self, x):
+            return torch.nn.functional.gelu(torch.sum(x, dim=[1], keepdim=True), approximate="tanh") * 2
+
+    x = torch.randn(4, 6)
+    ep = torch.export.export(M(), (x,), dynamic_shapes=({0: torch.export.Dim.AUTO, 1: torch.export.Dim.AUTO},))
+    src, args = forward_source(ep)
+    assert args == [("input", "x")]
+    assert "at::sum(v_x, std::vector<int64_t>{int64_t(1)}, true);" in src
+    assert 'at::gelu(v_sum_1, "tanh")' in src and "at::mul(v_gelu, int64_t(2))" in src, src
 
 
 def test_cpu_machine_shrinks_sizes_it_cannot_run(tmp_path):
@@ -147,6 +177,21 @@ def test_kernelbench_reward_hacks_are_refused_at_their_stage(tmp_path, adversary
     assert r.returncode == 0, r.stdout + r.stderr
     r = agent(root, "check", "kernels/adv", timeout=600)
     assert r.returncode != 0 and stage in r.stdout, r.stdout[-3000:]
+
+
+@pytest.mark.slow
+def test_without_a_solution_the_forward_is_scaffolded_and_checks(tmp_path):
+    """A problem with parameters (Linear + ReLU) and no solution: the starting kernel is its forward as ATen calls,
+    ModelNew subclasses Model (the same seeded parameters), and `agent check` passes it."""
+    root = _repo(tmp_path)
+    r = agent(root, "import", "kernelbench", str(DATA / "fuse_problem.py"), "--name", "fuse", timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    task = root / "kernels" / "fuse"
+    kernel = (task / "kernel.cpp").read_text()
+    assert "at::linear(" in kernel and "at::relu(" in kernel
+    assert "class ModelNew(Model):" in (task / "model_new.py").read_text()
+    r = agent(root, "check", "kernels/fuse", timeout=600)
+    assert r.returncode == 0 and "all checks passed" in r.stdout, r.stdout[-3000:] + r.stderr[-2000:]
 
 
 @pytest.mark.slow

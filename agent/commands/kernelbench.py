@@ -1,4 +1,4 @@
-"""`agent import kernelbench PROBLEM.py --solution NEW.py [--into DIR] [--name NAME] [--scale F]`: a task from
+"""`agent import kernelbench PROBLEM.py [--solution NEW.py] [--into DIR] [--name NAME] [--scale F] [--knob ...]`: a task from
 a KernelBench problem file (tools/kernelbench/). The files are read in a child process (they are code); the
 task folder is written only when everything checked out, and never over an existing folder.
 
@@ -23,7 +23,8 @@ def register(subparsers) -> None:
                               description="Make a task folder from a KernelBench problem file and its solution.")
     p.add_argument("format", choices=["kernelbench"], help="the format of PROBLEM")
     p.add_argument("problem", type=Path, help="the problem file: Model, get_inputs, get_init_inputs, sizes")
-    p.add_argument("--solution", type=Path, help="a ModelNew file that builds its kernel with load_inline")
+    p.add_argument("--solution", type=Path, help="a ModelNew file that builds its kernel with load_inline (without "
+                   "one: the forward as ATen calls, from torch.export, to start from)")
     p.add_argument("--into", type=Path, help="the new task folder (default: kernels/NAME in this git repository)")
     p.add_argument("--name", help="the task's name (default: the problem file's name)")
     p.add_argument("--scale", type=float, default=1.0, help="multiply the problem's sizes by this (e.g. 0.25)")
@@ -41,6 +42,16 @@ def _root() -> Path:
 def _fail(msg: str) -> int:
     make_console(stderr=True).print(f"[red]import failed[/red] {escape(msg)}")
     return 2
+
+
+def _scaffold_allow(sol: dict) -> dict[str, str]:
+    """The scan rules the scaffolded kernel breaks by construction (its ATen calls: at::linear, at::softmax ... are
+    the reference's own operators), allowed with the reason, so that its check runs; a kernel of the user's or the
+    model's that still calls them is then measured against the operator it calls, at about 1x."""
+    from tools.build.scan import scan_text
+    hits = scan_text(sol["cuda_sources"] or sol["cpp_sources"], "kernel")
+    return {h.rule: "the starting kernel agent import scaffolded calls the reference's ATen operators; drop this line "
+                    "once the kernel computes them itself" for h in hits}
 
 
 def _import(args) -> int:
@@ -69,13 +80,19 @@ def _import(args) -> int:
         return _fail(f"{args.problem}: reading it failed: {res.reason()}")
     if not data.get("ok"):
         return _fail(f"{data['file']}: {data['field']}: {data['error']}; fix: {data['fix']}")
+    allow = _scaffold_allow(data["solution"]) if solution is None else {}
     try:
-        done = write_task(into.resolve(), name, data, problem, solution, knobs)
+        done = write_task(into.resolve(), name, data, problem, solution, knobs, allow)
     except WriteError as e:
         return _fail(str(e))
     con = make_console()
     con.print(f"[green]imported[/green] {escape(str(into))}: a {done['device']} task, entry {done['entry']}, "
               f"{len(data['shapes'])} shapes ({', '.join(escape(str(s)) for s in data['shapes'])})")
+    if solution is None:
+        con.print("  note: no --solution: the kernel is the problem's forward as ATen calls (torch.export), correct and "
+                  "naive; replace them with kernels (--proposer llm, or by hand)")
+    for rule, why in allow.items():
+        con.print(f"  note: task.toml {escape('[scan]')} allows {rule}: {escape(why)}")
     for line in filter(None, [data.get("note"), *data.get("dropped", [])]):
         con.print(f"  note: {escape(line)}")
     con.print(f"next: agent check {escape(str(into))}; then commit the folder and agent optimize {escape(str(into))}")

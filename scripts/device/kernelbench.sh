@@ -6,6 +6,8 @@
 #   honest      import and `agent check` the CUDA solutions: ew, rowred, softmax (its THREADS and VEC as knobs)
 #   adversaries import and check KernelBench's three published reward hacks, written for these tests: an output left
 #               uninitialised (torch::empty_like), inputs zeroed by the kernel, the work on a non-default stream
+#   scaffold    import the fused linear + ReLU and the softmax problems without a solution (the forward as ATen calls
+#               in a .cu, torch.export) and `agent check` them
 #   softmax     softmax: rebuild seconds after a one-line edit (scripts/rebuild_time.py), `agent optimize` (heuristic
 #               over THREADS and VEC), `agent export --kernelbench` and its fresh-process check
 # What comes back under $OUT: summary.txt (printed at the end) and PART.tgz with the logs and run records.
@@ -44,6 +46,16 @@ adversaries() {
   for a in adv_uninit adv_zero_inputs adv_stream; do imp "$a" ew_problem.py "$a.py"; check "$a"; done
 }
 
+scaffold() {
+  for p in fuse softmax; do
+    echo "== agent import kernelbench ${p}_problem.py (no solution) --name sc_$p" >> "$S"
+    (cd "$U" && /usr/bin/time -f "wall %e s" -a -o "$S" timeout 300 python3 -m agent import kernelbench \
+        "$D/${p}_problem.py" --name "sc_$p" > "$W/import_sc_$p.log" 2>&1); echo "rc=$?" >> "$S"
+    grep -v "^reading" "$W/import_sc_$p.log" | cut -c1-300 >> "$S"
+    check "sc_$p"
+  done
+}
+
 softmax() {
   [ -d "$U/kernels/softmax" ] || imp softmax softmax_problem.py softmax_cuda.py --knob THREADS=64,128,256,512,1024 --knob VEC=1,2,4
   (cd "$U" && git add -A && git -c user.name=u -c user.email=u@x commit -qm "imported tasks") >/dev/null
@@ -69,7 +81,7 @@ PY
 }
 
 for part in "$@"; do
-  case "$part" in honest|adversaries|softmax) ;; *) echo "unknown part: $part" >&2; exit 2 ;; esac
+  case "$part" in honest|adversaries|scaffold|softmax) ;; *) echo "unknown part: $part" >&2; exit 2 ;; esac
   W=$FIG/$part; mkdir -p "$W"; echo "#### $part" >> "$S"; t0=$SECONDS
   cd "$R" && "$part"; cd "$R" || exit 1
   echo "#### $part: $((SECONDS - t0)) s" >> "$S"

@@ -9,5 +9,7 @@ A KernelBench *problem* is one Python file: `class Model(nn.Module)` whose forwa
 - task_py: the task.py every imported task gets (the reference is the problem's Model, the call is the
   solution's ModelNew with its load_inline answered by the build under test).
 - writer: the task folder (task.toml, binding.cpp, the editable kernel, problem.py, model_new.py).
-- export: the best kernel back into one self-contained ModelNew file KernelBench's evaluator loads.
+- scaffold: without a solution, the forward as ATen calls (torch.export) and a ModelNew(Model) calling them.
+- export: the best kernel back into one self-contained ModelNew file KernelBench's evaluator loads; evalkb: such a
+  file checked in a fresh process as KernelBench's evaluator checks one.
 """

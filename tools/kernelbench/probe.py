@@ -143,6 +143,10 @@ def main_shape(mod, sizes, vary, scale, on_gpu, gpu_bytes, path) -> tuple[dict, 
     try:
         why = fits(mod, shape, on_gpu, gpu_bytes)
     except Exception as e:  # noqa: BLE001
+        if "meta" in str(e):
+            raise ProbeError(str(path), "Model.forward", "reads tensor values in Python (an `if` on a tensor, .item()): "
+                             f"it cannot run on torch's meta device, where shapes are tried ({str(e)[:120]})",
+                             "not supported yet: compute the forward with tensor operations only") from None
         raise ProbeError(str(path), "Model.forward", f"fails at the file's own sizes {sizes}: {type(e).__name__}: "
                          f"{str(e)[:200]}", "make Model(*get_init_inputs())(*get_inputs()) run as written") from None
     first_why = why
@@ -288,8 +292,22 @@ def probe(problem_path: Path, solution: Path | None, scale: float, gpu: bool) ->
     shapes = [main, *others]
     real_run(mod, min(shapes, key=lambda s: describe(*run_meta(mod, s), problem_path)["bytes"]), problem_path, gpu)
     info = describe(*run_meta(mod, main), problem_path)
+    if sol is None:
+        sol = _scaffold(mod, problem_path, min(shapes, key=lambda s: sum(s.values())), cuda_task)
     return {"ok": True, "sizes": sizes, "vary": vary, "shapes": shapes, "dropped": dropped, "note": note,
             "device": "cuda" if cuda_task else "cpu", **info, **({"solution": sol} if sol else {})}
+
+
+def _scaffold(mod, path: Path, shape: dict, cuda: bool) -> dict:
+    """The starting solution for a problem given without one (tools/kernelbench/scaffold.py), captured at a small
+    shape (every dimension is dynamic in the capture)."""
+    from tools.kernelbench.scaffold import ScaffoldError, scaffold
+    set_sizes([mod], shape)
+    try:
+        return scaffold(mod, path, list(mod.get_init_inputs()), cuda)
+    except ScaffoldError as e:
+        raise ProbeError(str(path), "Model.forward", f"no starting kernel could be made from it: {e}",
+                         "give a solution with --solution NEW.py (a ModelNew built with load_inline)") from None
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -144,16 +144,14 @@ def task_toml(name: str, probe: dict, src: dict, files: dict) -> str:
 
 
 def write_task(into: Path, name: str, probe: dict, problem: Path, solution: Path | None,
-               knobs: dict[str, list[int]] | None = None) -> dict:
-    """The task folder `into` (which must not exist or be empty), with `knobs` (name -> values). Returns what was
-    written."""
+               knobs: dict[str, list[int]] | None = None, scan_allow: dict[str, str] | None = None) -> dict:
+    """The task folder `into` (which must not exist or be empty), with `knobs` (name -> values) and the source scan's
+    rules `scan_allow` allows (name -> why). Returns what was written."""
     if into.exists() and any(into.iterdir()):
         raise WriteError(f"{into}: exists and is not empty; fix: name a new folder with --into (nothing was written)")
-    sol = probe.get("solution")
-    if sol is None:
-        raise WriteError(f"{problem}: no --solution given; fix: pass --solution NEW.py (a ModelNew built with load_inline)")
+    sol = probe["solution"]
     cuda = bool(sol["cuda_sources"])
-    where = str(solution)
+    where = str(solution) if solution else "the scaffolded solution"
     entry = entry_of(sol, where)
     ext = "cu" if cuda else "cpp"
     files = {"kernel": f"kernel.{ext}", "entry": entry,
@@ -161,11 +159,13 @@ def write_task(into: Path, name: str, probe: dict, problem: Path, solution: Path
     if not sol["functions"] and cuda:
         files["sources"] = ["binding.cpp", "kernel.cu"]
     texts = {"task.toml": task_toml(name, probe,
-                                    {"problem": str(problem), "solution": where}, files),
+                                    {"problem": str(problem), "solution": str(solution) if solution else None}, files),
              files["kernel"]: kernel(sol, cuda),
              META: json.dumps({"kernel": files["kernel"], "argument": "cuda_sources" if cuda else "cpp_sources",
                                "functions": sol["functions"], "problem": str(problem), "solution": where}, indent=1)}
     texts["task.toml"] += knobs_toml(knobs or {}, files["kernel"], texts[files["kernel"]])
+    if scan_allow:
+        texts["task.toml"] += "\n[scan]\nallow = { " + ", ".join(f"{k} = {json.dumps(v)}" for k, v in scan_allow.items()) + " }\n"
     if "binding.cpp" in files["sources"]:
         texts["binding.cpp"] = binding(sol, cuda, where) if sol["functions"] else \
             "#include <torch/extension.h>\n" + sol["cpp_sources"]
@@ -174,6 +174,9 @@ def write_task(into: Path, name: str, probe: dict, problem: Path, solution: Path
         (into / f).write_text(t)
     shutil.copyfile(Path(__file__).with_name("task_py.py"), into / "task.py")
     shutil.copyfile(problem, into / "problem.py")
-    shutil.copyfile(solution, into / "model_new.py")
+    if solution:
+        shutil.copyfile(solution, into / "model_new.py")
+    else:
+        (into / "model_new.py").write_text(sol["model_new"])
     return {"into": str(into), "files": sorted([*texts, "task.py", "problem.py", "model_new.py"]), "entry": entry,
             "device": probe["device"]}
