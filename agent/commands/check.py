@@ -90,6 +90,9 @@ def run_check(task_path: Path, build_dir: Path | None = None, knobs: str = "comm
     note = slow_rebuild_note(task)
     if note:
         steps.add("rebuild", "note", note)
+    legacy = _legacy_stream_note(task)
+    if legacy:
+        steps.add("stream", "note", legacy)
     summary = CheckSummary(task=task.name, build=b, ok=False)
     if b.status != BuildStatus.ok:
         return summary, steps
@@ -152,6 +155,22 @@ def run_check(task_path: Path, build_dir: Path | None = None, knobs: str = "comm
         steps.add("knobs", "note", f"only the committed values checked; --knobs each builds and checks each other "
                   f"allowed value ({n['each']} configurations), --knobs all every configuration ({n['all']})")
     return summary, steps
+
+
+def _legacy_stream_note(task) -> str | None:
+    """A torch extension's CUDA launches that name no stream: right for a caller on the default stream (the judge's
+    calls, KernelBench's evaluator), wrong for a PyTorch caller on a torch.cuda.Stream (torch's streams are
+    non-blocking: they do not wait for stream 0). Said, not refused: the kernel is honest where it is called."""
+    if task.spec.form != "torch_extension" or not task.backend.gpu:
+        return None
+    from tools.backends.cu_scan import default_stream_launches
+    found = [f"{f}:{','.join(map(str, lines))}" for f in task.spec.sources if f.endswith(".cu")
+             for lines in [default_stream_launches(task.path(f).read_text(errors="replace"))] if lines]
+    if not found:
+        return None
+    return (f"{' '.join(found)}: launches on the legacy default stream (no stream in <<<>>>): right for a caller on the "
+            "default stream, but a PyTorch caller on a torch.cuda.Stream reads the output before it is written "
+            "(torch's streams do not wait for stream 0). Launch on at::cuda::getCurrentCUDAStream()")
 
 
 def cmd_check(args) -> int:

@@ -228,3 +228,25 @@ def directive(it: Item) -> str:
     return m.group(1) if m else ""
 
 
+
+
+def _top_level(config: str) -> list[str]:
+    parts, depth, cur = [], 0, ""
+    for ch in config:
+        depth += {"(": 1, "[": 1, "{": 1, ")": -1, "]": -1, "}": -1}.get(ch, 0)
+        if ch == "," and depth == 0:
+            parts.append(cur)
+            cur = ""
+        else:
+            cur += ch
+    return parts + [cur]
+
+
+def default_stream_launches(text: str) -> list[int]:
+    """The lines of `<<<...>>>` launches that name no stream (or stream 0): they run on the legacy default stream."""
+    out = []
+    for launch in launches_in(mask(text), text):
+        parts = _top_level(launch.config)
+        if len(parts) < 4 or parts[3].strip() in ("0", "nullptr", "NULL", "cudaStreamLegacy"):
+            out.append(text.count("\n", 0, launch.start) + 1)
+    return out
