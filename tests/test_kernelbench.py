@@ -166,17 +166,23 @@ def test_a_default_stream_cuda_solution_passes_check(tmp_path):
     assert r.returncode == 0 and "all checks passed" in r.stdout, r.stdout[-3000:]
 
 
-@pytest.mark.gpu
-@pytest.mark.skipif(not _gpu(), reason="needs a CUDA GPU")
-@pytest.mark.parametrize("adversary, stage", [("adv_uninit", "mismatch"), ("adv_zero_inputs", "input_mutated"),
-                                              ("adv_stream", "scan_rejected")])
-def test_kernelbench_reward_hacks_are_refused_at_their_stage(tmp_path, adversary, stage):
+def _refused_at(tmp_path: Path, adversary: str, stage: str) -> None:
+    """An adversarial solution of the elementwise problem imported (it imports: it is a well-formed solution) and
+    refused by `agent check` at `stage`."""
     root = _repo(tmp_path)
     r = agent(root, "import", "kernelbench", str(DATA / "ew_problem.py"), "--solution", str(DATA / f"{adversary}.py"),
               "--name", "adv", timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
     r = agent(root, "check", "kernels/adv", timeout=600)
     assert r.returncode != 0 and stage in r.stdout, r.stdout[-3000:]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _gpu(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("adversary, stage", [("adv_uninit", "mismatch"), ("adv_zero_inputs", "input_mutated"),
+                                              ("adv_stream", "scan_rejected")])
+def test_kernelbench_reward_hacks_are_refused_at_their_stage(tmp_path, adversary, stage):
+    _refused_at(tmp_path, adversary, stage)
 
 
 @pytest.mark.slow
@@ -199,12 +205,7 @@ def test_without_a_solution_the_forward_is_scaffolded_and_checks(tmp_path):
 def test_kernelbench_reward_hacks_on_the_cpu(tmp_path, adversary, stage):
     """The two of KernelBench's published hacks a CPU solution can play: an output never written (torch::empty_like:
     the reference's answer is in another process here, never in reach of the allocator) and inputs zeroed in place."""
-    root = _repo(tmp_path)
-    r = agent(root, "import", "kernelbench", str(DATA / "ew_problem.py"), "--solution", str(DATA / f"{adversary}.py"),
-              "--name", "adv", timeout=300)
-    assert r.returncode == 0, r.stdout + r.stderr
-    r = agent(root, "check", "kernels/adv", timeout=600)
-    assert r.returncode != 0 and stage in r.stdout, r.stdout[-3000:]
+    _refused_at(tmp_path, adversary, stage)
 
 
 def test_check_says_where_a_cuda_solution_launches_on_the_legacy_stream(tmp_path):
