@@ -35,8 +35,12 @@ def register(subparsers) -> None:
 
 
 def _root() -> Path:
-    p = subprocess.run(["git", "rev-parse", "--show-toplevel"], capture_output=True, text=True)
-    return Path(p.stdout.strip()) if p.returncode == 0 else Path.cwd()
+    """The git repository's root (where `kernels/` goes), as the other commands find it; else this folder."""
+    from agent import gitops
+    try:
+        return Path(gitops.open_repo(Path.cwd()).working_tree_dir)
+    except gitops.GitError:
+        return Path.cwd()
 
 
 def _fail(msg: str) -> int:

@@ -154,10 +154,9 @@ def write_task(into: Path, name: str, probe: dict, problem: Path, solution: Path
     where = str(solution) if solution else "the scaffolded solution"
     entry = entry_of(sol, where)
     ext = "cu" if cuda else "cpp"
+    # a CPU solution that writes its own PYBIND11_MODULE is one file; otherwise the binding is a file of its own
     files = {"kernel": f"kernel.{ext}", "entry": entry,
-             "sources": ["binding.cpp", f"kernel.{ext}"] if sol["functions"] else [f"kernel.{ext}"]}
-    if not sol["functions"] and cuda:
-        files["sources"] = ["binding.cpp", "kernel.cu"]
+             "sources": ["binding.cpp", f"kernel.{ext}"] if sol["functions"] or cuda else [f"kernel.{ext}"]}
     texts = {"task.toml": task_toml(name, probe,
                                     {"problem": str(problem), "solution": str(solution) if solution else None}, files),
              files["kernel"]: kernel(sol, cuda),
