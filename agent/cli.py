@@ -18,7 +18,8 @@ COMMAND_MODULES = [
     "agent.commands.optimize",   # optimize, resume, sweep
     "agent.commands.review",     # runs, show, report, cherry-pick, gate
     "agent.commands.clean",      # clean
-    "agent.commands.kernelbench",  # import
+    "agent.commands.kernelbench",  # import, export
+    "agent.commands.init",       # init
 ]
 
 

@@ -103,7 +103,7 @@ FLOORS: list[tuple[str, ...]] = [
     ("tools.results", "tools.console", "tools.expr", "tools.task_messages"),
     ("tools.isolation",),          # how a child runs: sandbox, fence, scratch, fork server
     ("tools.backends",),           # compilers, headers, the GPU, the clock: what differs by form and device
-    ("tools.task", "tools.taskspec"),   # task.toml -> Task, with its backend; its sections
+    ("tools.task", "tools.taskspec", "tools.signature"),   # task.toml -> Task, with its backend; its sections
     ("tools.kernelbench",),        # KernelBench's files in (a task folder) and out (a ModelNew file)
     ("tools.build",),              # ninja: the task's sources into its library; earlier objects reused
     ("tools.measure", "tools.profile"),   # launch, parity, bench and their statistics; Nsight Compute

@@ -23,7 +23,7 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 
 from tools.expr import compile_expr, eval_expr
 from tools.taskspec import (BenchSpec, BuildSpec, DimRange, ExtensionSpec, Knob, LaunchSpec, ScanSpec,  # noqa: F401
-                            MetricsSpec, ParitySpec, Tolerance, Strict)
+                            MetricsSpec, ParitySpec, SignatureSpec, Tolerance, Strict)
 from tools.task_messages import shape_keys_differ, validation_message
 
 Shape = dict[str, int | bool]
@@ -68,6 +68,7 @@ class TaskSpec(Strict):
     scan: ScanSpec = ScanSpec()     # the source scan's rules the task allows (tools/build/scan.py)
     bench: BenchSpec = BenchSpec()
     dims: dict[str, DimRange] = {}   # each dimension's allowed range (parity draws its extremes: tools/measure/ranges.py)
+    signature: SignatureSpec | None = None   # the extern "C" function a generated task.py calls (tools/signature.py)
 
     @field_validator("shapes")
     @classmethod
@@ -103,6 +104,16 @@ class TaskSpec(Strict):
                 raise ValueError(f"knob {k.name}: file {k.file!r} is not editable")
         for r in self.restrictions:
             compile_expr(r, allowed=set(names))
+        if self.signature is not None:
+            if self.form != "ctypes":
+                raise ValueError('[signature] is for form = "ctypes" (an extension is called through its module)')
+            keys = set(self.shapes[0])
+            for a in self.signature.args:
+                for e in [*a.shape, *([a.value] if a.kind == "int" and isinstance(a.value, str) else [])]:
+                    if isinstance(e, str):
+                        compile_expr(e, allowed=keys)
+                if a.kind == "int" and a.value is None and a.name not in keys:
+                    raise ValueError(f"[signature] {a.name}: no shape field of that name; give its value")
         if self.knobs and not self.restriction_ok(self.default_knobs()):
             raise ValueError("the knobs' defaults break the restrictions")
         return self
@@ -214,6 +225,10 @@ def load_task(path: str | Path) -> Task:
         raise TaskError(toml_path, "module", f"file {spec.module!r} does not exist in {root}")
     if spec.form == "torch_extension":
         _has_binding(toml_path, root, spec.sources, spec.ext)
+    if spec.signature is not None:
+        from tools.signature import task_mismatch
+        if (why := task_mismatch(spec.signature, root, spec.sources)) is not None:
+            raise TaskError(toml_path, "signature", why)
     for k in spec.knobs:
         if not knob_pattern(k.name).search((root / k.file).read_text()):
             raise TaskError(toml_path, f'knobs "{k.name}"', f"no '#define {k.name} <int>' line in {k.file}")

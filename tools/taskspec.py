@@ -132,3 +132,45 @@ class DimRange(Strict):
         if self.min > self.max:
             raise ValueError(f"min {self.min} is above max {self.max}")
         return self
+
+
+class ArgSpec(Strict):
+    """One parameter of the kernel's extern "C" function, in the function's order ([signature] args): a tensor
+    (input or output: dtype and shape) or a scalar (int: its value an expression over the shape; float: a constant)."""
+    name: str = Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
+    kind: Literal["input", "output", "int", "float", "stream"]
+    dtype: str | None = None              # input, output: torch's name without torch. ("float32", "int64")
+    shape: list[str | int] = []           # input, output: each an integer or an expression over the shape's fields
+    value: str | float | None = None      # int: an expression over the shape (default: the name); float: the value
+    ctype: str | None = None              # int, float: the C type of the prototype ("int", "int64_t", "double")
+
+    @model_validator(mode="after")
+    def _kind_fields(self) -> "ArgSpec":
+        tensor = self.kind in ("input", "output")
+        if tensor and (self.dtype is None or not self.shape):
+            raise ValueError(f"{self.name}: an {self.kind} needs dtype and shape")
+        if not tensor and (self.dtype is not None or self.shape):
+            raise ValueError(f"{self.name}: dtype and shape are for inputs and outputs, not a {self.kind}")
+        if self.kind == "float" and not isinstance(self.value, (int, float)):
+            raise ValueError(f"{self.name}: a float needs its value (a number)")
+        return self
+
+
+class SignatureSpec(Strict):
+    """The kernel's extern "C" function as the generated task.py calls it (tools/signature.py; `agent init`)."""
+    function: str = Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
+    reference: str = Field(pattern=r"^[A-Za-z_][A-Za-z0-9_.]*:[A-Za-z_][A-Za-z0-9_]*$")   # module:function
+    args: list[ArgSpec] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _one_output(self) -> "SignatureSpec":
+        names = [a.name for a in self.args]
+        if len(set(names)) != len(names):
+            raise ValueError(f"argument names repeat: {names}")
+        outs = [a.name for a in self.args if a.kind == "output"]
+        if len(outs) != 1:
+            raise ValueError(f"one output is declared here, not {len(outs)} ({outs}): a kernel with several outputs "
+                             "needs a task.py of its own (docs/TASKS.md section 4)")
+        if not any(a.kind == "input" for a in self.args):
+            raise ValueError("no input declared")
+        return self

@@ -30,11 +30,11 @@ def register(subparsers) -> None:
     p.add_argument("--scale", type=float, default=1.0, help="multiply the problem's sizes by this (e.g. 0.25)")
     p.add_argument("--knob", action="append", default=[], metavar="NAME=V1,V2,...",
                    help="a tunable #define of the kernel and the values the heuristic and sweep may give it (repeat)")
-    p.set_defaults(func=_import)
+    p.set_defaults(func=import_kernelbench)
     register_export(subparsers)
 
 
-def _root() -> Path:
+def repo_root() -> Path:
     """The git repository's root (where `kernels/` goes), as the other commands find it; else this folder."""
     from agent import gitops
     try:
@@ -58,7 +58,7 @@ def _scaffold_allow(sol: dict) -> dict[str, str]:
                     "once the kernel computes them itself" for h in hits}
 
 
-def _import(args) -> int:
+def import_kernelbench(args) -> int:
     from tools.isolation.sandbox import run_python_json
     from tools.kernelbench.writer import WriteError, write_task
     for what, f in (("problem", args.problem), ("--solution", args.solution)):
@@ -73,7 +73,7 @@ def _import(args) -> int:
         knobs = {k.strip(): [int(v) for v in vals.split(",")] for k, _, vals in (kv.partition("=") for kv in args.knob)}
     except ValueError:
         return _fail(f"--knob {' '.join(args.knob)}: give NAME=V1,V2,... with integer values")
-    into = args.into or _root() / "kernels" / name
+    into = args.into or repo_root() / "kernels" / name
     if into.exists() and any(into.iterdir()):
         return _fail(f"{into}: exists and is not empty; fix: name a new folder with --into (nothing was written)")
     problem, solution = args.problem.resolve(), args.solution.resolve() if args.solution else None

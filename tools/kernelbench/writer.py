@@ -76,7 +76,7 @@ ROLES = [("THREAD", "threads"), ("VEC", "vector"), ("TILE", "tile"), ("BLOCK", "
          ("PAD", "pad"), ("UNROLL", "other")]
 
 
-def knobs_toml(knobs: dict[str, list[int]], kernel_file: str, text: str) -> str:
+def knobs_toml(knobs: dict[str, list[int]], kernel_file: str, text: str, by: str = "import") -> str:
     """[[knobs]] for `--knob NAME=v1,v2,...`: each a `#define NAME <int>` the kernel has (its value the default)."""
     out = []
     for name, values in knobs.items():
@@ -88,7 +88,7 @@ def knobs_toml(knobs: dict[str, list[int]], kernel_file: str, text: str) -> str:
         role = next((r for key, r in ROLES if key in name), "other")
         vals = sorted(set(values) | {default})
         out += ["", "[[knobs]]", f'name = "{name}"', f"values = {vals}", f"default = {default}",
-                f'file = "{kernel_file}"', f'role = "{role}"', f'description = "from --knob at import; the kernel\'s value {default}"']
+                f'file = "{kernel_file}"', f'role = "{role}"', f'description = "from --knob at {by}; the kernel\'s value {default}"']
     return "\n".join(out) + ("\n" if out else "")
 
 
