@@ -29,11 +29,21 @@ def _status(root: Path) -> str:
     return git(root, "status", "--porcelain", "--untracked-files=all")
 
 
+def _has_gpu() -> bool:
+    try:
+        import torch
+        return torch.cuda.is_available()
+    except ImportError:
+        return False
+
+
 @pytest.mark.parametrize("problem, solution, field", [
     ("bad_syntax_problem.py", None, "bad_syntax_problem.py: line 10: syntax error"),
     ("bad_noinputs_problem.py", None, "bad_noinputs_problem.py: get_inputs: the problem defines no get_inputs"),
     ("ew_problem.py", "mm_problem.py", "mm_problem.py: ModelNew: the solution defines no ModelNew"),
     ("ew_problem.py", "no_such_file.py", "no_such_file.py: --solution: no such file"),
+    pytest.param("bad_needs_gpu_problem.py", None, "bad_needs_gpu_problem.py: Model: needs a GPU and this machine has none",
+                 marks=pytest.mark.skipif(_has_gpu(), reason="a GPU is here: the problem imports")),
 ])
 def test_bad_input_is_one_line_and_writes_nothing(tmp_path, problem, solution, field):
     root = _repo(tmp_path)

@@ -135,7 +135,7 @@ def fits(mod, shape, on_gpu: bool, gpu_bytes: int) -> str | None:
     return f"the reference takes {s * 1e3:.0f} ms a call on one CPU thread" if s > CPU_REF_S else None
 
 
-def main_shape(mod, sizes, vary, scale, on_gpu, gpu_bytes, path) -> tuple[dict, str]:
+def main_shape(mod, sizes, vary, scale, on_gpu, gpu_bytes, path, gpu_here: bool = False) -> tuple[dict, str]:
     """KernelBench's sizes (times --scale), halved (the largest varying size first) until this machine
     holds and runs them; with a note saying what was done and why."""
     shape = {k: (max(1, round(v * scale)) if k in vary else v) for k, v in sizes.items()}
@@ -143,6 +143,7 @@ def main_shape(mod, sizes, vary, scale, on_gpu, gpu_bytes, path) -> tuple[dict, 
     try:
         why = fits(mod, shape, on_gpu, gpu_bytes)
     except Exception as e:  # noqa: BLE001
+        needs_gpu(e, gpu_here, path)
         if "meta" in str(e):
             raise ProbeError(str(path), "Model.forward", "reads tensor values in Python (an `if` on a tensor, .item()): "
                              f"it cannot run on torch's meta device, where shapes are tried ({str(e)[:120]})",
@@ -204,13 +205,19 @@ def real_run(mod, shape, path: Path, gpu: bool) -> None:
         with torch.no_grad():
             model(*[t.to(dev) if isinstance(t, torch.Tensor) else t for t in mod.get_inputs()])
     except Exception as e:  # noqa: BLE001
-        msg = f"{type(e).__name__}: {str(e)[:200]}"
-        if not gpu and any(w in msg for w in ("CUDA", "cuda", "NVIDIA")):
-            raise ProbeError(str(path), "Model", f"needs a GPU and this machine has none ({msg})",
-                             "import it on a machine with a GPU, or make get_inputs/Model create CPU tensors "
-                             "(the task moves them to the task's device)") from None
-        raise ProbeError(str(path), "Model.forward", f"fails on the {dev} at {shape}: {msg}",
-                         "make the reference run as KernelBench runs it") from None
+        needs_gpu(e, gpu, path)
+        raise ProbeError(str(path), "Model.forward", f"fails on the {dev} at {shape}: {type(e).__name__}: "
+                         f"{str(e)[:200]}", "make the reference run as KernelBench runs it") from None
+
+
+def needs_gpu(e: Exception, gpu: bool, path) -> None:
+    """Raise the one line for a model that asked for CUDA on a machine without a GPU (get_inputs' .cuda(), a
+    Model that moves itself), whichever of the probe's steps met it first."""
+    msg = f"{type(e).__name__}: {str(e)[:200]}"
+    if not gpu and any(w in msg for w in ("CUDA", "cuda", "NVIDIA")):
+        raise ProbeError(str(path), "Model", f"needs a GPU and this machine has none ({msg})",
+                         "import it on a machine with a GPU, or make get_inputs/Model create CPU tensors "
+                         "(the task moves them to the task's device)") from None
 
 
 class _Stub:
@@ -284,7 +291,7 @@ def probe(problem_path: Path, solution: Path | None, scale: float, gpu: bool) ->
     cuda_task = bool(sol["cuda_sources"]) if sol is not None else gpu
     vary = [k for k, v in sizes.items() if v >= VARY_MIN]
     gpu_bytes = torch.cuda.get_device_properties(0).total_memory if gpu else NO_GPU_BYTES
-    main, note = main_shape(mod, sizes, vary, scale, cuda_task, gpu_bytes, problem_path)
+    main, note = main_shape(mod, sizes, vary, scale, cuda_task, gpu_bytes, problem_path, gpu)
     if cuda_task and not gpu:
         note = (note + "; " if note else "") + (f"no GPU here: sizes held to a {NO_GPU_BYTES >> 30} GiB card, "
                                                 "the CUDA kernel neither built nor run")
