@@ -64,6 +64,8 @@ def test_check_and_optimize_pick_the_same_task(tmp_path):
     chk = agent(root, "check", "--json", "--build-dir", str(tmp_path / "b"), timeout=300)
     assert chk.returncode in (0, 1), chk.stderr
     assert json.loads(chk.stdout)["task"] == "matmul_cpu"   # the task's name is in its task.toml
+    # the table's notes are in the JSON too (the knob values left unchecked, here)
+    assert any(n.startswith("knobs: only the committed values checked") for n in json.loads(chk.stdout)["notes"])
     assert "my_matmul" in chk.stderr, chk.stderr             # and the folder it came from is said
     outside = agent(tmp_path, "check", "--json", timeout=120)   # no repository, no task given
     assert outside.returncode == 2 and "git repository" not in outside.stderr

@@ -213,3 +213,15 @@ def test_a_cuda_host_function_with_a_stream_is_declared_and_its_task_compiles(tm
     res = build(task, tmp_path / "build")
     assert res.status == BuildStatus.ok, res.message
     assert [k.name.split("(")[0] for k in res.kernels] == ["scale_kernel"]
+
+
+@pytest.mark.slow
+def test_init_with_a_kernelbench_file_is_the_import(tmp_path):
+    """README: `agent init NAME --kernelbench problem.py` is `agent import kernelbench problem.py --name NAME`."""
+    from tests.userrepo import REPO
+    root = _user(tmp_path)
+    r = agent(root, "init", "ew", "--kernelbench", str(REPO / "tests" / "data" / "kernelbench" / "ew_problem.py"),
+              timeout=600)
+    assert r.returncode == 0, r.stderr + r.stdout
+    meta = json.loads((root / "kernels" / "ew" / "kernelbench.json").read_text())
+    assert tomllib.loads((root / "kernels" / "ew" / "task.toml").read_text())["name"] == "ew" and meta["kernel"]

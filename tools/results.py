@@ -294,3 +294,4 @@ class CheckSummary(BaseModel):
     bench: list[BenchResult] = Field(default_factory=list)
     knobs: KnobCheck | None = None      # --knobs each|all: the other allowed values' build and parity
     ok: bool
+    notes: list[str] = Field(default_factory=list)   # the table's notes, "step: detail" (not failures)

@@ -60,6 +60,15 @@ def _ignore_runs(runs: Path) -> None:
 
 def run_check(task_path: Path, build_dir: Path | None = None, knobs: str = "committed",
               say: Callable[[str], None] = lambda _: None) -> tuple[CheckSummary, _Steps]:
+    """_check, with the table's notes (a rebuild that recompiles torch's headers, a launch on the legacy stream, the
+    knob values left unchecked) in the summary too, so that --json carries them."""
+    summary, steps = _check(task_path, build_dir, knobs, say)
+    summary.notes = [f"{step}: {detail}" for step, status, detail in steps.rows if status == "note"]
+    return summary, steps
+
+
+def _check(task_path: Path, build_dir: Path | None, knobs: str,
+           say: Callable[[str], None]) -> tuple[CheckSummary, _Steps]:
     """Build, then the pipeline every candidate goes through (Evaluator.evaluate_candidate: the static
     launch check, parity and the main-shape bench with the reference, in one child), then the dynamic
     launch check where a GPU is visible; then, with `knobs` each or all, the other allowed knob values
