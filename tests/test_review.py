@@ -420,3 +420,20 @@ def test_a_known_gpu_gets_its_share_of_the_spec_sheet_peak_and_a_cpu_none():
     assert throughput(tm, DevicePeak(tflops=tf, gbps=gb, label=label)) == \
         "99 TFLOP/s (10.0% of 990), 480 GB/s (10.0% of 4800)"
     assert throughput(tm, None) == "99 TFLOP/s, 480 GB/s"
+
+
+def test_the_gates_rule_takes_a_third_bench_where_two_disagree():
+    """agent/review/gate.py: a regression is two independent benches wholly below 1 - limit; where one of two says so
+    and the other cannot tell (a planted 2.7x regression measured 0.370x [0.349, 0.389] and 0.425x [0.242, 1.053] on a
+    loaded 2-core machine, and passed), a third bench decides."""
+    from agent.review.gate import below, regressed
+    from tools.results import SpeedupCI
+
+    def ci(m, lo, hi):
+        return SpeedupCI(median=m, low=lo, high=hi, confidence=0.95, rounds=6)
+    clear, noisy = ci(0.370, 0.349, 0.389), ci(0.425, 0.242, 1.053)
+    assert below(clear, 0.05) and not below(noisy, 0.05) and not below(None, 0.05)
+    assert not regressed([clear, noisy], 0.05)                       # one of two: a third is taken
+    assert regressed([clear, noisy, ci(0.41, 0.39, 0.43)], 0.05)     # two of three
+    assert not regressed([clear, noisy, ci(0.99, 0.95, 1.04)], 0.05)
+    assert not regressed([ci(1.0, 0.98, 1.02), ci(0.97, 0.96, 0.99)], 0.05)   # within the limit: never
