@@ -12,7 +12,14 @@ from pathlib import Path
 
 import pytest
 
-from tests.userrepo import agent, git
+from tests.userrepo import agent as _agent
+from tests.userrepo import git
+
+
+def agent(cwd: Path, *args: str, timeout: float = 600):
+    """The CLI as the installed `agent` script runs it: the user's repository (with a `tools/` package of its own
+    here) not on sys.path; nothing the agent starts may import the user's package in place of this project's."""
+    return _agent(cwd, *args, timeout=timeout, safe_path=True)
 
 FMA = """#include <cstdint>
 #define UNROLL 1
@@ -56,6 +63,8 @@ def _user(tmp_path: Path) -> Path:
     (root / "ops").mkdir(parents=True)
     (root / "ops" / "__init__.py").write_text("")
     (root / "ops" / "ref.py").write_text(REF)
+    (root / "tools").mkdir()      # a package of the user's named as one of this project's: it must not shadow it
+    (root / "tools" / "__init__.py").write_text("raise ImportError('the user tools package was imported')\n")
     (root / "src").mkdir()
     (root / "src" / "fma.cpp").write_text(FMA)
     (root / "src" / "rows.cpp").write_text(ROWS)

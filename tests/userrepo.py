@@ -52,15 +52,17 @@ def make_user_repo(root: Path, fast: bool = True, scan_allow: bool = False) -> P
     return root
 
 
-def agent(cwd: Path, *args: str, timeout: float = 600, env: dict | None = None) -> subprocess.CompletedProcess:
+def agent(cwd: Path, *args: str, timeout: float = 600, env: dict | None = None,
+          safe_path: bool = False) -> subprocess.CompletedProcess:
     # the repository first; an existing PYTHONPATH kept (where the dependencies were installed with --target)
     path = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
     full_env = {**os.environ, "PYTHONPATH": path, **(env or {})}
     for k in ("AGENT_BASE_URL", "AGENT_MODEL", "OPENAI_BASE_URL", "OPENAI_API_KEY", "AGENT_API_KEY"):
         full_env.pop(k, None)
     full_env.update(env or {})
-    return subprocess.run([sys.executable, "-m", "agent", *args], cwd=cwd, env=full_env, capture_output=True,
-                          text=True, timeout=timeout)
+    # safe_path (-P): the working directory (the user's repository) not on sys.path, as for the installed `agent` script
+    return subprocess.run([sys.executable, *(["-P"] if safe_path else []), "-m", "agent", *args], cwd=cwd, env=full_env,
+                          capture_output=True, text=True, timeout=timeout)
 
 
 def snapshot(root: Path) -> tuple[str, str, str, str, str]:

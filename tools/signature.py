@@ -109,11 +109,12 @@ def _repo_root(start: Path) -> Path:
 
 
 def load_reference(ref: str, task_dir: Path):
-    """The user's `module:function`, imported with the repository holding the task first on sys.path."""
+    """The user's `module:function`, imported with the repository holding the task on sys.path: last, so that a
+    package of the user's named as one of this process's (a `tools/` or `agent/` folder) does not shadow it."""
     module, _, name = ref.partition(":")
     root = str(_repo_root(task_dir))
     if root not in sys.path:
-        sys.path.insert(0, root)
+        sys.path.append(root)
     return getattr(importlib.import_module(module), name)
 
 
