@@ -69,7 +69,8 @@ class ParityFailed(IterationEnded):
 
 
 class RangeParityFailed(ParityFailed):
-    """Parity on the [dims] extremes, run with the confirmation bench (Evaluator.confirm_bench), failed."""
+    """Parity before a keep (the other seeds, the [dims] extremes: Evaluator.confirm_bench), run with the
+    confirmation bench, failed."""
 
 
 class BenchFailed(IterationEnded):
@@ -184,16 +185,16 @@ class Evaluator:
         return res
 
     def confirm_bench(self, lib: Path, baseline: Path | None, a: Attempt) -> BenchResult:
-        """The confirmation for a candidate about to be kept, in ONE fresh child: parity on the extremes of the
-        task's [dims] (issue 39's probe budget: the loop's first parity, parity_extent="quick", left them out, so a
-        candidate pays for them once, not on every iteration that loses at the bench), then the second bench
-        against `baseline`. The range checks join a.parity; their failure raises RangeParityFailed (the
-        iteration's parity failure), the bench's BenchFailed."""
-        if not self.task.spec.dims and not self.task.backend.gpu:
+        """The confirmation for a candidate about to be kept, in ONE fresh child: the parity the loop's first one
+        (parity_extent="quick") left out, the other seeds and the extremes of the task's [dims] (issue 39's probe
+        budget, issue 44's cost of a rejected candidate: a candidate pays for them once, not on every iteration that
+        loses at the bench), then the second bench against `baseline`. These checks join a.parity; their failure
+        raises RangeParityFailed (the iteration's parity failure), the bench's BenchFailed."""
+        if not self.task.spec.dims and self.task.spec.parity.seeds < 2 and not self.task.backend.gpu:
             return self.bench(lib, baseline, a.times)[0]
         tmp = Attempt(iteration=0, run_id="", started="", parent_sha="")
         try:   # on a GPU, compute-sanitizer memcheck after the range parity (tools/judge/sanitize.py)
-            self.evaluate_candidate(lib, baseline, a.times, into=tmp, parity_extent="range",
+            self.evaluate_candidate(lib, baseline, a.times, into=tmp, parity_extent="rest",
                                     memcheck=self.task.backend.gpu)
         except ParityFailed as e:
             if e.result is not None:
@@ -237,7 +238,7 @@ class Evaluator:
         Each result goes into the attempt (`into`, or a new one, returned) as soon as it exists; a
         failure raises the stage's IterationEnded with its typed result. The child's start-up, where
         a prestart() `warm` child does not hide it, is charged to parity. `parity_extent`: "quick" leaves
-        the [dims] extremes to a parity(extent="range") before a keep (the loop's probe budget). `memcheck`: on a
+        the other seeds and the [dims] extremes to a parity_extent="rest" before a keep (the loop's probe budget). `memcheck`: on a
         GPU, the candidate under compute-sanitizer memcheck after parity (tools/judge/sanitize.py). The loop's
         candidates ("quick") are held to `budgets`; the confirmation, `agent check` and `agent gate` to the task's."""
         from tools.judge.candidate import run_candidate

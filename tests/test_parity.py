@@ -73,6 +73,26 @@ def test_correct_kernel_passes_every_shape_with_hidden_shapes_and_errors_reporte
     assert {c.seed for c in again.checks} == {c.seed for c in res.checks}   # a given seed reproduces
 
 
+def test_the_loops_quick_parity_and_the_rest_before_a_keep_split_the_full_parity_by_seed(tmp_path):
+    """Issue 44: a loop candidate's first parity ("quick") checks the listed and hidden shapes, every distribution, on
+    the first seed; a candidate about to be kept pays for the rest (the other seeds, the [dims] extremes: this task
+    has none). Together they are the full parity, check for check, nothing twice; a one-seed task has no rest."""
+    task, lib = make_task(tmp_path, "correct")
+    full, quick, rest = (run_parity(task, lib, seed=1234, extent=e) for e in ("full", "quick", "rest"))
+    assert all(r.status == ParityStatus.ok for r in (full, quick, rest)), (quick.message, rest.message)
+    key = lambda r: [(c.label, c.dist, c.seed) for c in r.checks]  # noqa: E731
+    assert len(quick.checks) == 6 and len({c.seed for c in quick.checks}) == 1 and any(c.hidden for c in quick.checks)
+    assert sorted(key(quick) + key(rest)) == sorted(key(full)) and not set(key(quick)) & set(key(rest))
+    assert "x 1 seed (the other 1 before a keep)" in quick.message and "x 1 seed;" in rest.message, rest.message
+    toml = task.root / "task.toml"
+    toml.write_text(toml.read_text().replace("seeds = 2", "seeds = 1"))
+    from tools.task import load_task
+    one = load_task(task.root)
+    rest = run_parity(one, lib, seed=1234, extent="rest")
+    assert rest.status == ParityStatus.ok and rest.checks == [] and "one seed, checked already" in rest.message
+    assert len(run_parity(one, lib, seed=1234, extent="quick").checks) == 6
+
+
 @pytest.mark.parametrize("kernel, status, words", [
     ("half", ParityStatus.unwritten, "never written"),          # also prints a forged ok JSON line
     ("nan", ParityStatus.nan_inf, "NaN/Inf"),

@@ -233,8 +233,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--lib")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--no-hidden", action="store_true")
-    ap.add_argument("--extent", choices=["full", "quick", "range"], default="full",
-                    help="parity's shapes: all, the listed and hidden ones, or the [dims] extremes alone")
+    ap.add_argument("--extent", choices=["full", "quick", "rest", "range"], default="full",
+                    help="parity's shapes and seeds (tools.measure.parity.check): all; the listed and hidden shapes on "
+                         "the first seed; what that left out; or the [dims] extremes alone")
     ap.add_argument("--baseline-lib")
     ap.add_argument("--shapes", help="JSON list of shape dicts (default: the main shape)")
     ap.add_argument("--no-reference", action="store_true")

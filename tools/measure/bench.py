@@ -203,6 +203,25 @@ def never_kept(ci, keep_gain: float | None) -> str | None:
     return None
 
 
+class EarlyStop:
+    """interleaved()'s `stop` for the loop's candidate (given its minimum gain): after half the rounds, a candidate
+    whose interval over its baseline lies wholly below 1 + gain is timed no further. With 5 rounds the interval is
+    their whole range (tools/measure/stats.py), so every round so far found it short of the gain: a candidate whose
+    true median is at the gain does that 1 time in 32, and the full bench would refuse it by its median 1 time in
+    2. The keep rule's own verdict (never_kept) is unchanged: the stop is taken only where it would say so."""
+
+    def __init__(self, keep_gain: float, rounds: int):
+        self.keep_gain, self.rounds, self.why = keep_gain, rounds, ""
+
+    def __call__(self, cis: dict) -> bool:
+        ci = cis.get("baseline")
+        if ci is None or ci.high >= 1.0 + self.keep_gain:
+            return False
+        self.why = (f"; timed {ci.rounds} of {self.rounds} rounds: every interval so far below the "
+                    f"{self.keep_gain:.0%} minimum gain (never kept)")
+        return True
+
+
 def _bench_shape(task, mod, runs, shape, with_reference, device_name="", keep_gain: float | None = None) -> BenchResult:
     spec = task.spec
     b = spec.bench
@@ -216,7 +235,8 @@ def _bench_shape(task, mod, runs, shape, with_reference, device_name="", keep_ga
     arms = runs.arms(sets, outs, with_reference)
     flops, nbytes = spec.flops(shape), spec.bytes(shape)
     spot = SpotCheck(task, mod, runs, shape, sets, outs, b.rounds, sysrng)
-    got, cis = interleaved(runs.clock, arms, b, spot)
+    early = EarlyStop(keep_gain, b.rounds) if keep_gain is not None else None
+    got, cis = interleaved(runs.clock, arms, b, spot, early)
     clock_why, retimed = runs.clock_check(), ""
     if clock_why is not None and spot.why is None:
         # The judge's clock and the host's disagreed: an honest host's can on a loaded machine (another
@@ -224,13 +244,13 @@ def _bench_shape(task, mod, runs, shape, with_reference, device_name="", keep_ga
         # initial kernel so, two test workers and a third test run on 2 cores). A host that shaves its
         # times shaves them again: only figures from a bench whose clocks agree are reported.
         first = clock_why
-        got, cis, clock_why = _again(runs, arms, b, spot)
+        got, cis, clock_why = _again(runs, arms, b, spot, early)
         if clock_why is None:
             retimed = f"; timed twice, the first bench's clocks disagreed ({first})"
         else:
             clock_why += f" (the same in a second bench; the first: {first})"
-    got, cis, more, unstable = settle(runs, arms, b, spot, lambda: _again(runs, arms, b, spot), got, cis, clock_why,
-                                      task.backend.gpu)
+    got, cis, more, unstable = settle(runs, arms, b, spot, lambda: _again(runs, arms, b, spot, early), got, cis,
+                                      clock_why, task.backend.gpu)
     retimed += more
     timings = [stats(label, got[label], flops, nbytes) for label, _ in arms]
     ci, ref_ci = cis.get("baseline"), (None if unstable else cis.get("reference"))
@@ -240,7 +260,8 @@ def _bench_shape(task, mod, runs, shape, with_reference, device_name="", keep_ga
     on = f" (on {threads} CPU thread{'s' * (threads != 1)})" if threads and not task.backend.gpu else ""
     status, msg = BenchStatus.ok, (f"{shape_label(shape)}: candidate median {cand_med:.4g} ms"
                                    + (f", {ci.median:.3f}x vs baseline (95% CI {ci.low:.3f}-{ci.high:.3f})" if ci else "")
-                                   + (f", {ci_text(ref_ci)} vs reference{on}" if ref_ci else "") + unstable + retimed)
+                                   + (f", {ci_text(ref_ci)} vs reference{on}" if ref_ci else "") + unstable + retimed
+                                   + (early.why if early is not None else ""))
     why = clock_why or spot.why
     if why is not None:
         status, msg = BenchStatus.suspicious, why
@@ -263,10 +284,13 @@ def _bench_shape(task, mod, runs, shape, with_reference, device_name="", keep_ga
                        speedup_vs_reference=vs_ref, speedup_vs_reference_ci=ref_ci, threads=threads, probe_seconds=cost)
 
 
-def _again(runs, arms, b, spot) -> tuple[dict[str, list[float]], dict[str, SpeedupCI], str | None]:
+def _again(runs, arms, b, spot, early: EarlyStop | None = None) -> tuple[dict[str, list[float]], dict[str, SpeedupCI],
+                                                                       str | None]:
     """The whole bench timed once more, held to its own bursts: its times, intervals and clock check."""
     runs.clock_restart()
-    got, cis = interleaved(runs.clock, arms, b, spot)
+    if early is not None:
+        early.why = ""
+    got, cis = interleaved(runs.clock, arms, b, spot, early)
     return got, cis, runs.clock_check()
 
 

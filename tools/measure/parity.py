@@ -34,7 +34,7 @@ from typing import Any
 
 from tools.measure.buffers import STATES, Buffers  # noqa: F401  (STATES: the states, for the tests)
 from tools.measure.compare import bits_equal, compare, describe, disagree, error_budget, tolerance_for
-from tools.measure.ranges import range_shapes
+from tools.measure.ranges import reduction_extreme, range_shapes
 from tools.results import ParityResult, ParityStatus, ShapeCheck
 from tools.isolation.sandbox import ProcStatus, run_python_json
 from tools.task import Task, load_task, shape_label
@@ -88,18 +88,19 @@ def child_failure(stage: str, proc, data: dict | None, overrun: str | None = Non
     return f"{stage} child printed no JSON result (exit code {proc.returncode}){tail}"
 
 
-EXTENTS = ("full", "quick", "range")
+EXTENTS = ("full", "quick", "rest", "range")
 
 
 def check(task: Task, mod, lib, *, seed: int, hidden: bool = True, run=None, run_kept=None,
           extent: str = "full") -> ParityResult:
-    """Run parity in this process (the child). Never raises for a fault of the candidate. `run(lib,
-    shape, out, *inputs)` makes one call (default the task's own `run`, in this process; the judge
-    passes one that makes it in the kernel's host, tools/judge/judge.py); `run_kept` the same into an
-    output holding what it holds here (the host's poisons it otherwise; in this process `run` does).
-    An exception with a `status` (the host died) ends parity with that status. `extent` (issue 39's probe
-    budget): "full" every shape; "quick" the listed and hidden ones, what every candidate of the loop pays;
-    "range" only the extremes of the task's [dims], run once on a candidate about to be kept."""
+    """Run parity in this process (the child). Never raises for a fault of the candidate. `run(lib, shape, out,
+    *inputs)` makes one call (default the task's own `run`, in this process; the judge passes one that makes it in
+    the kernel's host, tools/judge/judge.py); `run_kept` the same into an output holding what it holds here (the
+    host's poisons it otherwise; in this process `run` does). An exception with a `status` (the host died) ends
+    parity with that status. `extent` (issue 39's probe budget, issue 44's cost of a rejected candidate): "full"
+    every shape on every seed; "quick" the listed and hidden shapes on the first seed, what every candidate of the
+    loop pays; "rest" what quick left out, run once on a candidate about to be kept: the other seeds and the
+    extremes of the task's [dims] (quick + rest = full); "range" those extremes alone."""
     import torch
     t0 = time.monotonic()
     spec = task.spec
@@ -116,12 +117,15 @@ def check(task: Task, mod, lib, *, seed: int, hidden: bool = True, run=None, run
             return ParityResult(status=ParityStatus.error, message=why)
         shapes += [(dict(s), "hidden ") for s in extra]
     ranges = random.Random(rng.getrandbits(32))
+    if extent == "rest" and len(seeds) < 2:
+        shapes = []     # one seed: quick checked the listed and hidden shapes on all of them
     if hidden and extent != "quick":   # the extremes of the task's [dims] (tools/measure/ranges.py), new every run
         listed = [tuple(sorted(s.items())) for s, _ in shapes]
         extra = [(s, "range ") for s, _ in range_shapes(spec, mod, ranges) if tuple(sorted(s.items())) not in listed]
         shapes = extra if extent == "range" else shapes + extra
     if not shapes:
-        return ParityResult(status=ParityStatus.ok, message="ok: no range shapes (task.toml declares no [dims])",
+        left = "; one seed, checked already" if extent == "rest" else ""
+        return ParityResult(status=ParityStatus.ok, message=f"ok: no range shapes (task.toml declares no [dims]){left}",
                             seconds=time.monotonic() - t0)
     sync = backend.sync
     checks: list[ShapeCheck] = []
@@ -133,9 +137,10 @@ def check(task: Task, mod, lib, *, seed: int, hidden: bool = True, run=None, run
         # iteration paid 0.5-0.7 s for all of them on the CPU task: BENCHMARKS.md); at a reduction's extreme
         # every distribution, since precision is about the values (an fp16 partial overflows on one, drops the
         # small terms of another: tests/fixtures/cuda_cheats/softmax/)
-        dists = spec.distributions if kind != "range " or _reduction_extreme(spec, shape) else spec.distributions[:1]
+        dists = spec.distributions if kind != "range " or reduction_extreme(spec, shape) else spec.distributions[:1]
         for dist in dists:
-            for s in seeds[:1] if kind == "range " else seeds:
+            # a range shape on one seed; a listed or hidden one on the first in quick, the others in rest
+            for s in seeds[:1] if kind == "range " or extent == "quick" else seeds[1:] if extent == "rest" else seeds:
                 t1 = time.monotonic()
                 try:
                     c = _one(task, mod, lib, shape, label, dist, s, device, bufs, sync, run or mod.run,
@@ -167,18 +172,15 @@ def check(task: Task, mod, lib, *, seed: int, hidden: bool = True, run=None, run
     worst = max(checks, key=lambda c: c.max_rel_err or 0.0)
     ratios = [c.err_ratio for c in checks if c.err_ratio is not None]
     budget = f"; RMS error at most {max(ratios):.2g}x the error budget's yardstick" if ratios else ""
-    each = f"{len(spec.distributions)} distributions x {len(seeds)} seeds"
+    n_seeds = {"quick": 1, "rest": len(seeds) - 1}.get(extent, len(seeds))
+    each = f"{len(spec.distributions)} distributions x {n_seeds} seed{'s' * (n_seeds != 1)}" + (
+        f" (the other {len(seeds) - 1} before a keep)" if extent == "quick" and len(seeds) > 1 else "")
     n_range = sum(kind == "range " for _, kind in shapes)
     each = ("(one seed each)" if n_range == len(shapes) else
             f"({each} each, one seed on the {n_range} range shapes)" if n_range else f"x {each}")
     msg = (f"ok: {len(checks)} checks on {len(shapes)} shapes {each}; worst max abs err "
            f"{max(c.max_abs_err or 0 for c in checks):.3g}, max rel err {worst.max_rel_err or 0:.3g} ({worst.label}){budget}")
     return ParityResult(status=ParityStatus.ok, message=msg, checks=checks, seconds=time.monotonic() - t0)
-
-
-def _reduction_extreme(spec, shape: dict) -> bool:
-    """Is a reduction dimension at its largest or at its shortest (5 or under) in this shape?"""
-    return any(r.reduction and d in shape and (shape[d] == r.max or shape[d] <= 5) for d, r in spec.dims.items())
 
 
 def _one(task, mod, lib, shape, label, dist, seed, device, bufs: Buffers, sync, run, run_kept) -> dict[str, Any]:
@@ -307,8 +309,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--lib", help="the compiled library (default: build the task's sources)")
     ap.add_argument("--seed", type=int, help="fix the seeds (default: fresh each call)")
     ap.add_argument("--no-hidden", action="store_true", help="skip the hidden shapes")
-    ap.add_argument("--extent", choices=EXTENTS, default="full", help="full: every shape; quick: the listed and "
-                    "hidden ones (what the loop checks first); range: the extremes of task.toml's [dims] alone")
+    ap.add_argument("--extent", choices=EXTENTS, default="full", help="full: every shape on every seed; quick: the "
+                    "listed and hidden ones on the first seed (what the loop checks first); rest: what quick left out "
+                    "(the other seeds, the extremes of task.toml's [dims]); range: those extremes alone")
     ap.add_argument("--timeout", type=float, help="seconds (default: task.toml parity.timeout_s)")
     ap.add_argument("--json", action="store_true", help="print the ParityResult as JSON")
     a = ap.parse_args(argv)

@@ -145,3 +145,8 @@ def wide_shape(spec, mod, past: int = INT32_PAST) -> dict | None:
         return None
     valid = getattr(mod, "valid_shape", None)
     return shape if valid is None or valid(shape) else None
+
+
+def reduction_extreme(spec, shape: dict) -> bool:
+    """Is a reduction dimension at its largest or at its shortest (5 or under) in this shape?"""
+    return any(r.reduction and d in shape and (shape[d] == r.max or shape[d] <= 5) for d, r in spec.dims.items())

@@ -126,6 +126,7 @@ class SpotCheck:
         self.rounds, self.rng = rounds, rng
         self.p = min(1.0, 2.0 / max(rounds, 1))
         self.checked = 0
+        self.look: int | None = None    # the round after which the timing may stop (interleaved): checked by then
         self.expected: dict[int, object] = {}
         self.why: str | None = None
         self.seeds: dict[tuple[str, int], int] = {}
@@ -155,7 +156,7 @@ class SpotCheck:
         self.expected.clear()
         if label != "candidate" or self.why is not None:
             return
-        last = r == self.rounds - 1
+        last = r == self.rounds - 1 or (self.look is not None and r + 1 == self.look)
         if not (self.rng.random() < self.p or (last and self.checked == 0)):
             return
         self.checked += 1
@@ -171,17 +172,30 @@ class SpotCheck:
                 return
 
 
-def interleaved(clock, arms, b, spot: SpotCheck | None = None) -> tuple[dict[str, list[float]], dict[str, SpeedupCI]]:
+def look_round(rounds: int) -> int | None:
+    """After which round an early stop (interleaved's `stop`) is asked: half of them, three at least; None where
+    there are too few rounds to stop before the last."""
+    look = max(3, rounds // 2)
+    return look if look < rounds else None
+
+
+def interleaved(clock, arms, b, spot: SpotCheck | None = None, stop=None) -> tuple[dict[str, list[float]],
+                                                                                   dict[str, SpeedupCI]]:
     """Time each arm (label, fn) in `b.rounds` rounds, each timing every arm with the same rep count in an
     order rotated round by round, so that load which comes and goes falls on all of them alike (one arm
     alone: its reps spread over the rounds). Returns every arm's times and, per arm after the first, the
     speedup of the first over it (median of the per-round ratios, 95% CI). With `spot`, each round's data
     is new (spot.round), each arm's rep too (spot.refresh), and its bursts are checked (spot.before,
-    spot.after)."""
+    spot.after). `stop(cis)`, where given, is asked once, after look_round()'s round, with the intervals
+    so far: True ends the timing there (a candidate the keep rule can no longer keep: tools/measure/bench.py
+    EarlyStop); the spot check has drawn its one check by then."""
     ests = [estimate_and_warm(clock, fn, b.warmup_ms) for _, fn in arms]
     n = reps(max(ests), b.rep_ms)
     if len(arms) == 1:
         n = max(1, n // b.rounds)
+    look = look_round(b.rounds) if stop is not None and len(arms) > 1 else None
+    if spot is not None:
+        spot.look = look
     got: dict[str, list[float]] = {label: [] for label, _ in arms}
     ratios: dict[str, list[float]] = {label: [] for label, _ in arms[1:]}
     for r in range(b.rounds):
@@ -201,4 +215,6 @@ def interleaved(clock, arms, b, spot: SpotCheck | None = None) -> tuple[dict[str
         first = meds[arms[0][0]]
         for label in ratios:
             ratios[label].append(meds[label] / max(first, 1e-9))
+        if r + 1 == look and stop({label: speedup_ci(rs) for label, rs in ratios.items()}):
+            break
     return got, {label: speedup_ci(rs) for label, rs in ratios.items()}
