@@ -89,9 +89,12 @@ def test_the_loop_pays_for_the_range_shapes_only_before_a_keep(tmp_path):
     from agent.runlog import read_iterations
     from tests.fixtures.cheats.cheats import GOOD, CASES, proposal
     from tests.test_verification import verification_repo
-    from tests.userrepo import agent
+    from tests.userrepo import agent, git
 
     root = verification_repo(tmp_path / "user")
+    toml = root / "kernels" / "matmul_cpu" / "task.toml"     # two seeds: the second is checked only before a keep
+    toml.write_text(toml.read_text().replace("seeds = 1\n", "seeds = 2\n"))
+    git(root, "commit", "-qam", "user: two seeds")
     fast = next(c for c in CASES if c.name == "strip8_overlap")
     # ten times the work: slower than the parent (strip8_overlap alone is ~5.6x faster), inside the 3x of the initial
     # kernel that the stage budgets promise (issue 41; 40 times over outran them on .ci/run)
