@@ -3,7 +3,7 @@
 Each stage fills its own field of the Attempt with its typed result. `decide` reads only the Attempt
 and the rule, runs nothing and touches nothing, and answers one of three things: keep it, reject it
 (with the outcome and the reason the proposer will see), or confirm it first (a second, independent
-interleaved bench, and for an implausible gain a parity on fresh seeds). The loop runs what `decide`
+interleaved bench, and for an implausible gain a parity on a fresh seed). The loop runs what `decide`
 asks for, fills the Attempt again and asks again.
 
 Why two benches: one bench of a few rounds passes a no-op now and then (with 6 rounds a candidate that
@@ -71,7 +71,7 @@ _RECORDED = ("run_id", "iteration", "started", "proposal", "proposal_error", "pa
 
 
 class Verdict(BaseModel):
-    """decide()'s answer. `confirm`: run the confirmation (with `reparity`, parity on fresh seeds first)
+    """decide()'s answer. `confirm`: run the confirmation (with `reparity`, parity on a fresh seed first)
     and decide again. The record's own fate (kept, reverted, ...) is runlog.Decision."""
     action: Literal["keep", "reject", "confirm"]
     outcome: Outcome

@@ -7,9 +7,10 @@ taken, its commit kept under refs/agent/RUN/candidate/N.K, and the branch goes b
 evaluated at once on the executor (agent/executor.py), each in its own judge and host, on its own worker and GPU: the
 static launch check, quick parity and the bench against the best, timed side by side with the best on that worker. The
 fastest that passed, by that speedup, becomes the iteration's candidate: the branch moves to its commit and the loop
-confirms it (the confirmation bench and the [dims] parity here), checks its real launch and keeps it as any
-candidate. The others are in the record (`candidates`: outcome, reason, speedup, worker, ref). With K > 1 a failure
-is one candidate of K: no repairs.
+confirms it (the confirmation bench and the parity quick left out: the other seeds, the [dims] extremes), checks its
+real launch and keeps it as any candidate. Where that fails, the next fastest that passed and that the keep rule could
+keep goes on the same way (settle), so the fastest that passes everything is the one kept. The others are in the
+record (`candidates`: outcome, reason, speedup, worker, ref). With K > 1 a failure is one candidate of K: no repairs.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from agent.executor import Executor, Local, make_executor, pack_folder, unpack_f
 from agent.proposers.base import HistoryItem
 from agent.runlog import CandidateTried, StageTimes, Usage, now
 from tools.backends.device import task_limits
+from tools.measure.bench import never_kept
 from tools.task import load_task
 
 
@@ -106,6 +108,54 @@ class Board:
 class Candidates:
     def __init__(self, loop, executor: Executor):
         self.loop, self.ex = loop, executor
+        self.prepared: list[tuple[Attempt, dict | None, IterationEnded | None]] = []
+        self.queue: list[int] = []      # the candidates that passed and could be kept, next first (_choose)
+        self.current: int | None = None
+        self.workers: dict[int, str] = {}
+
+    def settle(self, i: int, d: Path, a: Attempt, settle) -> None:
+        """The K candidates (run), then the loop's `settle(i, a, lib)` (confirm, real launch) on the fastest that
+        passed; where that fails, on the next one the keep rule could keep, the one that failed recorded with its
+        outcome. Raises the last failure where none is left."""
+        lib = self.run(i, d, a)
+        while True:
+            try:
+                return settle(i, a, lib)
+            except IterationEnded as e:
+                if not self.queue:
+                    raise
+                lib = self.runner_up(i, d, a, e)
+
+    def runner_up(self, i: int, d: Path, a: Attempt, failed: IterationEnded) -> Path:
+        """The candidate that just failed to `settle` goes into the record with its outcome; the next in the queue
+        becomes the iteration's candidate (the branch at its commit); its library's path is returned."""
+        lp, n = self.loop, self.queue.pop(0)
+        failed.fill(a)
+        ci = a.bench.speedup_vs_baseline if a.bench is not None else None
+        gone = self.current
+        a.candidates = sorted([t for t in a.candidates if t.candidate != n + 1] + [CandidateTried(
+            candidate=gone + 1, hypothesis=a.proposal.hypothesis if a.proposal else "", outcome=failed.outcome.value,
+            reason=f"the fastest that passed its first checks, then: {failed.reason}", speedup=ci.median if ci else None,
+            patch=a.patch, ref=self.prepared[gone][0].rejected_ref, worker=self.workers.get(gone, ""),
+            usage=self.prepared[gone][0].usage)], key=lambda t: t.candidate)
+        lp.stage(i, f"candidate {gone + 1} failed ({failed.outcome.value}): candidate {n + 1} goes on")
+        a.confirm, a.confirm_error, spent = None, None, a.times
+        lib = self._take(d, a, n)
+        a.times = StageTimes(**{f: getattr(spent, f) + getattr(a.times, f) for f in StageTimes.model_fields})
+        return lib
+
+    def _take(self, d: Path, a: Attempt, n: int) -> Path:
+        """Candidate n becomes the iteration's attempt: its results, its commit on the branch, its library."""
+        lp, w = self.loop, self.prepared[n][0]
+        for f in ("proposal", "patch", "patch_message", "build", "launch", "parity", "bench", "output_dropped_bytes"):
+            setattr(a, f, getattr(w, f))
+        a.times, a.commit_sha, a.worker, self.current = w.times, w.commit_sha, self.workers.get(n, ""), n
+        lp.git.reset_to(w.commit_sha)
+        lp.reload_task()
+        lib = d / lp.best.lib.name
+        shutil.copy2(d / f"candidate-{n + 1}" / lp.best.lib.name, lib)
+        dump_results(d, a)
+        return lib
 
     @classmethod
     def for_loop(cls, loop) -> "Candidates":
@@ -216,7 +266,11 @@ class Candidates:
                 setattr(ak.times, f, getattr(ak.times, f) + getattr(r["times"], f))
         passed = [n for n, r in results.items() if r["outcome"] is None and r["bench"] is not None
                   and r["bench"].speedup_vs_baseline is not None]
-        win = max(passed, key=lambda n: results[n]["bench"].speedup_vs_baseline.median) if passed else None
+        passed.sort(key=lambda n: -results[n]["bench"].speedup_vs_baseline.median)
+        win = passed[0] if passed else None
+        self.prepared, self.workers = prepared, workers   # the runners-up the rule could keep, fastest first (settle)
+        self.queue = [n for n in passed[1:]
+                      if never_kept(results[n]["bench"].speedup_vs_baseline, lp.cfg.min_gain) is None]
         tried = []
         for n, (ak, _, err) in enumerate(prepared):
             if n == win:
@@ -239,13 +293,4 @@ class Candidates:
                 setattr(a, f, getattr(w, f))
             kind = first.__class__ if isinstance(first, IterationEnded) else (first.get("kind") or IterationEnded)
             raise kind(f"none of the {k_all} candidates passed ({why})")
-        w = prepared[win][0]
-        for f in ("proposal", "patch", "patch_message", "build", "launch", "parity", "bench", "output_dropped_bytes"):
-            setattr(a, f, getattr(w, f))
-        a.times, a.commit_sha, a.worker = w.times, w.commit_sha, workers.get(win, "")
-        lp.git.reset_to(w.commit_sha)
-        lp.reload_task()
-        lib = d / lp.best.lib.name
-        shutil.copy2(d / f"candidate-{win + 1}" / lp.best.lib.name, lib)
-        dump_results(d, a)
-        return lib
+        return self._take(d, a, win)

@@ -167,7 +167,7 @@ class Loop:
         cfg.repairs times (agent/repair.py): the iteration's verdict is its last attempt's."""
         if self.cfg.candidates > 1:   # K proposals, each on a worker; the fastest that passed goes on (agent/candidates.py)
             self._k = self._k or Candidates.for_loop(self)
-            return self._settle(i, a, self._k.run(i, d, a))
+            return self._k.settle(i, d, a, self._settle)   # the fastest that passed; where it fails, the next
         fb, left = last_failure(self.records), (self.cfg.repairs if self.proposer.can_repair else 0)
         while True:
             before, t0 = a.usage, time.monotonic()
@@ -232,7 +232,7 @@ class Loop:
         a.launch = self.evaluator.verify_launch(lib, a.launch, a.times)
 
     def _confirm(self, lib: Path, a: Attempt, reparity: bool) -> None:
-        """Fresh-seed parity if implausible; then one child: [dims] parity (its failure ends the iteration), a bench."""
+        """Quick parity on a fresh seed if implausible; then one child: what quick parity left out, a bench."""
         try:
             if reparity:
                 self.evaluator.parity(lib, a.times, seed=int(time.time()) % 100000 + 7, extent="quick")

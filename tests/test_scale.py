@@ -352,3 +352,44 @@ def test_the_live_line_names_each_candidates_worker_then_its_verdict():
     board.finished(0, "w0 gpu0", {"outcome": None, "bench": bench}, "")
     board.finished(1, "lost", None, "its worker died 2 times")
     assert "1.085x on w0 gpu0" in lines[-1] and "lost on lost" in lines[-1], lines[-1]
+
+
+def _loop_order(wrapper: str) -> str:
+    """matmul_cpu's kernel at LOOP_ORDER 1 (the heuristic's i-k-j move, 3-4x over the initial kernel) as
+    matmul_once, under the extern "C" matmul `wrapper` given."""
+    from tests.userrepo import REPO
+    src = (REPO / "kernels" / "matmul_cpu" / "matmul.cpp").read_text()
+    return src.replace("#define LOOP_ORDER 0", "#define LOOP_ORDER 1").replace(
+        'extern "C" void matmul(', "static void matmul_once(") + wrapper
+
+
+def test_where_the_fastest_candidate_fails_before_its_keep_the_next_that_passed_is_kept(tmp_path):
+    """`--candidates 2`, here: candidate 1 the loop order, wrong where N < 8 (it returns without writing), which only
+    a [dims] range shape has, so only the parity before a keep sees it; candidate 2 the same loop order, honest, with
+    half its rows computed twice (1.5x its work: about 2-2.7x over the initial kernel, 1.5x behind the first). Both
+    pass their first checks; the fastest fails before its keep, and the next goes on and is kept (before: the
+    iteration ended parity_failed, the honest candidate recorded as merely slower). The record names candidate 1's
+    failure and its ref."""
+    from agent.proposal import Edit, PredictedEffect, Proposal
+    from agent.runlog import Decision, read_iterations
+    from tests.test_verification import verification_repo
+    root = verification_repo(tmp_path / "user")
+    head = '\nextern "C" void matmul(const float* A, const float* B, float* C, int M, int N, int K) {\n'
+    pred = PredictedEffect(metric="time.median_ms", direction="down", speedup=3.0)
+    props = [Proposal(hypothesis=hyp, predicted=pred, edits=[Edit(file="matmul.cpp", content=_loop_order(head + body))])
+             for hyp, body in (
+                 ("i-k-j loop order, narrow matrices skipped", "    if (N < 8) return;\n    matmul_once(A, B, C, M, N, K);\n}\n"),
+                 ("i-k-j loop order, half the rows twice", "    matmul_once(A, B, C, M, N, K);\n"
+                  '    asm volatile("" ::: "memory");\n    matmul_once(A, B, C, M / 2, N, K);\n}\n'))]
+    (tmp_path / "props.json").write_text(json.dumps([p.model_dump() for p in props]))
+    res = agent(root, "optimize", "kernels/matmul_cpu", "--proposer", "replay", "--replay", str(tmp_path / "props.json"),
+                "--candidates", "2", "--iters", "1", "--target", "100x", "--quiet", "--run-id", "k2", timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:] + res.stdout[-3000:]
+    [rec] = read_iterations(root / "runs" / "k2")
+    [first] = rec.candidates
+    assert rec.decision == Decision.kept and rec.proposal.hypothesis == props[1].hypothesis, \
+        (rec.reason, first.outcome, first.reason, first.speedup)
+    assert first.candidate == 1 and first.outcome == "parity_failed" and "range " in first.reason, \
+        (first.outcome, first.reason, first.speedup, rec.speedup_vs_best)
+    assert first.ref.endswith("/k2/candidate/1.1") and first.speedup > rec.speedup_vs_best, (first, rec.speedup_vs_best)
+    assert "then, before the keep, ok" in rec.parity.message, rec.parity.message   # the kept one's own range parity
