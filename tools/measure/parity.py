@@ -117,10 +117,10 @@ def check(task: Task, mod, lib, *, seed: int, hidden: bool = True, run=None, run
             return ParityResult(status=ParityStatus.error, message=why)
         shapes += [(dict(s), "hidden ") for s in extra]
     ranges = random.Random(rng.getrandbits(32))
+    listed = [tuple(sorted(s.items())) for s, _ in shapes]   # a range shape equal to one is not checked again
     if extent == "rest" and len(seeds) < 2:
         shapes = []     # one seed: quick checked the listed and hidden shapes on all of them
     if hidden and extent != "quick":   # the extremes of the task's [dims] (tools/measure/ranges.py), new every run
-        listed = [tuple(sorted(s.items())) for s, _ in shapes]
         extra = [(s, "range ") for s, _ in range_shapes(spec, mod, ranges) if tuple(sorted(s.items())) not in listed]
         shapes = extra if extent == "range" else shapes + extra
     if not shapes:
