@@ -4,7 +4,7 @@ Adversarial by construction; a fast wrong kernel must not pass:
 - every listed shape, plus hidden shapes drawn fresh per call (never shown to the proposer), plus the
   extremes of the task's [dims] ranges (tools/measure/ranges.py: tails, index products past 2^16, each
   dimension at its largest), each with the first distribution and one seed;
-- every input distribution, several fresh seeds per call;
+- every input distribution, several fresh seeds per call (each shape and distribution its own draw of each);
 - outputs poisoned with a NaN carrying a payload (integers: a sentinel) before each call, so an
   element left unwritten is told apart from one the kernel computed as NaN; 64 KiB of poisoned
   guard on each side of the output catches writes past its ends;
@@ -32,7 +32,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tools.measure.buffers import STATES, Buffers  # noqa: F401  (STATES: the states, for the tests)
+from tools.measure.buffers import STATES, Buffers, check_seed  # noqa: F401  (STATES: the states, for the tests)
 from tools.measure.compare import bits_equal, compare, describe, disagree, error_budget, tolerance_for
 from tools.measure.ranges import reduction_extreme, range_shapes
 from tools.results import ParityResult, ParityStatus, ShapeCheck
@@ -141,7 +141,7 @@ def check(task: Task, mod, lib, *, seed: int, hidden: bool = True, run=None, run
         for dist in dists:
             # a range shape on one seed; a listed or hidden one on the first in quick, the others in rest
             for s in seeds[:1] if kind == "range " or extent == "quick" else seeds[1:] if extent == "rest" else seeds:
-                t1 = time.monotonic()
+                t1, s = time.monotonic(), check_seed(s, shape, dist)
                 try:
                     c = _one(task, mod, lib, shape, label, dist, s, device, bufs, sync, run or mod.run,
                              run_kept or (mod.run if run is None else None))
