@@ -8,8 +8,8 @@ import pytest
 
 from tools.build.build import build, find_nvcc
 from tools.backends.device import device_limits, table_limits
-from tools.measure.launch import block_registers, check_rules, dynamic_check, static_check
-from tools.results import BuildStatus, Launch, LaunchResult, LaunchStatus
+from tools.measure.launch import block_registers, check_rules, dynamic_check, from_plan, static_check
+from tools.results import BuildStatus, KernelResources, Launch, LaunchResult, LaunchStatus
 from tools.task import knob_pattern, load_task
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -90,6 +90,43 @@ def test_dynamic_smem_over_optin_is_rejected(tmp_path, limits):
     assert "300256" in msg and str(limits.max_smem_per_block_optin) in msg     # dynamic + ptxas static
     # the limit follows the device: an L4's 99 KB opt-in rejects it too
     assert static_check(task, b, table_limits("sm_89")).status == LaunchStatus.rejected
+
+
+def test_the_main_kernel_is_the_builds_own_and_a_library_launch_is_not_held_to_the_sm_floor(tmp_path, limits):
+    """A task without launch_plan is judged from the trace, which holds every launch: cuBLAS's and ATen's too. The main
+    kernel (the one held to the SM floor and to its parent's CTA count) is the first launch of a kernel the build
+    compiled itself, and none where it compiled none: an imported KernelBench problem's scaffold (ATen calls) was
+    refused on an H200 because cuBLAS ran its 128 x 256 GEMM on 48 CTAs (`agent check`: grid_too_small, and the
+    scaffold could not be a run's starting point). The task's own kernel on too few CTAs is still refused."""
+    d = tmp_path / "t"
+    shutil.copytree(FIX, d)
+    toml = d / "task.toml"
+    toml.write_text(toml.read_text().replace('kernel_regex = "scale_kernel"\n', ""))
+    task = load_task(d)
+    assert task.spec.kernel_regex is None
+    gemm = Launch(kernel="void cutlass::Kernel2<cutlass_80_simt_sgemm_64x64_8x5_tn_align1>(Params)", grid=(48, 1, 1),
+                  block=(128, 1, 1), source="trace")
+    relu = Launch(kernel="void at::native::vectorized_elementwise_kernel<4, relu>(int, relu)", grid=(64, 1, 1),
+                  block=(128, 1, 1), source="trace")
+    mine = Launch(kernel="void fused_bias_relu<128>(float const*, float*, int)", grid=(8, 1, 1), block=(128, 1, 1),
+                  source="trace")
+    # ATen's kernels as a trace names them: the softmax scaffold's `agent check` raised in `_base_name` on an H200 (an
+    # anonymous namespace: 'at::native::(anonymous namespace)::...' split at its parenthesis), before this was fixed
+    anon = Launch(kernel="void at::native::(anonymous namespace)::cunn_SoftMaxForward<4, float, float, float, "
+                  "at::native::(anonymous namespace)::SoftMaxForwardEpilogue>(float*, float const*, int)",
+                  grid=(4096, 1, 1), block=(1024, 1, 1), source="trace")
+    odd = Launch(kernel="void at::native::(anonymous namespace)::", grid=(1, 1, 1), block=(32, 1, 1), source="trace")
+    none, main = check_rules(task, [gemm, anon, relu, odd], limits, own=[])
+    assert none == [] and main is None
+    assert check_rules(task, [odd, anon], limits, own=["cunn_SoftMaxForward(float*)"])[1] == 4096
+    plan = from_plan(task, {"ok": True, "planned": False}, [], limits)
+    assert plan.status == LaunchStatus.ok and plan.own_kernels == []
+    kernels = [KernelResources(name="fused_bias_relu<128>(float const*, float*, int)", mangled="_Z15fused_bias_relu")]
+    assert from_plan(task, {"ok": True, "planned": False}, kernels, limits).own_kernels == [kernels[0].name]
+    bad, main = check_rules(task, [gemm, mine], limits, own=[kernels[0].name])
+    assert main == 8 and [(v.rule, v.kernel) for v in bad] == [("grid_too_small", mine.kernel)], bad
+    assert [v.kernel for v in check_rules(task, [gemm, relu], limits)[0]] == [gemm.kernel]   # own unknown: the first
+    assert [v.kernel for v in check_rules(task, [gemm, relu], limits, own=["other(int)"])[0]] == [gemm.kernel]
 
 
 @pytest.mark.nvcc

@@ -107,6 +107,9 @@ class LaunchResult(BaseModel):
     # a task without launch_plan: the static check had no geometry, so the trace checks the parent's
     # CTA count (the collapse rule) itself; this carries that count from the static check to the trace
     parent_main_ctas: int | None = None
+    # a task without launch_plan: the kernels its build compiled (ptxas' names), for the trace to find the main one
+    # among; [] where it compiled none (a scaffold's ATen calls: every launch is a library's)
+    own_kernels: list[str] | None = None
 
 
 # --- parity -------------------------------------------------------------------------------

@@ -37,8 +37,9 @@ def block_registers(regs_per_thread: int, threads: int) -> int:
     return per_warp * warps
 
 
-def main_index(task: Task, launches: list[Launch]) -> int | None:
-    """The main kernel: the first launch whose name matches task.kernel_regex, else the first launch."""
+def main_index(task: Task, launches: list[Launch], own: list[str] | None = None) -> int | None:
+    """The first launch matching task.kernel_regex, else the first of the build's own kernels (`own`, where known:
+    not a cuBLAS or ATen launch before it), else the first; none where the build compiled none (a scaffold)."""
     if not launches:
         return None
     if task.spec.kernel_regex:
@@ -46,6 +47,9 @@ def main_index(task: Task, launches: list[Launch]) -> int | None:
         for i, ln in enumerate(launches):
             if rx.search(ln.kernel):
                 return i
+    if own is not None:
+        mine = [i for i, ln in enumerate(launches) if _base_name(ln.kernel) in {_base_name(n) for n in own}]
+        return mine[0] if mine else 0 if own else None
     return 0
 
 
@@ -79,9 +83,9 @@ def per_launch(ln: Launch, limits: DeviceLimits, bad: Callable[[str, Launch, str
                 f"> {cap} registers per block/SM: the launch fails (lower registers or threads)")
 
 
-def check_rules(task: Task, launches: list[Launch], limits: DeviceLimits,
-                parent: LaunchResult | None = None) -> tuple[list[LaunchViolation], int | None]:
-    """Every broken rule, each with the number and the limit. Returns (violations, main CTAs)."""
+def check_rules(task: Task, launches: list[Launch], limits: DeviceLimits, parent: LaunchResult | None = None,
+                own: list[str] | None = None) -> tuple[list[LaunchViolation], int | None]:
+    """Every broken rule, each with the number and the limit (`own`: main_index). Returns (violations, main CTAs)."""
     out: list[LaunchViolation] = []
 
     def bad(rule: str, ln: Launch, msg: str) -> None:
@@ -89,7 +93,7 @@ def check_rules(task: Task, launches: list[Launch], limits: DeviceLimits,
 
     for ln in launches:
         per_launch(ln, limits, bad)
-    idx = main_index(task, launches)
+    idx = main_index(task, launches, own)
     main_ctas = launches[idx].ctas if idx is not None else None
     if idx is not None:
         ln = launches[idx]
@@ -112,7 +116,8 @@ def _result(mode: str, launches: list[Launch], limits: DeviceLimits, violations:
         msg = violations[0].message + (f" (+{len(violations) - 1} more)" if len(violations) > 1 else "")
         status = LaunchStatus.rejected
     else:
-        msg = f"{len(launches)} launch(es) ok; main kernel {main_ctas} CTAs on {limits.sm_count} SMs"
+        msg = f"{len(launches)} launch(es) ok; " + (f"main kernel {main_ctas} CTAs on {limits.sm_count} SMs" if main_ctas
+                                                    is not None else "each a library's (the build compiled no kernel)")
         status = LaunchStatus.ok
     return LaunchResult(status=status, message=msg, mode=mode, limits=limits, launches=launches,
                         violations=violations, main_ctas=main_ctas, waves=waves)
@@ -120,15 +125,16 @@ def _result(mode: str, launches: list[Launch], limits: DeviceLimits, violations:
 
 # --- ptxas resources -> launches -----------------------------------------------------------------
 def _base_name(demangled: str) -> str:
-    """'ns::foo<128>(float*, int)' -> 'foo'."""
-    head = demangled.split("(", 1)[0]
+    """'ns::foo<128>(float*, int)' -> 'foo'; a trace's 'void at::native::(anonymous namespace)::bar<4>(...)' -> 'bar'."""
+    head = demangled.replace("(anonymous namespace)", "anon").split("(", 1)[0]
     depth, out = 0, ""
     for ch in head:  # drop template arguments
         depth += ch == "<"
         if depth == 0:
             out += ch
         depth -= ch == ">"
-    return out.rsplit("::", 1)[-1].strip().split()[-1] if out.strip() else head
+    words = out.rsplit("::", 1)[-1].split()
+    return words[-1] if words else head
 
 
 def match_resources(kernel: str, resources: list[KernelResources]) -> KernelResources | None:
@@ -176,6 +182,7 @@ def from_plan(task: Task, data: dict, kernels: list[KernelResources], limits: De
                             message=f"launch plan unavailable: {data.get('error')}")
     if data.get("planned") is False:
         return LaunchResult(status=LaunchStatus.ok, limits=limits, parent_main_ctas=parent.main_ctas if parent else None,
+                            own_kernels=[k.name for k in kernels],
                             message="no launch_plan in the task: the launch is checked from a profiler trace on the GPU")
     launches = [planned(item, kernels) for item in data["launches"]]
     if not launches:
@@ -271,7 +278,7 @@ def dynamic_check(task: Task, lib_path: str, limits: DeviceLimits, plan: LaunchR
     parent = None
     if plan.parent_main_ctas:   # no plan: the trace is the only geometry, so it meets the parent's here
         parent = LaunchResult(status=LaunchStatus.ok, main_ctas=plan.parent_main_ctas)
-    violations, main_ctas = check_rules(task, traced, limits, parent)
+    violations, main_ctas = check_rules(task, traced, limits, parent, plan.own_kernels)
     violations += compare_with_plan(traced, smem, plan)
     return _result("dynamic", traced, limits, violations, main_ctas)
 
@@ -279,11 +286,10 @@ def dynamic_check(task: Task, lib_path: str, limits: DeviceLimits, plan: LaunchR
 # --- CLI ---------------------------------------------------------------------------------------
 def render(results: list[LaunchResult]) -> None:
     from rich.markup import escape
-    from rich.table import Table
+    from rich.table import Column, Table
     from rich.text import Text
 
     from tools.console import make_console
-
     con = make_console()
     for res in results:
         color = {"ok": "green", "rejected": "red", "error": "red"}.get(res.status.value, "yellow")
@@ -291,10 +297,8 @@ def render(results: list[LaunchResult]) -> None:
         con.print(f"[bold]{res.mode}[/bold] [{color}]{res.status.value}[/{color}] "
                   + (escape(f"({lim.name}, {lim.sm_count} SMs, source {lim.source})") if lim else ""))
         if res.launches:
-            t = Table()
-            t.add_column("kernel", overflow="fold", min_width=24)
-            for col in ("grid", "block", "CTAs", "smem dyn+static B", "regs", "source"):
-                t.add_column(col)
+            t = Table(Column("kernel", overflow="fold", min_width=24), "grid", "block", "CTAs", "smem dyn+static B",
+                      "regs", "source")
             for ln in res.launches:
                 t.add_row(Text(ln.kernel), "x".join(map(str, ln.grid)), "x".join(map(str, ln.block)), str(ln.ctas),
                           f"{ln.smem_dynamic_bytes}+{ln.smem_static_bytes if ln.smem_static_bytes is not None else '?'}",
@@ -310,7 +314,6 @@ def main(argv: list[str] | None = None) -> int:
     from tools.build.build import build, default_build_dir
     from tools.backends.device import device_limits
     from tools.task import TaskError, load_task
-
     ap = argparse.ArgumentParser(prog="python -m tools.measure.launch", description="Build a task, then check its launches.")
     ap.add_argument("task")
     ap.add_argument("--build-dir", type=Path, default=None)
