@@ -67,7 +67,9 @@ def test_kernel_against_itself_has_an_interval_containing_one(tmp_path):
         [r] = run_bench(task, lib, baseline_lib=twin, shapes=[SHAPE])
         assert r.status == BenchStatus.ok, r.message
         ci = r.speedup_vs_baseline
-        if ci is not None and ci.low <= 1.0 <= ci.high:
+        # a loaded machine (the other test worker's compiles) widens the interval around a median that strays: .ci/run
+        # at e5b5cd1 found an interval holding 1 around a median of 0.89 on its one attempt; such a run gets a second
+        if ci is not None and ci.low <= 1.0 <= ci.high and 0.9 < ci.median < 1.1:
             break
     # Two loads of one kernel can differ for real by a fraction of a percent (where each copy's code and
     # data land: a fresh clone's CI found [1.0019, 1.034] twice, median 1.004); a tight interval then
