@@ -48,8 +48,8 @@ def main_index(task: Task, launches: list[Launch], own: list[str] | None = None)
             if rx.search(ln.kernel):
                 return i
     if own is not None:
-        mine = [i for i, ln in enumerate(launches) if _base_name(ln.kernel) in {_base_name(n) for n in own}]
-        return mine[0] if mine else 0 if own else None
+        names = {_base_name(n) for n in own}
+        return next((i for i, ln in enumerate(launches) if _base_name(ln.kernel) in names), 0 if own else None)
     return 0
 
 
