@@ -8,15 +8,23 @@ best. Without this the resumed run would put the commit aside and do the iterati
 written only after every check passed, so it is evidence of the keep: its record is rebuilt from it (the
 hypothesis, the prediction, the measured median and speedup, the diff and whole-file edits of the changed files),
 says that it was rebuilt, and the run's state follows it.
+
+Issue 61: a power cut can also leave state.json naming a best whose record never reached the disk (a finished run
+included). `missing_kept` finds every kept commit on the best's line with no record; the review commands show them
+rebuilt (agent/review/runs.py, not saved), `agent resume` and `agent resume --repair` save them (`repair`).
 """
 
 from __future__ import annotations
 
+import json
+import os
 import re
 from datetime import datetime, timezone
+from pathlib import Path
 
 from agent.proposal import Edit, PredictedEffect, Proposal
-from agent.runlog import Decision, IterationRecord, Outcome, RunConfig, RunState
+from agent.runlog import Decision, IterationRecord, LogError, Outcome, RunConfig, RunState, check_version, fsync_dir
+from tools.results import BenchResult, ParityResult
 
 _TRAILER = re.compile(r"^([A-Za-z][\w-]*): (.+)$")
 _PREDICTED = re.compile(r"^Predicted: (\S+) (up|down), ([\d.]+)x\.?$", re.M)
@@ -30,7 +38,75 @@ def trailers(message: str) -> dict[str, str]:
     return {m.group(1): m.group(2).strip() for m in (_TRAILER.match(ln) for ln in last.splitlines()) if m}
 
 
-def kept_record(cfg: RunConfig, state: RunState, iteration: int, rgit) -> IterationRecord | None:
+def _message(commit) -> str:
+    m = commit.message
+    return m if isinstance(m, str) else m.decode(errors="replace")
+
+
+def is_kept_commit(cfg: RunConfig, commit, iteration: int | None = None) -> int | None:
+    """The iteration a commit is this run's kept commit of (its kept message's trailers), or None: a candidate under
+    evaluation, a rejected one, another run's, the user's. With `iteration`, only that one."""
+    message = _message(commit)
+    t, title = trailers(message), (message.splitlines()[0] if message else "")
+    n = t.get("Agent-Iteration", "")
+    if (t.get("Agent-Run") != cfg.run_id or not n.isdigit() or "Speedup" not in t or not title.startswith("agent: ")
+            or "(under evaluation)" in title or (iteration is not None and int(n) != iteration)):
+        return None
+    return int(n)
+
+
+def _artifact(run_dir: Path | None, iteration: int, name: str, model):
+    """A typed result the iteration wrote to runs/RUN/iter-N/ (agent/best.py dump_results), or None."""
+    if run_dir is None:
+        return None
+    try:
+        return model.model_validate_json((run_dir / f"iter-{iteration}" / name).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def record_from_commit(cfg: RunConfig, repo, commit, iteration: int, when_said: str,
+                       run_dir: Path | None = None) -> IterationRecord:
+    """The record of a kept iteration rebuilt from its commit on the run's branch (its message holds the hypothesis,
+    the prediction and the measured median and speedup; its diff the edits) and from the bench, confirmation and
+    parity results the iteration left in runs/RUN/iter-N/ where they are whole; the reason says it was rebuilt and
+    `when_said` (on resume, by a repair)."""
+    message = _message(commit)
+    t, title = trailers(message), (message.splitlines()[0] if message else "")
+    parent = commit.parents[0].hexsha if commit.parents else ""
+    speedup = _SPEEDUP.match(t.get("Speedup", ""))
+    body = message.split("\n\n")
+    hypothesis = body[1].strip() if len(body) > 2 else title.removeprefix("agent: ")
+    pred = _PREDICTED.search(message)
+    predicted = PredictedEffect(metric=pred.group(1), direction=pred.group(2), speedup=float(pred.group(3))) if pred \
+        else PredictedEffect(metric="time.median_ms", direction="down", speedup=float(speedup.group(1)) if speedup else 1.0)
+    prefix = cfg.task_dir.rstrip("/") + "/"
+    changed = [d.b_path for d in commit.parents[0].diff(commit) if d.b_path and d.b_path.startswith(prefix)] \
+        if commit.parents else []
+    edits = [Edit(file=p.removeprefix(prefix), content=(commit.tree / p).data_stream.read().decode(errors="replace"))
+             for p in changed]
+    median = _MEDIAN.search(message)
+    when = datetime.fromtimestamp(commit.committed_date, tz=timezone.utc).isoformat(timespec="seconds")
+    found = {k: _artifact(run_dir, iteration, name, model) for k, name, model in
+             (("bench", "bench.json", BenchResult), ("confirm", "confirm-bench.json", BenchResult),
+              ("parity", "parity.json", ParityResult))}
+    files = [name for k, name in (("bench", "bench.json"), ("confirm", "confirm-bench.json"), ("parity", "parity.json"))
+             if found[k] is not None]
+    return IterationRecord(
+        run_id=cfg.run_id, iteration=iteration, started=when, finished=when, **found,
+        proposal=Proposal(hypothesis=hypothesis, predicted=predicted, edits=edits or [Edit(file="-", content="")],
+                          proposer="rebuilt from the kept commit's message"),
+        patch=repo.git.diff(parent, commit.hexsha, "--", cfg.task_dir) if parent else "", parent_sha=parent,
+        commit_sha=commit.hexsha, decision=Decision.kept, outcome=Outcome.kept,
+        reason=(f"kept: {t.get('Speedup', '?')} over the parent (record rebuilt {when_said} from commit "
+                f"{commit.hexsha[:10]}'s message" + (f" and iter-{iteration}/{', '.join(files)}" if files else "")
+                + ": the original was cut or lost; the other stage details are in the commit message only)"),
+        speedup_vs_best=float(speedup.group(1)) if speedup else None,
+        best_ms=float(median.group(1)) / 1e3 if median else None)
+
+
+def kept_record(cfg: RunConfig, state: RunState, iteration: int, rgit,
+                run_dir: Path | None = None) -> IterationRecord | None:
     """The record of `iteration` rebuilt from the run branch's tip, where the tip is that iteration's kept commit
     on top of the recorded best; None otherwise (nothing to rebuild: the tip is the best, a candidate not yet
     decided, a rejected one, or another run's)."""
@@ -38,35 +114,28 @@ def kept_record(cfg: RunConfig, state: RunState, iteration: int, rgit) -> Iterat
     if not head or head == state.best_sha:
         return None
     commit = rgit.repo.commit(head)
-    message = commit.message if isinstance(commit.message, str) else commit.message.decode(errors="replace")
-    t = trailers(message)
-    title = message.splitlines()[0] if message else ""
-    if (t.get("Agent-Run") != cfg.run_id or t.get("Agent-Iteration") != str(iteration) or "Speedup" not in t
-            or not title.startswith("agent: ") or "(under evaluation)" in title
-            or [p.hexsha for p in commit.parents] != [state.best_sha]):
+    if is_kept_commit(cfg, commit, iteration) is None or [p.hexsha for p in commit.parents] != [state.best_sha]:
         return None
-    speedup = _SPEEDUP.match(t["Speedup"])
-    body = message.split("\n\n")
-    hypothesis = body[1].strip() if len(body) > 2 else title.removeprefix("agent: ")
-    pred = _PREDICTED.search(message)
-    predicted = PredictedEffect(metric=pred.group(1), direction=pred.group(2), speedup=float(pred.group(3))) if pred \
-        else PredictedEffect(metric="time.median_ms", direction="down", speedup=float(speedup.group(1)) if speedup else 1.0)
-    prefix = cfg.task_dir.rstrip("/") + "/"
-    changed = [d.b_path for d in commit.parents[0].diff(commit) if d.b_path and d.b_path.startswith(prefix)]
-    edits = [Edit(file=p.removeprefix(prefix), content=(commit.tree / p).data_stream.read().decode(errors="replace"))
-             for p in changed]
-    median = _MEDIAN.search(message)
-    when = datetime.fromtimestamp(commit.committed_date, tz=timezone.utc).isoformat(timespec="seconds")
-    return IterationRecord(
-        run_id=cfg.run_id, iteration=iteration, started=when, finished=when,
-        proposal=Proposal(hypothesis=hypothesis, predicted=predicted, edits=edits or [Edit(file="-", content="")],
-                          proposer="rebuilt from the kept commit's message"),
-        patch=rgit.repo.git.diff(state.best_sha, head, "--", cfg.task_dir), parent_sha=state.best_sha,
-        commit_sha=head, decision=Decision.kept, outcome=Outcome.kept,
-        reason=(f"kept: {t['Speedup']} over the parent (record rebuilt on resume from commit {head[:10]}'s message: a "
-                "kill cut the original while it was written; the stage details are in the commit message only)"),
-        speedup_vs_best=float(speedup.group(1)) if speedup else None,
-        best_ms=float(median.group(1)) / 1e3 if median else None)
+    return record_from_commit(cfg, rgit.repo, commit, iteration, "on resume", run_dir)
+
+
+def missing_kept(cfg: RunConfig, best_sha: str, have: set[int], repo, when_said: str,
+                 run_dir: Path | None = None) -> list[IterationRecord]:
+    """The kept iterations on the best's line of the run's branch (its first parents, down to the user's commit the
+    run started from) that have no record in `have`, each rebuilt from its commit (issue 61: a power cut can leave
+    state.json naming a best whose record never reached the disk). Oldest first."""
+    out: list[IterationRecord] = []
+    if not best_sha or best_sha == cfg.base_sha:
+        return out
+    commit = repo.commit(best_sha)
+    for _ in range(cfg.iters + 1):   # a kept commit per iteration at most
+        if commit.hexsha == cfg.base_sha or not commit.parents:
+            break
+        n = is_kept_commit(cfg, commit)
+        if n is not None and n not in have:
+            out.append(record_from_commit(cfg, repo, commit, n, when_said, run_dir))
+        commit = commit.parents[0]
+    return out[::-1]
 
 
 def follow_kept(state: RunState, rec: IterationRecord) -> RunState:
@@ -93,7 +162,7 @@ def recover(run_dir, cfg: RunConfig, state: RunState, rgit) -> tuple[RunState, s
             and last.parent_sha == state.best_sha:
         rec, said = last, (f"iteration {last.iteration} was kept and recorded, but the kill came before the run's "
                            f"state was saved: the best is its commit {head[:10]} again")
-    elif (rec := kept_record(cfg, state, len(records) + 1, rgit)) is not None:
+    elif (rec := kept_record(cfg, state, len(records) + 1, rgit, run_dir)) is not None:
         append_iteration(run_dir, rec)
         said = (f"iteration {rec.iteration} was kept (commit {head[:10]}) but the kill cut its record: rebuilt from the "
                 "commit's message, and the best is that commit")
@@ -102,3 +171,62 @@ def recover(run_dir, cfg: RunConfig, state: RunState, rgit) -> tuple[RunState, s
     new = follow_kept(state, rec)
     write_json_atomic(run_dir / "state.json", new)
     return new, said
+
+
+def set_aside_damaged(run_dir: Path) -> tuple[Path, list[int]] | None:
+    """Every whole line of iterations.jsonl that is not a readable record moved to iterations.jsonl.damaged-N, the
+    file rewritten (synced, renamed) with the readable ones: `agent resume --repair`. Returns (where, the line
+    numbers), or None where every line reads."""
+    p = run_dir / "iterations.jsonl"
+    if not p.exists():
+        return None
+    keep, bad = [], []
+    for i, line in enumerate(p.read_bytes().splitlines(keepends=True), 1):
+        try:
+            data = json.loads(line)
+            check_version(data, "")
+            IterationRecord.model_validate(data)
+            keep.append(line)
+        except (ValueError, LogError, TypeError, AttributeError):
+            bad.append((i, line))
+    if not bad:
+        return None
+    n = 1
+    while (aside := run_dir / f"iterations.jsonl.damaged-{n}").exists():
+        n += 1
+    with open(aside, "wb") as f:
+        f.write(b"".join(line if line.endswith(b"\n") else line + b"\n" for _, line in bad))
+        f.flush()
+        os.fsync(f.fileno())
+    tmp = p.with_suffix(".jsonl.tmp")
+    with open(tmp, "wb") as f:
+        f.write(b"".join(keep))
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, p)
+    fsync_dir(run_dir)
+    return aside, [i for i, _ in bad]
+
+
+def repair(run_dir: Path, cfg: RunConfig, state: RunState, repo) -> list[str]:
+    """`agent resume RUN --repair`, and `agent resume` before anything else, a finished run included: a torn last
+    record and damaged lines set aside (agent/runlog.py), then every kept iteration on the best's line of the run's
+    branch that has no record rebuilt from its commit and appended. What was done, a line each."""
+    from agent.runlog import append_iteration, mend_tail, read_iterations
+    said = []
+    if (torn := mend_tail(run_dir)) is not None:
+        said.append(f"the last record was cut short ({torn[1]} bytes): moved to {torn[0]}, the records go on from the "
+                    "last whole one")
+    if (bad := set_aside_damaged(run_dir)) is not None:
+        said.append(f"damaged records (lines {', '.join(map(str, bad[1]))} of iterations.jsonl) moved to {bad[0]}")
+    have = {r.iteration for r in read_iterations(run_dir)}
+    try:
+        rebuilt = missing_kept(cfg, state.best_sha, have, repo, "by a repair", run_dir)
+    except (ValueError, LookupError) as e:   # gitpython's BadName is a ValueError: the commit is not here any more
+        return [*said, f"the best commit {state.best_sha[:10]} is not in {cfg.repo} ({type(e).__name__}): kept "
+                       "records that are missing cannot be rebuilt"]
+    for rec in rebuilt:
+        append_iteration(run_dir, rec)
+        said.append(f"iteration {rec.iteration} was kept (commit {rec.commit_sha[:10]}) but its record was missing: "
+                    "rebuilt from the commit and the iteration's result files")
+    return said

@@ -228,17 +228,34 @@ class RunState(BaseModel):
 
 
 # --- reading and writing ------------------------------------------------------------------
-def _check_version(data: dict, where: str) -> None:
+def check_version(data: dict, where: str) -> None:
     v = data.get("schema_version")
     if v != SCHEMA_VERSION:
         raise LogError(f"{where}: written by log schema version {v!r}; this agent reads version "
                        f"{SCHEMA_VERSION}. Use the agent version that wrote it.")
 
 
+def fsync_dir(d: Path) -> None:
+    """A rename or a new file in `d` reaches the disk: the directory's own entry is synced (POSIX leaves that to the
+    caller; ext4 and xfs do not promise it after a crash without it)."""
+    fd = os.open(d, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def write_json_atomic(path: Path, model: BaseModel) -> None:
+    """Written whole to a temporary file, synced, renamed over `path`, the folder synced: after a power cut the file
+    is the old one or the new one, never empty. The run's state says what the records already hold, so the record
+    it follows (append_iteration, synced first) is on the disk before the state that names it (issue 61)."""
     tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(model.model_dump_json(indent=2))
+    with open(tmp, "w") as f:
+        f.write(model.model_dump_json(indent=2))
+        f.flush()
+        os.fsync(f.fileno())
     os.replace(tmp, path)
+    fsync_dir(path.parent)
 
 
 def mend_tail(run_dir: Path) -> tuple[Path, int] | None:
@@ -270,10 +287,14 @@ def mend_tail(run_dir: Path) -> tuple[Path, int] | None:
 
 def append_iteration(run_dir: Path, rec: IterationRecord) -> None:
     mend_tail(run_dir)   # never onto a torn line (resume_run says so where it finds one)
-    with open(run_dir / "iterations.jsonl", "a") as f:
+    p = run_dir / "iterations.jsonl"
+    new = not p.exists()
+    with open(p, "a") as f:
         f.write(rec.model_dump_json() + "\n")
         f.flush()
         os.fsync(f.fileno())
+    if new:   # the file's own entry, the first time: a synced record in a file the folder lost is lost too
+        fsync_dir(run_dir)
 
 
 def _load(p: Path, what: str) -> dict:
@@ -294,7 +315,7 @@ def read_config(run_dir: Path) -> RunConfig:
     if not p.exists():
         raise LogError(f"{run_dir}: no run.json (not a run folder?)")
     data = _load(p, "configuration")
-    _check_version(data, str(p))
+    check_version(data, str(p))
     try:
         return RunConfig.model_validate(data)
     except ValidationError as e:
@@ -306,7 +327,7 @@ def read_state(run_dir: Path) -> RunState:
     if not p.exists():
         return RunState(status="unknown")
     data = _load(p, "state")
-    _check_version(data, str(p))
+    check_version(data, str(p))
     try:
         return RunState.model_validate(data)
     except ValidationError as e:
@@ -314,24 +335,47 @@ def read_state(run_dir: Path) -> RunState:
                        "run cannot be read until it is restored") from None
 
 
-def read_iterations(run_dir: Path) -> list[IterationRecord]:
+def read_iterations(run_dir: Path, notes: list[str] | None = None) -> list[IterationRecord]:
+    """The run's records in iteration order. A torn last line (a kill mid-write) is left out. Any other damaged line
+    raises LogError, unless `notes` is given: then it is left out and said there, in one line (the review commands
+    read what they can; `agent resume --repair` sets damaged lines aside and rebuilds a kept one from its commit)."""
     p = run_dir / "iterations.jsonl"
     if not p.exists():
         return []
     out = []
-    lines = p.read_text().splitlines()
+    try:
+        lines = p.read_bytes().decode(errors="replace").splitlines()
+    except OSError as e:
+        if notes is None:
+            raise LogError(f"{p}: cannot be read ({e.strerror})") from None
+        notes.append(f"{p}: cannot be read ({e.strerror}): no iteration record shown")
+        return []
     for i, line in enumerate(lines, 1):
         if not line.strip():
             continue
         try:
             data = json.loads(line)
-        except json.JSONDecodeError:
-            if i == len(lines):   # a torn last line from a kill mid-write: ignore it
+            if not isinstance(data, dict):
+                raise ValueError("not a JSON object")
+        except ValueError as e:   # json.JSONDecodeError is one
+            if i == len(lines):   # a torn last line from a kill mid-write
+                if notes is not None:
+                    notes.append(f"{p}:{i}: the last record is cut short ({len(line)} characters, no end): left out")
                 break
-            raise LogError(f"{p}:{i}: not valid JSON") from None
-        _check_version(data, f"{p}:{i}")
-        out.append(IterationRecord.model_validate(data))
-    return out
+            if notes is None:
+                raise LogError(f"{p}:{i}: not valid JSON") from None
+            notes.append(f"{p}:{i}: a damaged record ({type(e).__name__}): left out")
+            continue
+        check_version(data, f"{p}:{i}")
+        try:
+            out.append(IterationRecord.model_validate(data))
+        except ValidationError as e:
+            if notes is None:
+                raise
+            err = e.errors()[0]
+            notes.append(f"{p}:{i}: a record that does not match the schema ({'.'.join(map(str, err['loc']))}: "
+                         f"{err['msg']}): left out")
+    return sorted(out, key=lambda r: r.iteration)
 
 
 def runs_dir(repo: Path) -> Path:

@@ -18,7 +18,7 @@ from agent.loop import Loop
 from agent.proposers.base import Proposer
 from agent.proposers.retry import RetryFirst, is_retry, undecided
 from agent.evaluate import snapshot_lib
-from agent.recover import recover
+from agent.recover import recover, repair
 from agent.runlog import (Decision, LogError, RunConfig, RunState, StageTimes, hold_run, mend_tail, now, read_config,
                           read_state, write_json_atomic)
 from agent.view import View
@@ -237,12 +237,31 @@ def prepare_resume(loop: Loop) -> None:
     loop.best.save()
 
 
+class Repaired(Exception):
+    """A finished run (or `--repair`): its records were mended, and there is nothing to run. The message says so."""
+
+
+def repair_run(run_dir: Path, view: View, only: bool = False) -> None:
+    """The records of a run that will not go on (finished, failed at setup, or `agent resume --repair`) made whole
+    (agent/recover.py repair), each step said. Raises Repaired (done: exit 0) or UsageError (a finished run with
+    nothing to mend, as before)."""
+    cfg, state = load_run(run_dir)
+    hold_run(run_dir)
+    said = repair(run_dir, cfg, state, gitops.open_repo(Path(cfg.repo)))
+    for line in said:
+        view.message(escape(line))
+    why = {"done": "is finished", "failed": "failed at setup"}.get(state.status)
+    if only or said:
+        raise Repaired(f"run {cfg.run_id}: " + ("its records were repaired" if said else "its records are whole")
+                       + (f"; it {why} ({state.stop_reason}): nothing to resume" if why else
+                          f"; `agent resume {cfg.run_id}` goes on with it"))
+    raise UsageError(f"run {cfg.run_id} {why} ({state.stop_reason}); start a new one")
+
+
 def resume_run(run_dir: Path, view: View, extra: dict | None = None) -> Loop:
     cfg, state = load_run(run_dir)
-    if state.status == "done":
-        raise UsageError(f"run {cfg.run_id} is finished ({state.stop_reason}); start a new one")
-    if state.status == "failed":
-        raise UsageError(f"run {cfg.run_id} failed at setup ({state.stop_reason}); start a new one")
+    if state.status in ("done", "failed"):
+        repair_run(run_dir, view)   # raises: a power cut can leave a finished run's last kept record missing
     hold_run(run_dir)
     if (torn := mend_tail(run_dir)) is not None:
         view.message(f"the last record was cut short by the kill ({torn[1]} bytes): moved to {escape(str(torn[0]))}, "
@@ -251,6 +270,8 @@ def resume_run(run_dir: Path, view: View, extra: dict | None = None) -> Loop:
     rgit = gitops.RunGit.attach(repo, Path(cfg.worktree), cfg.branch, cfg.run_id)
     for f in rgit.clear_stale_locks():
         view.message(f"removed {escape(str(f))}: left by a git command the killed run did not finish")
+    for said in repair(run_dir, cfg, state, repo):   # damaged records set aside, a kept one lost below the best rebuilt
+        view.message(escape(said))
     if (got := recover(run_dir, cfg, state, rgit)) is not None:   # a keep the kill interrupted (agent/recover.py)
         state, said = got
         view.message(escape(said))
@@ -272,4 +293,4 @@ def resume_run(run_dir: Path, view: View, extra: dict | None = None) -> Loop:
     return loop
 
 
-__all__ = ["start_run", "resume_run", "choose_task", "parse_target", "check_limits", "UsageError"]
+__all__ = ["start_run", "resume_run", "repair_run", "Repaired", "choose_task", "parse_target", "check_limits", "UsageError"]

@@ -10,10 +10,10 @@ import pytest
 
 from agent.attempt import Attempt
 from agent.evaluate import Evaluator, LaunchRejected
-from agent.runlog import StageTimes, read_iterations, read_state
+from agent.runlog import Decision, Outcome, StageTimes, read_config, read_iterations, read_state
 from tests.userrepo import REPO, agent, git
 from tools.backends.device import device_limits
-from tools.results import LaunchStatus
+from tools.results import BenchStatus, LaunchStatus, ParityStatus
 from tools.task import load_task
 
 needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not installed")
@@ -61,5 +61,29 @@ def test_two_iterations_on_softmax(tmp_path):
     res = agent(root, "optimize", "kernels/softmax", "--iters", "2", "--target", "100x", "--quiet", "--run-id", "g")
     assert res.returncode == 0, res.stderr[-3000:]
     recs = read_iterations(root / "runs" / "g")
-    assert len(recs) == 2 and read_state(root / "runs" / "g").status == "done"
+    state = read_state(root / "runs" / "g")
+    assert len(recs) == 2 and state.status == "done"
     assert all(r.launch is None or r.launch.status.value in ("ok", "rejected") for r in recs)
+    # each iteration ended with a verdict of its own (agent/loop.py): an outcome and a decision that agree, and the
+    # reason given; none interrupted or cut by a budget in a run that finished
+    assert [(r.run_id, r.iteration) for r in recs] == [("g", 1), ("g", 2)]
+    for r in recs:
+        assert isinstance(r.outcome, Outcome) and isinstance(r.decision, Decision) and r.reason, r
+        assert r.outcome not in (Outcome.interrupted, Outcome.budget_exhausted), (r.outcome, r.reason)
+        assert (r.decision == Decision.kept) == (r.outcome == Outcome.kept), (r.decision, r.outcome, r.reason)
+        if r.outcome == Outcome.parity_failed:
+            assert r.parity is not None and r.parity.status != ParityStatus.ok, r.reason
+        if r.decision == Decision.reverted:   # a commit that was evaluated: kept for review, off the branch
+            assert r.rejected_ref, r.reason
+    # a kept one passed every check it met and was faster twice (the bench and the confirmation); the last kept is the
+    # run's best
+    kept = [r for r in recs if r.decision == Decision.kept]
+    for r in kept:
+        assert r.parity is not None and r.parity.status == ParityStatus.ok, (r.iteration, r.parity)
+        assert r.launch is not None and r.launch.status == LaunchStatus.ok, (r.iteration, r.launch)
+        assert r.bench is not None and r.bench.status == BenchStatus.ok, (r.iteration, r.bench)
+        assert r.confirm is not None and r.confirm.status == BenchStatus.ok, (r.iteration, r.confirm)
+        assert r.commit_sha and r.speedup_vs_best is not None and r.speedup_vs_best > 1.0, (r.iteration, r.reason)
+    assert state.best_iteration == (kept[-1].iteration if kept else None), (state.best_iteration, kept)
+    if kept:
+        assert state.best_sha == kept[-1].commit_sha == git(root, "rev-parse", read_config(root / "runs" / "g").branch)

@@ -16,6 +16,8 @@ from __future__ import annotations
 import json
 import re
 
+import pytest
+
 from tests.userrepo import agent, git, make_user_repo
 
 FIG = r"([\d.]+)x \[([\d.]+), ([\d.]+)\]"
@@ -73,11 +75,14 @@ def test_every_figure_against_the_reference_agrees_from_check_to_the_commit(tmp_
     vi, lo, hi = _num(re.search(FIG + r" vs initial", summary).group(0))
     assert lo / 1.5 <= init_us / best_us <= hi * 1.5, (init_us / best_us, summary)
 
-    # where a figure is missing, the output says why (tools/measure/bench.py: rounds that disagreed twice)
+    # where a figure is missing, the output says why (tools/measure/bench.py: rounds that disagreed twice), and
+    # prints no number in its place
     if check_ci is None:
         assert "vs reference unstable" in bench["message"], bench["message"]
+        assert bench["speedup_vs_reference"] is None and not re.search(FIG + r" vs reference", bench["message"]), bench
     if setup is None:
         assert "reference unstable: no figure against it" in out, out
+        assert not re.search(r"initial: [\d.]+ us, reference [\d.]+ us", out), out
     assert (best_line.group(3) == "unstable") == (end_fig == "none"), (best_line.group(0), end_fig)
     f_end = _num(end_fig)[0] if end_fig != "none" else None
     if f_end is not None:   # the best's time and the reference's, from the same bench
@@ -88,7 +93,14 @@ def test_every_figure_against_the_reference_agrees_from_check_to_the_commit(tmp_
     if setup is not None and f_end is not None:
         # the end: the best over the initial, times the initial over the reference
         assert 0.5 <= f_end / (vi * float(setup.group(1))) <= 2.0, (f_end, vi, setup.group(0))
+    # where the reference was unstable (torch's rounds disagreeing in two benches: a loaded machine), the agreements
+    # that need its figure were not made: said at the end, not passed over in silence
+    unstable = [where for where, fig in (("check", check_ci), ("the run's setup", setup), ("the run's end", f_end))
+                if fig is None]
 
     # the kept commits' messages carry measured figures only: none against the reference
     log = git(root, "log", "--format=%B", f"{git(root, 'rev-parse', 'main')}..agent/matmul_cpu/{run_id}")
     assert "Agent-Run" in log and "reference" not in log, log
+    if unstable:   # every other check above held
+        pytest.skip(f"the reference's figure was unstable in {', '.join(unstable)} (each said so, checked above): "
+                    "the figures against it there were not compared")

@@ -80,6 +80,15 @@ def _wait_stage(proc: subprocess.Popen, run: Path, iteration: int, stage: str, s
     pytest.fail(f"stage {stage} of iteration {iteration} never came")
 
 
+def _gone(listing, timeout: float = 30, every: float = 0.1) -> list:
+    """What `listing()` still names once it names nothing, polled every `every` s, or at the deadline: a child that a
+    kill reached is gone within moments, one that outlived it never is (a fixed sleep is both slow and flaky)."""
+    deadline = time.monotonic() + timeout
+    while (left := listing()) and time.monotonic() < deadline:
+        time.sleep(every)
+    return left
+
+
 def _orphans(tag: str) -> list[str]:
     """Live processes whose command line names this test's temp dir, or whose working directory is in
     it (a child that outlived the agent; a judge forked from the fork server has the server's command
@@ -148,8 +157,7 @@ def test_kill_at_each_stage_then_resume(tmp_path, sig):
             # the branch is at the best, or at the one candidate under evaluation (on top of the best)
             if branch != state.best_sha:
                 assert git(root, "rev-parse", f"{branch}~1") == state.best_sha, f"SIGKILL at {stage}"
-            time.sleep(0.5)
-            assert _orphans(str(tmp_path)) == [], "a child outlived the killed agent"
+            assert _gone(lambda: _orphans(str(tmp_path))) == [], "a child outlived the killed agent"
         seen.append((stage, rc, branch[:10], [r.decision.value for r in recs]))
     assert reached.exists(), "the keep-stage kill never happened inside the keep"
 

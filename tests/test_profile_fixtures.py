@@ -2,16 +2,19 @@
 scripts/device/profile_fixtures.sh), parsed here through the PyPI `ncu-report` wheel, with values
 asserted against what ncu itself printed for the same report (`ncu -i REP --page raw --csv`).
 
-Until the fixtures are committed these tests skip, naming the script to run; with
-REQUIRE_NCU_FIXTURES=1 (set it on CI once they are committed) a missing fixture fails instead.
+The fixtures are committed (tests/fixtures/ncu/): one the repository holds and this checkout lacks fails. Only a
+fixture no commit holds yet skips, naming the script that captures it, and fails under CI (CI=true, set by the CI
+machine) or REQUIRE_NCU_FIXTURES=1.
 """
 
 import csv
+import functools
 import io
 import json
 import math
 import os
 import re
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -23,13 +26,31 @@ from tools.profile.model import Bottleneck
 FIX = Path(__file__).resolve().parent / "fixtures" / "ncu"
 
 
+@functools.cache
+def _committed() -> frozenset[str] | None:
+    """The fixtures the repository holds (`git ls-files`, paths under FIX), or None where this is no git checkout."""
+    tests = Path(__file__).resolve().parent
+    try:
+        out = subprocess.run(["git", "ls-files", "-z", "--", str(FIX.relative_to(tests))], cwd=tests,
+                             capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if out.returncode != 0:
+        return None
+    return frozenset(str(Path(f).relative_to(FIX.relative_to(tests))) for f in out.stdout.split("\0") if f)
+
+
 def need(name: str) -> Path:
     p = FIX / name
     if not p.is_file():
+        committed = _committed()
+        if committed is not None and name in committed:   # the repository holds it: this checkout lost it
+            pytest.fail(f"{p} is committed but missing from this checkout: `git checkout -- {p}` restores it")
         msg = f"{p.name} not captured yet: run scripts/device/profile_fixtures.sh on the GPU, untar into tests/fixtures/ncu/"
-        if os.environ.get("REQUIRE_NCU_FIXTURES"):
+        if os.environ.get("REQUIRE_NCU_FIXTURES") or os.environ.get("CI", "").lower() in ("1", "true"):
             pytest.fail(msg)
-        pytest.skip(msg)
+        # no commit holds it (or there is no git checkout to ask): only the GPU box can capture it
+        pytest.skip(msg + ("" if committed is not None else " (no git checkout here to say whether it is committed)"))
     return p
 
 

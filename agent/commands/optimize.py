@@ -16,8 +16,8 @@ from agent.review.plot import shorten
 from agent.loop import Loop
 from agent.runlog import Decision, LogError, find_run, read_iterations
 from agent.settings import SettingsError
-from agent.session import (UsageError, check_limits, choose_task, default_proposer, parse_target, repo_root_of,
-                           resume_run, start_run)
+from agent.session import (Repaired, UsageError, check_limits, choose_task, default_proposer, parse_target,
+                           repair_run, repo_root_of, resume_run, start_run)
 from agent.view import make_view
 from tools.backends.backend import slow_rebuild_note
 from tools.console import make_console
@@ -66,6 +66,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     r.add_argument("run", help="run id (or a unique prefix)")
     r.add_argument("--runs-dir", type=Path)
     r.add_argument("--quiet", action="store_true")
+    r.add_argument("--repair", action="store_true",
+                   help="only make the run's records whole (a torn or damaged record set aside, a kept iteration "
+                        "whose record is missing rebuilt from its commit), without going on; a finished run too")
     r.set_defaults(func=cmd_resume)
 
     s = sub.add_parser("sweep", help="measure every knob configuration the restrictions allow")
@@ -143,8 +146,13 @@ def cmd_resume(args) -> int:
         root = repo_root_of(Path.cwd())
         run_dir = find_run(args.runs_dir.parent if args.runs_dir else root, args.run) if not args.runs_dir \
             else args.runs_dir / args.run
+        if args.repair:
+            repair_run(run_dir, make_view(console), only=True)
         loop = resume_run(run_dir, make_view(console, quiet=args.quiet))
         return _run_and_summarize(loop)
+    except Repaired as e:
+        console.print(escape(str(e)), highlight=False)
+        return 0
     except (UsageError, gitops.GitError, LogError) as e:
         console.print(f"[red]error[/red]: {escape(str(e))}", highlight=False)
         return 2

@@ -79,9 +79,19 @@ def _fail(msg: str, code: int = 2) -> int:
     return code
 
 
-def _load(args):
+def _load(args, say: bool = True):
+    """The run, its notes (what could not be read: a torn or lost record, a damaged state) said first, a line each
+    on stderr, unless `say` is False (JSON carries them)."""
     from agent.review.runs import load_run, resolve_run
-    return load_run(resolve_run(default_runs_dir(args), args.run))
+    run = load_run(resolve_run(default_runs_dir(args), args.run))
+    if say:
+        _notes(run.notes)
+    return run
+
+
+def _notes(notes: list[str], prefix: str = "") -> None:
+    for n in notes:
+        err().print(f"[yellow]note[/yellow]: {escape(prefix + n)}", soft_wrap=True)
 
 
 # --- runs / show / report ---------------------------------------------------------------------
@@ -89,7 +99,11 @@ def cmd_runs(args) -> int:
     from agent.review.runs import list_runs
     from agent.review.table import row, runs_table
     d = default_runs_dir(args)
-    rows = [row(r) for r in list_runs(d)]
+    runs = list_runs(d)
+    rows = [row(r) for r in runs]
+    if not args.json:
+        for r in runs:
+            _notes(getattr(r, "notes", []), prefix=f"run {r.id}: ")
     if args.json:
         print(json.dumps([r.model_dump(mode="json") for r in rows], indent=2))
         return 0
@@ -105,7 +119,7 @@ def cmd_show(args) -> int:
     if args.transcript and args.iter is None:
         return _fail("--transcript shows one iteration's conversation: add --iter N")
     try:
-        run = _load(args)
+        run = _load(args, say=not args.json)
         rec = run.record(args.iter) if args.iter is not None else None
         if args.transcript:
             from agent.review.transcript import transcript

@@ -84,6 +84,8 @@ def render(run: Run, plot_name: str | None, plot_note: str = "", roofline_name: 
          f"- **Started**: {cfg.started}" + (f", finished {st.finished}" if st.finished else ""),
          f"- **LLM usage**: {st.usage.calls} calls, {st.usage.prompt_tokens + st.usage.completion_tokens} tokens, "
          f"${st.usage.cost_usd:.4f}", ""]
+    if run.notes:   # what could not be read (a torn or lost record, a damaged state): the report is of the rest
+        L[-1:-1] = [f"- **Not read**: {_md(n)}" for n in run.notes]
     if plot_name:
         L += [f"![speedup per iteration]({plot_name})", ""]
     if roofline_name:
@@ -125,8 +127,8 @@ def _throughput_lines(run: Run) -> list[str]:
     """The best's, the initial kernel's and the reference's throughput (with the share of the device's
     peak where it is known), where the task declares its FLOPs and bytes."""
     timed: list[tuple[str, BenchResult | None, str]] = []
-    if run.state.best_iteration is not None:
-        timed.append(("best", run.record(run.state.best_iteration).bench, "candidate"))
+    if run.state.best_iteration is not None and (best := run.find(run.state.best_iteration)) is not None:
+        timed.append(("best", best.bench, "candidate"))   # a best whose record is lost: its throughput is not known
     try:
         initial = BenchResult.model_validate_json((run.dir / "initial" / "bench.json").read_text())
         timed += [("initial", initial, "candidate"), ("reference", initial, "reference")]

@@ -7,7 +7,7 @@ A folder that is not a run (sweep-*, stray files) is skipped; a run whose log th
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from pydantic import ValidationError
@@ -23,6 +23,7 @@ class Run:
     cfg: RunConfig
     state: RunState
     records: list[IterationRecord]
+    notes: list[str] = field(default_factory=list)   # what could not be read, a line each: shown, then the rest
 
     @property
     def id(self) -> str:
@@ -31,10 +32,12 @@ class Run:
     def kept(self) -> list[IterationRecord]:
         return [r for r in self.records if r.decision == Decision.kept]
 
+    def find(self, n: int) -> IterationRecord | None:
+        return next((r for r in self.records if r.iteration == n), None)
+
     def record(self, n: int) -> IterationRecord:
-        for r in self.records:
-            if r.iteration == n:
-                return r
+        if (r := self.find(n)) is not None:
+            return r
         have = f"1-{len(self.records)}" if self.records else "none logged"
         raise LogError(f"run {self.id} has no iteration {n} (iterations: {have})")
 
@@ -54,11 +57,15 @@ class Unreadable:
 
 
 def load_run(run_dir: Path) -> Run:
-    """Read a run's config, state and iterations. Raises LogError with the reason when it cannot."""
+    """Read a run's config, state and iterations. Raises LogError with the reason where the run cannot be read at all
+    (no readable run.json, another schema). What is damaged or missing past that (issue 61: a torn or lost record, a
+    damaged state.json) goes into `notes`, a line each, and the rest is read: a damaged line is left out, a damaged
+    state is taken from the records, a kept iteration with no record is shown rebuilt from its commit (not saved:
+    `agent resume RUN --repair` saves it)."""
+    notes: list[str] = []
     try:
         cfg = read_config(run_dir)
-        state = read_state(run_dir)
-        records = read_iterations(run_dir)
+        records = read_iterations(run_dir, notes)
     except json.JSONDecodeError as e:
         raise LogError(f"{run_dir}: a log file is not valid JSON ({e.msg} at line {e.lineno})") from None
     except ValidationError as e:
@@ -67,7 +74,53 @@ def load_run(run_dir: Path) -> Run:
         raise LogError(f"{run_dir}: the log does not match this agent's schema ({where}: {err['msg']})") from None
     except OSError as e:
         raise LogError(f"{run_dir}: cannot read the log: {e.strerror}") from None
-    return Run(run_dir, cfg, state, records)
+    try:
+        state = read_state(run_dir)
+    except LogError as e:
+        if "written by log schema version" in str(e):
+            raise
+        state = _state_from_records(records)
+        notes.append(f"{e}".split("; the run cannot be read")[0] + ": its status and figures are unknown; the best "
+                     "is taken from the records")
+    records = _with_lost_kept(run_dir, cfg, state, records, notes)
+    return Run(run_dir, cfg, state, records, notes)
+
+
+def _state_from_records(records: list[IterationRecord]) -> RunState:
+    kept = [r for r in records if r.decision == Decision.kept and r.commit_sha]
+    last = kept[-1] if kept else None
+    return RunState(status="unknown", iterations_done=max((r.iteration for r in records), default=0),
+                    best_sha=last.commit_sha if last else (records[0].parent_sha if records else ""),
+                    best_iteration=last.iteration if last else None, best_ms=last.best_ms if last else None)
+
+
+def _with_lost_kept(run_dir: Path, cfg: RunConfig, state: RunState, records: list[IterationRecord],
+                    notes: list[str]) -> list[IterationRecord]:
+    """The records, with every kept iteration the state's best line holds and the log lacks rebuilt from its commit
+    (agent/recover.py), and a note for each iteration that has no record."""
+    have = {r.iteration for r in records}
+    missing = sorted(set(range(1, state.iterations_done + 1)) - have)
+    if state.best_iteration is not None and state.best_iteration not in have and state.best_iteration not in missing:
+        missing.append(state.best_iteration)
+    if not missing:
+        return records
+    rebuilt: list[IterationRecord] = []
+    try:
+        import git
+        from agent.recover import missing_kept
+        rebuilt = missing_kept(cfg, state.best_sha, have, git.Repo(cfg.repo), "for this view", run_dir)
+        why = ""
+    except Exception as e:   # noqa: BLE001 - the repository moved, the branch deleted, the commit gone: said, not raised
+        why = f" (its commit could not be read from {cfg.repo}: {type(e).__name__})"
+    found = {r.iteration for r in rebuilt}
+    for n in missing:
+        if n in found:
+            notes.append(f"iteration {n} has no record in {run_dir / 'iterations.jsonl'}: shown rebuilt from its kept "
+                         f"commit; `agent resume {cfg.run_id} --repair` saves it")
+        else:
+            notes.append(f"iteration {n} has no record in {run_dir / 'iterations.jsonl'}"
+                         + (why or " and is not a kept commit on the run's branch: left out"))
+    return sorted(records + rebuilt, key=lambda r: r.iteration)
 
 
 def list_runs(runs_dir: Path) -> list[Run | Unreadable]:

@@ -48,7 +48,7 @@ def ci_text(rec: IterationRecord) -> str:
 # --- the run ----------------------------------------------------------------------------------
 def run_json(run: Run) -> dict:
     vi, vr = run.best_speedup("initial"), run.best_speedup("reference")
-    return {"config": run.cfg.model_dump(mode="json"), "state": run.state.model_dump(mode="json"),
+    return {"config": run.cfg.model_dump(mode="json"), "state": run.state.model_dump(mode="json"), "notes": run.notes,
             "best": {"sha": run.state.best_sha, "iteration": run.state.best_iteration, "ms": run.state.best_ms,
                      "vs_initial": vi.value if vi else None, "vs_reference": vr.value if vr else None,
                      "confirmed": bool(vi and vi.confirmed)},
@@ -173,6 +173,7 @@ def iteration_json(run: Run, rec: IterationRecord) -> dict:
     data = rec.model_dump(mode="json")
     data["artifacts"] = sorted(str(p) for p in d.iterdir()) if d.is_dir() else []
     data["parity_by_shape"] = parity_by_shape(rec.parity) if rec.parity else []
+    data["notes"] = run.notes
     return data
 
 

@@ -30,6 +30,7 @@ class RunRow(BaseModel):
     confirmed: bool = False            # the speedups come from the interleaved confirmation bench
     status: str = ""
     stop_reason: str = ""
+    notes: list[str] = []              # what could not be read (a torn or lost record, a damaged state): the rest is
 
 
 def row(r: Run | Unreadable) -> RunRow:
@@ -41,7 +42,7 @@ def row(r: Run | Unreadable) -> RunRow:
                   iterations=len(r.records), iters_max=r.cfg.iters, kept=len(r.kept()), baseline=r.cfg.baseline,
                   target=r.cfg.target, best_vs_initial=vi.value if vi else None,
                   best_vs_reference=vr.value if vr else None, confirmed=bool(vi and vi.confirmed),
-                  status=r.state.status, stop_reason=r.state.stop_reason)
+                  status=r.state.status, stop_reason=r.state.stop_reason, notes=r.notes)
 
 
 _STATUS_STYLE = {"done": "green", "running": "cyan", "interrupted": "yellow", "failed": "red", "unreadable": "red",

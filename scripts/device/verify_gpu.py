@@ -202,22 +202,33 @@ def run_all(work: Path, out_dir: Path | None = None) -> tuple[list[dict], bool]:
         rec = recs[i] if i < len(recs) else None
         if rec is None:
             rows.append({"pattern": name, "kind": kind, "outcome": "missing", "status": "-", "kept": False,
-                         "reason": "no record", "ok": False})
+                         "caught": False, "verdict": "missing", "reason": "no record", "ok": False})
             problems.append(f"{name}: no iteration record")
             continue
         st = _stage(rec, rec.outcome.value)
         status = st.status.value if st is not None else "-"
         kept = rec.decision.value == "kept"
         expect = (expect,) if isinstance(expect, str) else expect
-        # an adversary its bench finds no faster is not kept whatever else (scripts/device/cheat_parity.py names
-        # the check that catches each regardless of speed)
-        slow = kind == "cheat" and rec.outcome.value == "not_faster"
-        ok = (slow or rec.outcome.value in expect and (not statuses or status in statuses) and
-              (not needles or any(n in rec.reason for n in needles))) and kept == (kind == "good")
+        # as the table says: the outcome, the stage status and the reason of the check named for it
+        hit = rec.outcome.value in expect and (not statuses or status in statuses) and \
+            (not needles or any(n in rec.reason for n in needles))
+        ok = hit and kept == (kind == "good")
+        # an adversary caught is one that check rejected. One its bench found no faster was not kept, but no check
+        # said it cheats (the checks the confirmation runs, ranges, the wide shape, memcheck, meet only a candidate
+        # faster than the best): "not caught (not faster)", not as expected (scripts/device/cheat_parity.py runs
+        # each check regardless of speed)
+        caught = kind != "good" and ok
+        slow = kind != "good" and rec.outcome.value == "not_faster"
+        verdict = (("kept" if kept else "not kept") if kind == "good" else
+                   "caught" if caught else "not caught (not faster)" if slow else "not caught")
         rows.append({"pattern": name, "kind": kind, "description": pattern, "outcome": rec.outcome.value,
-                     "status": status, "kept": kept, "reason": rec.reason[:300], "ok": ok,
+                     "status": status, "kept": kept, "caught": caught, "verdict": verdict,
+                     "reason": rec.reason[:300], "ok": ok,
                      "seconds": rec.wall_s and round(rec.wall_s, 1), "wide_s": wide_seconds(rec)})
-        if not ok:
+        if slow:
+            problems.append(f"{name}: not caught (not faster): expected {expect} {statuses}, rejected only as "
+                            f"not_faster: {rec.reason[:200]}")
+        elif not ok:
             problems.append(f"{name}: expected {expect} {statuses}, got {rec.outcome.value} {status}: {rec.reason[:200]}")
     if (run / "state.json").exists():
         cfg, state = read_config(run), read_state(run)
@@ -256,14 +267,19 @@ def main() -> int:
     rows, ok = run_all(work, out)
     print(f"{'pattern':18s} {'kind':6s} {'outcome':16s} {'status':12s} kept  ok  reason")
     for r in rows:
+        slow = r.get("verdict") == "not caught (not faster)"   # NO, and said apart from a check that missed
         print(f"{r['pattern']:18s} {r['kind']:6s} {r['outcome']:16s} {r['status']:12s} {str(r['kept']):5s} "
-              f"{'yes' if r['ok'] else 'NO':3s} {r.get('seconds')!s:>6s}s wide {r.get('wide_s')!s:>6s}s {r['reason'][:120]}")
+              f"{'yes' if r['ok'] else 'NO':3s} {r.get('seconds')!s:>6s}s wide {r.get('wide_s')!s:>6s}s "
+              f"{'not caught (not faster): ' if slow else ''}{r['reason'][:120]}")
     data = json.loads((out / "verify_gpu.json").read_text())
     print(f"the initial kernel on the 2^31-element shape: {data.get('initial_wide')}")
     for p in data["problems"]:
         print(f"PROBLEM: {p}")
+    adversaries = [r for r in rows if r['kind'] != 'good']
     print(f"verify_gpu on {data['device']}: {sum(r['ok'] for r in rows)}/{len(rows)} as expected, "
-          f"{sum(r['kept'] for r in rows if r['kind'] != 'good')} cheats kept, {data['seconds']}s: "
+          f"{sum(r.get('caught', False) for r in adversaries)}/{len(adversaries)} cheats and faults caught, "
+          f"{sum(r.get('verdict') == 'not caught (not faster)' for r in adversaries)} not caught (not faster), "
+          f"{sum(r['kept'] for r in adversaries)} cheats kept, {data['seconds']}s: "
           f"{'OK' if ok else 'FAILED'}; json in {out}/verify_gpu.json")
     return 0 if ok else 1
 
