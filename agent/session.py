@@ -247,7 +247,12 @@ def repair_run(run_dir: Path, view: View, only: bool = False) -> None:
     nothing to mend, as before)."""
     cfg, state = load_run(run_dir)
     hold_run(run_dir)
-    said = repair(run_dir, cfg, state, gitops.open_repo(Path(cfg.repo)))
+    repo = gitops.open_repo(Path(cfg.repo))
+    said = repair(run_dir, cfg, state, repo)
+    if state.status not in ("done", "failed"):   # a keep the kill interrupted after its commit, as resume_run mends it
+        rgit = gitops.RunGit.attach(repo, Path(cfg.worktree), cfg.branch, cfg.run_id)
+        if (got := recover(run_dir, cfg, state, rgit)) is not None:
+            said.append(got[1])
     for line in said:
         view.message(escape(line))
     why = {"done": "is finished", "failed": "failed at setup"}.get(state.status)

@@ -55,13 +55,18 @@ def test_a_torn_last_record_is_moved_aside_on_resume_and_the_run_reads_whole(tmp
         assert res.returncode == 0, (cmd, (res.stdout + res.stderr)[-2000:])
 
 
-def test_a_damaged_state_or_config_is_refused_in_one_line_naming_the_file(tmp_path):
+def _one_iteration_run(tmp_path, proposal: dict, run_id: str):
+    """A finished replay run of one iteration (the proposal's) in a new user repository: (root, run)."""
     root = make_user_repo(tmp_path / "user")
-    (tmp_path / "p.json").write_text(json.dumps([_comment(0)]))
+    (tmp_path / "p.json").write_text(json.dumps([proposal]))
     res = agent(root, "optimize", "kernels/matmul_cpu", "--proposer", "replay", "--replay", str(tmp_path / "p.json"),
-                "--iters", "1", "--target", "100x", "--run-id", "dmg", "--quiet", timeout=600)
+                "--iters", "1", "--target", "100x", "--run-id", run_id, "--quiet", timeout=600)
     assert res.returncode == 0, (res.stdout + res.stderr)[-2000:]
-    run = root / "runs" / "dmg"
+    return root, root / "runs" / run_id
+
+
+def test_a_damaged_state_or_config_is_refused_in_one_line_naming_the_file(tmp_path):
+    root, run = _one_iteration_run(tmp_path, _comment(0), "dmg")
     for name, damage in (("state.json", '{"schema_version": '), ("state.json", '{"schema_version": 1, "status": 7}'),
                          ("run.json", "\x00\x01")):
         good = (run / name).read_bytes()
@@ -131,12 +136,7 @@ def test_a_finished_runs_kept_record_torn_or_lost_is_read_around_and_rebuilt_by_
     `agent resume` rebuilds and saves the record (torn case), `agent resume --repair` too (lost case), a finished run
     with nothing to mend is refused as before."""
     from tests.userrepo import git
-    root = make_user_repo(tmp_path / "user")
-    (tmp_path / "p.json").write_text(json.dumps([_faster(0)]))
-    res = agent(root, "optimize", "kernels/matmul_cpu", "--proposer", "replay", "--replay", str(tmp_path / "p.json"),
-                "--iters", "1", "--target", "100x", "--run-id", "fin", "--quiet", timeout=600)
-    assert res.returncode == 0, (res.stdout + res.stderr)[-2000:]
-    run = root / "runs" / "fin"
+    root, run = _one_iteration_run(tmp_path, _faster(0), "fin")
     [kept], state = read_iterations(run), read_state(run)
     assert kept.decision.value == "kept" and state.status == "done" and state.best_iteration == 1
     whole = (run / "iterations.jsonl").read_text()

@@ -50,6 +50,8 @@ def _stage_status(rec, outcome: str) -> str | None:
 
 @pytest.mark.slow
 def test_every_cpu_cheat_and_fault_is_rejected_and_the_loop_goes_on(tmp_path):
+    # About 60 s on 2 cores, already one run for every case (a candidate an iteration, the per-case checks on its
+    # records): what is left is each case's own build and the checks that catch it, the hang's stage budget among them
     root = verification_repo(tmp_path / "user")
     before = snapshot(root)
     cases = CASES + [GOOD]
