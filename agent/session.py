@@ -157,8 +157,9 @@ def default_proposer(repo_root: Path, overrides: dict) -> str:
 
 def link_earlier_builds(loop: Loop, run_dir: Path) -> None:
     """The latest earlier builds of the task (agent check's, earlier runs') offer their objects of
-    non-editable sources to this run's builds, linked where still valid (tools/build/reuse.py): a torch
-    extension's binding, 20-35 s, compiled once per machine rather than once per run."""
+    the same bytes to this run's builds, linked where still valid (tools/build/reuse.py): a torch extension's
+    binding, 20-35 s, compiled once per machine rather than once per run, and the run's first build of a file
+    that includes torch's headers (11-25 s) linked from `agent check`'s build of the same bytes."""
     loop.evaluator.reuse_objects = latest_builds(loop.task, run_dir.parent, exclude=run_dir / "build")
 
 

@@ -60,14 +60,21 @@ def test_an_old_build_is_linked_only_where_ninja_would_not_rebuild_it(tmp_path):
     assert build(load_task(src), earlier).status == BuildStatus.ok
     objects = {f: obj_name(f) for f in ("fixed.cpp", "k.cpp")}
 
-    # another checkout of the same task (a later run's worktree): the non-editable object is linked
+    # another checkout of the same task (a later run's worktree): every object is linked, the editable file's too
+    # (its bytes are the same: a run's first build after `agent check`)
     later = tmp_path / "b" / "t"
     shutil.copytree(src, later)
     task = load_task(later)
     got = reusable_objects(task, earlier, find_ninja(), objects, later, _ours(task, later, tmp_path / "n1"))
-    assert got == {"fixed.cpp": (earlier / obj_name("fixed.cpp")).resolve()}
+    assert got == {f: (earlier / obj_name(f)).resolve() for f in ("fixed.cpp", "k.cpp")}
     res = build(task, tmp_path / "new", reuse=earlier)
-    assert res.status == BuildStatus.ok and res.steps_run == 2 and "(reused:" in res.log
+    assert res.status == BuildStatus.ok and res.steps_run == 1 and res.log.count("(reused:") == 2, res.log
+    # a candidate's edit: the editable file is compiled, the other still linked
+    (later / "k.cpp").write_text('extern "C" int k() { return 2; }\n')
+    got = reusable_objects(task, earlier, find_ninja(), objects, later, _ours(task, later, tmp_path / "n1"))
+    assert got == {"fixed.cpp": (earlier / obj_name("fixed.cpp")).resolve()}
+    res = build(task, tmp_path / "new2", reuse=earlier)
+    assert res.status == BuildStatus.ok and res.steps_run == 2 and res.log.count("(reused:") == 1, res.log
 
     # other flags (the task's build.flags changed since): compiled, not linked
     other = _task(tmp_path / "c", inc, flags=', "-DMORE=1"')
@@ -81,6 +88,24 @@ def test_an_old_build_is_linked_only_where_ninja_would_not_rebuild_it(tmp_path):
     # ... or is gone
     (inc / "outside.h").unlink()
     assert reusable_objects(task, earlier, find_ninja(), objects, later, _ours(task, later, tmp_path / "n4")) == {}
+    (inc / "outside.h").write_text("#define OUTSIDE 7\n")
+    os.utime(inc / "outside.h", (1, 1))   # back as it was: the task's own files decide below
+    (later / "k.cpp").write_text((src / "k.cpp").read_text())   # the candidate's edit undone
+    assert set(reusable_objects(task, earlier, find_ninja(), objects, later, _ours(task, later, tmp_path / "n5"))) \
+        == {"fixed.cpp", "k.cpp"}
+    # the earlier build's own file edited after it (a user's edit, committed, after `agent check`), and the same new
+    # bytes here: the object is of the old bytes, so it is compiled
+    future = time.time() + 90
+    (src / "fixed.cpp").write_text((src / "fixed.cpp").read_text() + "// edited\n")
+    (later / "fixed.cpp").write_text((src / "fixed.cpp").read_text())
+    os.utime(src / "fixed.cpp", (future, future))
+    got = reusable_objects(task, earlier, find_ninja(), objects, later, _ours(task, later, tmp_path / "n6"))
+    assert got == {"k.cpp": (earlier / obj_name("k.cpp")).resolve()}, got
+    # ... and in one folder (the earlier build's source folder is this build's): an edit there is seen too
+    (src / "k.cpp").write_text('extern "C" int k() { return 3; }\n')
+    os.utime(src / "k.cpp", (future, future))
+    assert reusable_objects(load_task(src), earlier, find_ninja(), objects) == {}
+
 
 
 def test_the_latest_builds_of_the_task_under_the_runs_folder_are_offered_newest_first(tmp_path):

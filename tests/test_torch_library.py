@@ -220,8 +220,8 @@ def test_a_binding_compiled_without_the_renaming_header_is_not_linked(built, tmp
     ours.mkdir()
     shutil.copy(first_dir / "build.ninja", ours / "build.ninja")
     task = load_task(src)
-    assert set(reusable_objects(task, first_dir, find_ninja(), objects, src, ours / "build.ninja")) == {"binding.cpp"}
-    assert reusable_objects(task, old, find_ninja(), objects, src, ours / "build.ninja") == {}
+    assert "binding.cpp" in reusable_objects(task, first_dir, find_ninja(), objects, src, ours / "build.ninja")
+    assert "binding.cpp" not in reusable_objects(task, old, find_ninja(), objects, src, ours / "build.ninja")
 
 
 @pytest.mark.slow

@@ -208,8 +208,8 @@ def first_errors(output: str, src_dir: Path, commands: list[str], max_lines: int
 def build(task: Task, build_dir: Path, src_dir: Path | None = None, timeout_s: float | None = None,
           reuse: Path | list[Path] | None = None, whole: bool = False) -> BuildResult:
     """Build task's sources (from src_dir, default task.root) in build_dir. Never raises for bad code.
-    `reuse`: earlier build folders of the same task whose objects of non-editable sources are linked
-    instead of compiled where still valid (tools.build.reuse). A one-file CUDA extension is built in two halves
+    `reuse`: earlier build folders of the same task whose objects are linked instead of compiled where still valid
+    (the same bytes and commands: tools.build.reuse). A one-file CUDA extension is built in two halves
     (tools.backends.cu_split) unless `whole`; where the halves do not build, the file is built whole."""
     t0 = time.monotonic()
     build_dir = Path(build_dir).resolve()
@@ -253,7 +253,7 @@ def build(task: Task, build_dir: Path, src_dir: Path | None = None, timeout_s: f
             edges, commands = write_ninja(task, build_dir, src_dir, tools, arch, prebuilt, pch, split)  # type: ignore[arg-type]
     except (OSError, ImportError, ValueError) as e:   # torch, its CUDA toolkit or a renamable TORCH_LIBRARY missing
         return result(BuildStatus.toolchain_missing, message=f"{task.backend.name}: {' '.join(str(e).split())}")
-    if not edges:
+    if not edges and not prebuilt:   # every object linked from an earlier build of the same bytes is a build
         return result(BuildStatus.compile_error, message=f"no compilable sources (.cu/.cpp) among {task.spec.sources}")
     proc = run_isolated([tools["ninja"], "-C", str(build_dir)], timeout_s,  # type: ignore[list-item]
                         env={"NINJA_STATUS": STATUS_MARK + "[%f/%t] "})

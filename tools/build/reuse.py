@@ -7,6 +7,12 @@ starts from the latest earlier builds of the same task (`agent check`'s, earlier
 binding is compiled once per machine rather than once per run. An earlier build may be days old: an object is
 linked only where ninja itself would not rebuild it (the same compile commands, every file it read
 no newer than it) and where each file of the task it read has the same bytes here.
+
+Editable files too (issue 61): a run's first build after `agent check` compiles the same bytes check compiled, and
+a C++ file that includes torch's headers (a one-file extension, every imported KernelBench solution) costs 11-25 s
+a build on 2 cores; it is linked from check's build instead. The rule is the same for every file (the bytes of
+every task file it read, the compile commands, nothing newer outside the task): a candidate's edit changes the
+bytes, and its file is compiled.
 """
 
 from __future__ import annotations
@@ -42,16 +48,16 @@ def _edge(ninja_file: Path, obj: str) -> list[str]:
 
 def reusable_objects(task: Task, earlier: Path, ninja: str, objects: dict[str, str],
                      src_dir: Path | None = None, ours: Path | None = None) -> dict[str, Path]:
-    """The objects of `task`'s non-editable sources in an earlier build of the same task that can be
-    linked as they are: compiled from the same bytes, the same for every file of the task they
-    included (ninja's dependency log says which), none of them editable, no file they read newer than
-    the object, and (given `ours`, the new build's build.ninja) by the same compilers with the same
-    flags. `objects`: each compiled source's object path inside a build folder (tools.build.build's naming)."""
+    """The objects of `task`'s sources in an earlier build of the same task that can be linked as they are:
+    compiled from the same bytes, the same for every file of the task they included (ninja's dependency log says
+    which; editable ones too: their bytes decide), no file they read newer than the object, and (given `ours`, the
+    new build's build.ninja) by the same compilers with the same flags. `objects`: each compiled source's object
+    path inside a build folder (tools.build.build's naming)."""
     out: dict[str, Path] = {}
     src_dir = Path(src_dir or task.root).resolve()
     for rel, name in objects.items():
         obj = Path(earlier) / name
-        if rel in task.spec.editable or not obj.is_file():
+        if not obj.is_file():
             continue
         try:
             proc = subprocess.run([ninja, "-C", str(earlier), "-t", "deps", name], capture_output=True,
@@ -70,13 +76,16 @@ def reusable_objects(task: Task, earlier: Path, ninja: str, objects: dict[str, s
             continue          # the source's own flags differ (tools.backends.torch_library's header, another torch's)
         made = obj.stat().st_mtime_ns
         try:
-            if any(d.stat().st_mtime_ns > made for d in deps if not d.is_relative_to(root)):
-                continue      # a header outside the task (torch's, the compiler's) changed since
+            # a header outside the task (torch's, the compiler's) changed since, or a file of the task in the earlier
+            # build's own folder did (the user edited and committed kernel.cpp after `agent check`: the bytes here
+            # are the new ones, the object is of the old ones)
+            if any(d.stat().st_mtime_ns > made for d in deps):
+                continue
         except OSError:
             continue          # one is gone: torch or the compiler was reinstalled
         mine = [d.relative_to(root) for d in deps if d.is_relative_to(root)]
-        if all(str(r) not in task.spec.editable and (src_dir / r).is_file() and (root / r).is_file()
-               and (src_dir / r).read_bytes() == (root / r).read_bytes() for r in mine):
+        if all((src_dir / r).is_file() and (root / r).is_file() and (src_dir / r).read_bytes() == (root / r).read_bytes()
+               for r in mine):
             out[rel] = obj.resolve()
     return out
 
@@ -94,8 +103,8 @@ def reusable_from(task: Task, earlier: Path | list[Path], ninja: str, objects: d
 
 def latest_builds(task: Task, runs: Path, exclude: Path | None = None, most: int = 4) -> list[Path]:
     """The most recent builds of `task` under a runs folder (`agent check`'s runs/_build/NAME, runs'
-    runs/RUN/build), newest first, for a new run or sweep to link objects of non-editable sources from
-    (a build that linked its binding itself holds none: the next one back may)."""
+    runs/RUN/build), newest first, for a new run or sweep to link objects from (a build that linked its binding
+    itself holds none: the next one back may)."""
     cands = [runs / "_build" / task.name, *runs.glob("*/build")]
     built = [(lib.stat().st_mtime_ns, d) for d in cands if d != exclude and (lib := d / f"lib{task.name}.so").is_file()]
     return [d for _, d in sorted(built, reverse=True)[:most]]
@@ -138,8 +147,8 @@ def reusable_halves(earlier: Path | list[Path], ninja: str, halves: dict[str, tu
                 continue      # other compilers, flags or per-file flags
             made, rest = obj.stat().st_mtime_ns, deps[1:]
             try:
-                if any(p.stat().st_mtime_ns > made for p in rest if not p.is_relative_to(root)):
-                    continue  # torch's or the compiler's headers changed since
+                if any(p.stat().st_mtime_ns > made for p in rest):
+                    continue  # torch's or the compiler's headers changed since, or the task's own files there
             except OSError:
                 continue
             mine = [p.relative_to(root) for p in rest if p.is_relative_to(root)]
