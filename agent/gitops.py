@@ -61,6 +61,11 @@ class RunGit:
 
     def __init__(self, repo: git.Repo, worktree: Path, branch: str, run_id: str):
         self.repo, self.worktree, self.branch, self.run_id = repo, worktree, branch, run_id
+        # the run's commits and refs synced to the disk as git writes them (git 2.36+; an older git ignores it), so
+        # that state.json, synced after, never names a commit a power cut lost; set for this process's git commands
+        # only, never in the user's config
+        repo.git.update_environment(GIT_CONFIG_COUNT="1", GIT_CONFIG_KEY_0="core.fsync",
+                                    GIT_CONFIG_VALUE_0="committed,reference")
 
     # --- setup --------------------------------------------------------------------------------
     @classmethod

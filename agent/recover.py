@@ -162,7 +162,8 @@ def recover(run_dir, cfg: RunConfig, state: RunState, rgit) -> tuple[RunState, s
             and last.parent_sha == state.best_sha:
         rec, said = last, (f"iteration {last.iteration} was kept and recorded, but the kill came before the run's "
                            f"state was saved: the best is its commit {head[:10]} again")
-    elif (rec := kept_record(cfg, state, len(records) + 1, rgit, run_dir)) is not None:
+    elif (rec := kept_record(cfg, state, max((r.iteration for r in records), default=0) + 1, rgit, run_dir)) \
+            is not None:
         append_iteration(run_dir, rec)
         said = (f"iteration {rec.iteration} was kept (commit {head[:10]}) but the kill cut its record: rebuilt from the "
                 "commit's message, and the best is that commit")
@@ -222,7 +223,8 @@ def repair(run_dir: Path, cfg: RunConfig, state: RunState, repo) -> list[str]:
     have = {r.iteration for r in read_iterations(run_dir)}
     try:
         rebuilt = missing_kept(cfg, state.best_sha, have, repo, "by a repair", run_dir)
-    except (ValueError, LookupError) as e:   # gitpython's BadName is a ValueError: the commit is not here any more
+    except Exception as e:   # noqa: BLE001 - BadName (a ValueError): the commit is gone; a git error: its object is
+        # damaged (a power cut before git's own writes reached the disk): said, the rest of the repair stands
         return [*said, f"the best commit {state.best_sha[:10]} is not in {cfg.repo} ({type(e).__name__}): kept "
                        "records that are missing cannot be rebuilt"]
     for rec in rebuilt:

@@ -219,7 +219,7 @@ def prepare_resume(loop: Loop) -> None:
     """Bring the run's branch back to the best recorded commit, rebuild the best's library and reload
     its profile, so that the loop can go on from its log."""
     head = loop.git.head()
-    n = len(loop.records)
+    n = max((r.iteration for r in loop.records), default=0)   # not the count: a damaged line set aside leaves a gap
     if head != loop.state.best_sha:
         loop.git.keep_ref("interrupted", n + 1, head)
     # reset even when HEAD is the best: a SIGKILL between patch and commit leaves the candidate's

@@ -39,10 +39,16 @@ def test_each_instrument_runs_alone_as_the_readme_says_and_prints_json(module, t
         pytest.skip("no C++ compiler or ninja here")
     task = tmp_path / "matmul_cpu"   # a copy outside any repository: its build goes beside it, not in runs/
     shutil.copytree(REPO / "kernels" / "matmul_cpu", task, ignore=shutil.ignore_patterns("__pycache__"))
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+    tmp = tmp_path / "tmp"   # the instrument's own temporary folder: it leaves nothing there (a build was left)
+    tmp.mkdir()
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
+           "TMPDIR": str(tmp)}
     res = subprocess.run([sys.executable, "-m", module, str(task), "--json"], cwd=tmp_path, capture_output=True,
                          text=True, timeout=300, env=env)
     assert "Traceback" not in res.stderr, res.stderr[-2000:]
+    # nothing but the judges' shared scratch folder, emptied (tools/isolation/scratch.py removes each child's own)
+    left = sorted(str(p.relative_to(tmp)) for p in tmp.rglob("*"))
+    assert left in ([], ["kernel-agent-scratch"]), left
     got = json.loads(res.stdout)
     first = got[0] if isinstance(got, list) else got
     assert isinstance(first, dict) and first, res.stdout[:500]

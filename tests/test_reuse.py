@@ -120,3 +120,15 @@ def test_the_latest_builds_of_the_task_under_the_runs_folder_are_offered_newest_
     (runs / "_build" / "other").mkdir()
     assert latest_builds(task, runs) == [runs / "r2" / "build", runs / "r1" / "build", runs / "_build" / "t"]
     assert latest_builds(task, runs, exclude=runs / "r2" / "build", most=1) == [runs / "r1" / "build"]
+    # a run another agent drives now (its lock names a live process): its build folder is rewritten per candidate,
+    # never offered; once that process is gone, offered again
+    import subprocess
+    import sys
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        (runs / "r2" / "agent.lock").write_text(f"{other.pid}\n")
+        assert latest_builds(task, runs) == [runs / "r1" / "build", runs / "_build" / "t"]
+    finally:
+        other.kill()
+        other.wait()
+    assert latest_builds(task, runs)[0] == runs / "r2" / "build"

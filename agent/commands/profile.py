@@ -29,7 +29,11 @@ def _lib_for(args) -> str | None:
         make_console(stderr=True).print("[red]no build tool in this checkout[/red]: pass --lib PATH to the compiled "
                                         "library")
         return None
-    res = build(load_task(args.task), tempfile.mkdtemp(prefix="agent-profile-build-"))
+    import atexit
+    import shutil
+    where = tempfile.mkdtemp(prefix="agent-profile-build-")
+    atexit.register(shutil.rmtree, where, ignore_errors=True)   # the library is profiled in this process's life
+    res = build(load_task(args.task), where)
     if res.status.value != "ok" or not res.lib_path:
         first = res.message.splitlines()[0] if res.message else ""   # the compiler's words: escaped
         make_console(stderr=True).print(f"[red]build {res.status.value}[/red]: {escape(first)}")

@@ -70,6 +70,10 @@ def choose(run: Run, iteration: int | None) -> list[IterationRecord]:
     best = run.state.best_iteration
     if best is None:
         raise CherryPickError(f"run {run.id} kept no iteration: the initial kernel is still the best; nothing to pick")
+    if run.find(best) is None:   # lost, and not rebuilt from its commit (agent/review/runs.py says why)
+        raise CherryPickError(f"run {run.id}: the best (iteration {best}) has no record and its commit could not be "
+                              "read; nothing was picked (`agent resume RUN --repair` rebuilds the record where the "
+                              "commit is there)")
     recs = [r for r in run.kept() if r.iteration <= best]
     if not recs:
         raise CherryPickError(f"run {run.id}: the log records no kept iteration up to the best ({best})")

@@ -105,9 +105,22 @@ def latest_builds(task: Task, runs: Path, exclude: Path | None = None, most: int
     """The most recent builds of `task` under a runs folder (`agent check`'s runs/_build/NAME, runs'
     runs/RUN/build), newest first, for a new run or sweep to link objects from (a build that linked its binding
     itself holds none: the next one back may)."""
-    cands = [runs / "_build" / task.name, *runs.glob("*/build")]
+    cands = [runs / "_build" / task.name, *(d for d in runs.glob("*/build") if not _live(d.parent))]
     built = [(lib.stat().st_mtime_ns, d) for d in cands if d != exclude and (lib := d / f"lib{task.name}.so").is_file()]
     return [d for _, d in sorted(built, reverse=True)[:most]]
+
+
+def _live(run_dir: Path) -> bool:
+    """A run another agent process drives now (runs/RUN/agent.lock names its pid: agent/runlog.py hold_run): its
+    build folder is rewritten for every candidate it builds, so an object found valid there may be another
+    candidate's by the time it is linked. Read, not locked: a probe's lock would refuse that run's own resume."""
+    import os
+    try:
+        pid = int((run_dir / "agent.lock").read_text().split()[0])
+        os.kill(pid, 0)
+    except (OSError, ValueError, IndexError):   # no lock file, no pid in it, or the process is gone
+        return False
+    return pid != os.getpid()
 
 
 def _deps(ninja: str, folder: Path, name: str) -> list[Path]:
@@ -147,7 +160,7 @@ def reusable_halves(earlier: Path | list[Path], ninja: str, halves: dict[str, tu
                 continue      # other compilers, flags or per-file flags
             made, rest = obj.stat().st_mtime_ns, deps[1:]
             try:
-                if any(p.stat().st_mtime_ns > made for p in rest):
+                if any(p.stat().st_mtime_ns > made for p in deps):   # the split file itself too (deps[0])
                     continue  # torch's or the compiler's headers changed since, or the task's own files there
             except OSError:
                 continue

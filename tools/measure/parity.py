@@ -287,16 +287,16 @@ def _out_of_bounds(bufs: Buffers, slots, label: str, dist: str, numel: int) -> d
     return None
 
 
-# --- CLI ----------------------------------------------------------------------------------
-def build_if_needed(task: Task, lib: str | None) -> Path:
+def build_if_needed(task: Task, lib: str | None) -> Path:   # the CLIs' (parity, bench, profile) own build
     if lib:
         return Path(lib)
-    import tempfile
+    import atexit, shutil, tempfile  # noqa: E401
     try:
         from tools.build.build import build   # imported only when no --lib is given
     except ImportError:
         raise SystemExit("tools.build.build is not available in this checkout: pass --lib PATH") from None
-    res = build(task, Path(tempfile.mkdtemp(prefix=f"build-{task.name}-")))
+    atexit.register(shutil.rmtree, where := Path(tempfile.mkdtemp(prefix=f"build-{task.name}-")), ignore_errors=True)
+    res = build(task, where)   # removed when this process ends (each instrument call left its build in /tmp)
     if res.status != "ok" or not res.lib_path:
         raise SystemExit(f"build failed ({res.status}): {res.message}")
     return Path(res.lib_path)
