@@ -23,7 +23,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from agent.proposal import Edit, PredictedEffect, Proposal
-from agent.runlog import Decision, IterationRecord, LogError, Outcome, RunConfig, RunState, check_version, fsync_dir
+from agent.runlog import Decision, IterationRecord, LogError, Outcome, RunConfig, RunState, check_version, write_atomic
 from tools.results import BenchResult, ParityResult
 
 _TRAILER = re.compile(r"^([A-Za-z][\w-]*): (.+)$")
@@ -199,13 +199,7 @@ def set_aside_damaged(run_dir: Path) -> tuple[Path, list[int]] | None:
         f.write(b"".join(line if line.endswith(b"\n") else line + b"\n" for _, line in bad))
         f.flush()
         os.fsync(f.fileno())
-    tmp = p.with_suffix(".jsonl.tmp")
-    with open(tmp, "wb") as f:
-        f.write(b"".join(keep))
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, p)
-    fsync_dir(run_dir)
+    write_atomic(p, b"".join(keep))
     return aside, [i for i, _ in bad]
 
 
@@ -216,8 +210,8 @@ def repair(run_dir: Path, cfg: RunConfig, state: RunState, repo) -> list[str]:
     from agent.runlog import append_iteration, mend_tail, read_iterations
     said = []
     if (torn := mend_tail(run_dir)) is not None:
-        said.append(f"the last record was cut short ({torn[1]} bytes): moved to {torn[0]}, the records go on from the "
-                    "last whole one")
+        said.append(f"the last record was cut short by the kill ({torn[1]} bytes): moved to {torn[0]}, the records go "
+                    "on from the last whole one")
     if (bad := set_aside_damaged(run_dir)) is not None:
         said.append(f"damaged records (lines {', '.join(map(str, bad[1]))} of iterations.jsonl) moved to {bad[0]}")
     have = {r.iteration for r in read_iterations(run_dir)}
@@ -232,3 +226,14 @@ def repair(run_dir: Path, cfg: RunConfig, state: RunState, repo) -> list[str]:
         said.append(f"iteration {rec.iteration} was kept (commit {rec.commit_sha[:10]}) but its record was missing: "
                     "rebuilt from the commit and the iteration's result files")
     return said
+
+
+def mend_records(run_dir: Path, cfg: RunConfig, state: RunState, repo, rgit=None) -> tuple[RunState, list[str]]:
+    """What `agent resume` and `agent resume --repair` mend before anything else, in this order: the records
+    (repair), then, given the run's git (`rgit`: a run that will go on, not a finished one), a keep the kill
+    interrupted after its commit (recover). The state after it, and what was done, a line each."""
+    said = repair(run_dir, cfg, state, repo)
+    if rgit is not None and (got := recover(run_dir, cfg, state, rgit)) is not None:
+        state = got[0]
+        said.append(got[1])
+    return state, said

@@ -245,17 +245,22 @@ def fsync_dir(d: Path) -> None:
         os.close(fd)
 
 
-def write_json_atomic(path: Path, model: BaseModel) -> None:
+def write_atomic(path: Path, data: bytes) -> None:
     """Written whole to a temporary file, synced, renamed over `path`, the folder synced: after a power cut the file
-    is the old one or the new one, never empty. The run's state says what the records already hold, so the record
-    it follows (append_iteration, synced first) is on the disk before the state that names it (issue 61)."""
+    is the old one or the new one, never empty."""
     tmp = path.with_suffix(path.suffix + ".tmp")
-    with open(tmp, "w") as f:
-        f.write(model.model_dump_json(indent=2))
+    with open(tmp, "wb") as f:
+        f.write(data)
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
     fsync_dir(path.parent)
+
+
+def write_json_atomic(path: Path, model: BaseModel) -> None:
+    """write_atomic of the model's JSON. The run's state says what the records already hold, so the record it follows
+    (append_iteration, synced first) is on the disk before the state that names it (issue 61)."""
+    write_atomic(path, model.model_dump_json(indent=2).encode())
 
 
 def mend_tail(run_dir: Path) -> tuple[Path, int] | None:

@@ -18,8 +18,8 @@ from agent.loop import Loop
 from agent.proposers.base import Proposer
 from agent.proposers.retry import RetryFirst, is_retry, undecided
 from agent.evaluate import snapshot_lib
-from agent.recover import recover, repair
-from agent.runlog import (Decision, LogError, RunConfig, RunState, StageTimes, hold_run, mend_tail, now, read_config,
+from agent.recover import mend_records
+from agent.runlog import (Decision, LogError, RunConfig, RunState, StageTimes, hold_run, now, read_config,
                           read_state, write_json_atomic)
 from agent.view import View
 from tools.build.reuse import latest_builds
@@ -249,11 +249,9 @@ def repair_run(run_dir: Path, view: View, only: bool = False) -> None:
     cfg, state = load_run(run_dir)
     hold_run(run_dir)
     repo = gitops.open_repo(Path(cfg.repo))
-    said = repair(run_dir, cfg, state, repo)
-    if state.status not in ("done", "failed"):   # a keep the kill interrupted after its commit, as resume_run mends it
-        rgit = gitops.RunGit.attach(repo, Path(cfg.worktree), cfg.branch, cfg.run_id)
-        if (got := recover(run_dir, cfg, state, rgit)) is not None:
-            said.append(got[1])
+    going = state.status not in ("done", "failed")   # a run that can go on: a keep the kill interrupted is mended too
+    _, said = mend_records(run_dir, cfg, state, repo,
+                           gitops.RunGit.attach(repo, Path(cfg.worktree), cfg.branch, cfg.run_id) if going else None)
     for line in said:
         view.message(escape(line))
     why = {"done": "is finished", "failed": "failed at setup"}.get(state.status)
@@ -269,18 +267,13 @@ def resume_run(run_dir: Path, view: View, extra: dict | None = None) -> Loop:
     if state.status in ("done", "failed"):
         repair_run(run_dir, view)   # raises: a power cut can leave a finished run's last kept record missing
     hold_run(run_dir)
-    if (torn := mend_tail(run_dir)) is not None:
-        view.message(f"the last record was cut short by the kill ({torn[1]} bytes): moved to {escape(str(torn[0]))}, "
-                     "the records go on from the last whole one")
     repo = gitops.open_repo(Path(cfg.repo))
     rgit = gitops.RunGit.attach(repo, Path(cfg.worktree), cfg.branch, cfg.run_id)
     for f in rgit.clear_stale_locks():
         view.message(f"removed {escape(str(f))}: left by a git command the killed run did not finish")
-    for said in repair(run_dir, cfg, state, repo):   # damaged records set aside, a kept one lost below the best rebuilt
-        view.message(escape(said))
-    if (got := recover(run_dir, cfg, state, rgit)) is not None:   # a keep the kill interrupted (agent/recover.py)
-        state, said = got
-        view.message(escape(said))
+    state, said = mend_records(run_dir, cfg, state, repo, rgit)   # a torn or lost record, an interrupted keep
+    for line in said:
+        view.message(escape(line))
     task = load_task(Path(cfg.worktree) / cfg.task_dir)
     merged = {**cfg.extra, **(extra or {})}
     merged["spent"] = state.usage
