@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from agent.runlog import Decision, read_iterations, read_state
-from tests.userrepo import REPO, agent, git, snapshot
+from tests.userrepo import REPO, agent, fast_bench, git, snapshot
 from tools.build.build import build
 from tools.measure.parity import run_parity
 from tools.results import BuildStatus, ParityStatus
@@ -388,6 +388,7 @@ def test_a_new_run_and_a_sweep_link_the_binding_agent_check_compiled(tmp_path, t
     root = tmp_path / "proj"
     dst = root / "kernels" / "matmul_ext_cpu"
     shutil.copytree(SHIPPED, dst, ignore=shutil.ignore_patterns("__pycache__"))
+    fast_bench(dst)            # a test of what is linked, not of a speed (tests/userrepo.py)
     git(root, "init", "-q", "-b", "main")
     git(root, "add", "-A")
     git(root, "commit", "-qm", "kernel")

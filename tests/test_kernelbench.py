@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.userrepo import agent, git
+from tests.userrepo import agent, fast_bench, git
 
 DATA = Path(__file__).resolve().parent / "data" / "kernelbench"
 
@@ -128,6 +128,7 @@ def test_import_optimize_export_and_the_export_matches_in_a_fresh_process(tmp_pa
     assert 'name = "UNROLL"' in (task / "task.toml").read_text()
     assert json.loads((task / "kernelbench.json").read_text())["argument"] == "cpp_sources"
     assert "fma_forward(torch::Tensor x, torch::Tensor y);" in (task / "binding.cpp").read_text()
+    fast_bench(task)           # a test of the door, not of a speed: the loop tests' bench (tests/userrepo.py)
     r = agent(root, "check", "kernels/ew", timeout=600)
     assert r.returncode == 0 and "all checks passed" in r.stdout, r.stdout[-3000:] + r.stderr[-2000:]
     assert "6 checks on 3 shapes" in " ".join(r.stdout.split())
@@ -246,6 +247,7 @@ def test_each_problem_goes_in_and_out(tmp_path, problem):
     r = agent(root, "import", "kernelbench", str(DATA / f"{problem}_problem.py"), "--solution",
               str(DATA / f"{problem}_cpu.py"), "--name", problem, timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
+    fast_bench(root / "kernels" / problem)
     git(root, "add", "-A")
     git(root, "commit", "-qm", "user: the imported task")
     r = agent(root, "optimize", f"kernels/{problem}", "--iters", "1", "--run-id", "kb", timeout=900)
@@ -290,6 +292,7 @@ def test_a_model_takes_the_scaffold_from_there(tmp_path):
     aten = "    auto v_mul = at::mul(v_x, v_y);\n    auto v_add = at::add(v_mul, v_y);\n    return v_add;"
     scaffold = (root / "kernels" / "ew" / "kernel.cpp").read_text()
     assert aten in scaffold
+    fast_bench(root / "kernels" / "ew")
     git(root, "add", "-A")
     git(root, "commit", "-qm", "user: the imported task")
     loop = "    for (int64_t i = 0; i < n; ++i) o[i] = x[i] * y[i] + y[i];"
