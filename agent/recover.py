@@ -23,7 +23,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from agent.proposal import Edit, PredictedEffect, Proposal
-from agent.runlog import Decision, IterationRecord, LogError, Outcome, RunConfig, RunState, check_version, write_atomic
+from agent.runlog import (Decision, IterationRecord, LogError, Outcome, RunConfig, RunState, check_version, log_bytes,
+                          write_atomic)
 from tools.results import BenchResult, ParityResult
 
 _TRAILER = re.compile(r"^([A-Za-z][\w-]*): (.+)$")
@@ -179,10 +180,10 @@ def set_aside_damaged(run_dir: Path) -> tuple[Path, list[int]] | None:
     file rewritten (synced, renamed) with the readable ones: `agent resume --repair`. Returns (where, the line
     numbers), or None where every line reads."""
     p = run_dir / "iterations.jsonl"
-    if not p.exists():
+    if (data := log_bytes(p)) is None:
         return None
     keep, bad = [], []
-    for i, line in enumerate(p.read_bytes().splitlines(keepends=True), 1):
+    for i, line in enumerate(data.splitlines(keepends=True), 1):
         try:
             data = json.loads(line)
             check_version(data, "")

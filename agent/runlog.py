@@ -269,10 +269,7 @@ def mend_tail(run_dir: Path) -> tuple[Path, int] | None:
     record is never appended onto it (issue 42: `agent report` then failed on the joined line). Returns (where the
     torn bytes went, how many), or None when the file ends whole."""
     p = run_dir / "iterations.jsonl"
-    try:
-        data = p.read_bytes()
-    except FileNotFoundError:
-        return None
+    data = log_bytes(p)
     if not data or data.endswith(b"\n"):
         return None
     cut = data.rfind(b"\n") + 1
@@ -288,6 +285,18 @@ def mend_tail(run_dir: Path) -> tuple[Path, int] | None:
         f.flush()
         os.fsync(f.fileno())
     return aside, len(data) - cut
+
+
+def log_bytes(p: Path) -> bytes | None:
+    """iterations.jsonl's bytes, None where there is none; LogError, one line naming it, where it cannot be read (a
+    folder of that name, no permission): what mends the records never ends in a traceback over it."""
+    try:
+        return p.read_bytes()
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        raise LogError(f"{p}: cannot be read ({e.strerror or type(e).__name__}); the run's records cannot be mended "
+                       "until it is a file again") from None
 
 
 def append_iteration(run_dir: Path, rec: IterationRecord) -> None:

@@ -185,3 +185,22 @@ def test_a_finished_runs_kept_record_torn_or_lost_is_read_around_and_rebuilt_by_
     rebuilt(out)
     res = agent(root, "resume", "fin", timeout=120)   # nothing left to mend: a finished run, as before
     assert res.returncode == 2 and "is finished" in res.stdout + res.stderr, (res.stdout + res.stderr)[-2000:]
+
+    # the state damaged and the kept record lost with it: the best is the run branch's tip, its keep shown rebuilt
+    saved = (run / "state.json").read_bytes()
+    (run / "state.json").write_text('{"schema_version": 1, "status": "do')
+    (run / "iterations.jsonl").write_text("")
+    res = agent(root, "show", "fin", "--json", timeout=120)
+    data = json.loads(res.stdout)
+    assert [it["commit"] for it in data["iterations"]] == [kept.commit_sha], data
+    assert any("the best is taken from the run's branch" in n for n in data["notes"]), data["notes"]
+    (run / "state.json").write_bytes(saved)
+
+    # unreadable (a folder where the file was): every command says so in one line, none ends in a traceback
+    (run / "iterations.jsonl").unlink()
+    (run / "iterations.jsonl").mkdir()
+    for cmd in (["resume", "fin"], ["resume", "fin", "--repair"], ["report", "fin"], ["show", "fin"], ["runs"]):
+        res = agent(root, *cmd, timeout=120)
+        out = " ".join((res.stdout + res.stderr).split())
+        assert "Traceback" not in out and "iterations.jsonl: cannot be read" in out, (cmd, out[-2000:])
+        assert res.returncode == (2 if cmd[0] == "resume" else 0), (cmd, res.returncode, out[-2000:])
