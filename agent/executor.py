@@ -26,7 +26,9 @@ from __future__ import annotations
 import io
 import logging
 import os
+import shutil
 import tarfile
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -117,6 +119,7 @@ class Dask:
         except ImportError as e:
             raise ExecutorError(f"dask.distributed is not installed ({e}); pip install distributed") from None
         self.cluster = None
+        self.scratch: str | None = None
         self.labels = {f"w{i}": e.get("AGENT_WORKER", f"w{i}") for i, e in enumerate(envs or [])}   # name -> label
         quiet = {"DASK_LOGGING__DISTRIBUTED": "error"}
         try:
@@ -127,8 +130,15 @@ class Dask:
             else:
                 assert envs, "a local cluster needs the workers' environments"
                 dask.config.set({"distributed.scheduler.allowed-failures": ALLOWED_FAILURES})
+                # each local worker's temporary files (its chunks' and candidates' folders) in a folder of this
+                # executor's, removed at close: a worker SIGKILLed mid-chunk cannot remove its own, and they were
+                # left in /tmp (a dozen a test run); the Nanny's restart keeps the same folder
+                self.scratch = tempfile.mkdtemp(prefix="agent-dask-")
+                for i in range(len(envs)):
+                    os.mkdir(os.path.join(self.scratch, f"w{i}"))
                 spec = {f"w{i}": {"cls": Nanny, "options": {
-                    "nthreads": 1, "env": {**quiet, **env}, "name": f"w{i}", "dashboard": False,
+                    "nthreads": 1, "env": {**quiet, **env, "TMPDIR": os.path.join(self.scratch, f"w{i}")},
+                    "name": f"w{i}", "dashboard": False,
                     "silence_logs": logging.ERROR}} for i, env in enumerate(envs)}
                 self.cluster = SpecCluster(scheduler={"cls": Scheduler, "options": {"dashboard": False,
                                                                                     "dashboard_address": ":0"}},
@@ -192,6 +202,8 @@ class Dask:
                     obj.close()
                 except Exception as e:  # closing a cluster that half started: nothing more to do
                     log.debug("closing the dask %s: %s", part, e)
+        if self.scratch:     # after the workers: what a killed one left behind
+            shutil.rmtree(self.scratch, ignore_errors=True)
 
 
 PACK_SKIP = ("__pycache__", ".git", "build")   # folders a task's files never need

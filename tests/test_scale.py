@@ -13,6 +13,7 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import psutil
 import pytest
@@ -122,23 +123,28 @@ def _sweep_killing(tmp_path, kills: int):
                 killed.append(w.pid)
             time.sleep(0.05)
         t.join(timeout=300)
+        # what the killed workers could not remove (their chunks' folders), in the executor's folder, not in /tmp
+        out["left"] = sorted(p.name for p in Path(ex.scratch).glob("w*/agent-*")) if ex.scratch else []
     finally:
         ex.close()
     assert not t.is_alive(), "the sweep did not end"
-    return out["res"], killed
+    return out["res"], killed, (ex.scratch, out["left"])
 
 
 def test_a_worker_killed_mid_candidate_is_survived(tmp_path):
-    res, killed = _sweep_killing(tmp_path, kills=1)
+    res, killed, scratch = _sweep_killing(tmp_path, kills=1)
     assert len(killed) == 1
     assert res.complete and len(res.points) == 3
     assert all(p.outcome == "ok" for p in res.points), [(p.knobs, p.outcome, p.reason) for p in res.points]
     assert res.verified is not None
     assert _gone(_batch_children) == []   # none still runs under this test once the sweep and its cluster are closed
+    assert any(n.startswith("agent-chunk-") for n in scratch[1]), scratch   # the killed worker's chunk folder
+    assert not Path(scratch[0]).exists()          # removed with the cluster (they were left in /tmp)
 
 
 def test_a_chunk_whose_workers_die_twice_is_recorded_lost_and_the_sweep_ends(tmp_path):
-    res, killed = _sweep_killing(tmp_path, kills=8)
+    res, killed, scratch = _sweep_killing(tmp_path, kills=8)
+    assert scratch[1] and not Path(scratch[0]).exists()
     assert res.complete and len(res.points) == 3
     lost = [p for p in res.points if p.outcome == "lost"]
     assert lost and all("worker died" in p.reason and not p.ok for p in lost), [(p.outcome, p.reason) for p in res.points]
