@@ -180,10 +180,10 @@ def set_aside_damaged(run_dir: Path) -> tuple[Path, list[int]] | None:
     file rewritten (synced, renamed) with the readable ones: `agent resume --repair`. Returns (where, the line
     numbers), or None where every line reads."""
     p = run_dir / "iterations.jsonl"
-    if (data := log_bytes(p)) is None:
+    if (raw := log_bytes(p)) is None:
         return None
     keep, bad = [], []
-    for i, line in enumerate(data.splitlines(keepends=True), 1):
+    for i, line in enumerate(raw.splitlines(keepends=True), 1):
         try:
             data = json.loads(line)
             check_version(data, "")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import tempfile
 
 from rich.markup import escape
 
@@ -29,11 +28,8 @@ def _lib_for(args) -> str | None:
         make_console(stderr=True).print("[red]no build tool in this checkout[/red]: pass --lib PATH to the compiled "
                                         "library")
         return None
-    import atexit
-    import shutil
-    where = tempfile.mkdtemp(prefix="agent-profile-build-")
-    atexit.register(shutil.rmtree, where, ignore_errors=True)   # the library is profiled in this process's life
-    res = build(load_task(args.task), where)
+    from tools.isolation.scratch import process_dir
+    res = build(load_task(args.task), process_dir("agent-profile-build-"))   # profiled in this process's life
     if res.status.value != "ok" or not res.lib_path:
         first = res.message.splitlines()[0] if res.message else ""   # the compiler's words: escaped
         make_console(stderr=True).print(f"[red]build {res.status.value}[/red]: {escape(first)}")

@@ -80,3 +80,12 @@ class Scratch:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def process_dir(prefix: str) -> Path:
+    """A folder for one command's own build (`agent profile`, the instruments run alone without --lib), removed when
+    the process ends: its library is used only in this process's life (each call left one in /tmp before)."""
+    import atexit
+    where = Path(tempfile.mkdtemp(prefix=prefix))
+    atexit.register(shutil.rmtree, where, ignore_errors=True)
+    return where

@@ -290,13 +290,12 @@ def _out_of_bounds(bufs: Buffers, slots, label: str, dist: str, numel: int) -> d
 def build_if_needed(task: Task, lib: str | None) -> Path:   # the CLIs' (parity, bench, profile) own build
     if lib:
         return Path(lib)
-    import atexit, shutil, tempfile  # noqa: E401
     try:
         from tools.build.build import build   # imported only when no --lib is given
     except ImportError:
         raise SystemExit("tools.build.build is not available in this checkout: pass --lib PATH") from None
-    atexit.register(shutil.rmtree, where := Path(tempfile.mkdtemp(prefix=f"build-{task.name}-")), ignore_errors=True)
-    res = build(task, where)   # removed when this process ends (each instrument call left its build in /tmp)
+    from tools.isolation.scratch import process_dir
+    res = build(task, process_dir(f"build-{task.name}-"))
     if res.status != "ok" or not res.lib_path:
         raise SystemExit(f"build failed ({res.status}): {res.message}")
     return Path(res.lib_path)
