@@ -107,3 +107,31 @@ def test_the_server_and_its_children_die_with_the_agent(tmp_path):
     while (_alive(pids["server"]) or _alive(pids["child"])) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not _alive(pids["server"]) and not _alive(pids["child"]), pids
+
+
+def test_a_users_package_named_like_ours_in_the_agents_directory_is_not_imported(tmp_path):
+    """The agent runs in the user's repository, and a user's repository may hold a tools/ package: the server does
+    not put the agent's directory on its path (it used to die importing the user's package in place of ours, with a
+    traceback on the agent's stderr, and every child then started afresh); a child's path starts with its own
+    directory, as `python -m` started there would."""
+    user = tmp_path / "user"
+    (user / "tools").mkdir(parents=True)
+    (user / "tools" / "__init__.py").write_text("raise ImportError('the user tools package was imported')\n")
+    work = tmp_path / "scratch"
+    work.mkdir()
+    script = textwrap.dedent(f"""
+        import json, os, sys, time
+        sys.path.insert(0, {str(Path(__file__).resolve().parent.parent)!r})
+        from tools.isolation.forkserver import forkserver
+        from tools.isolation.sandbox import _finish, python_env
+        s = forkserver(python_env())
+        env = {{"PATH": os.environ["PATH"], "PYTHONPATH": s.env["PYTHONPATH"]}}
+        p = s.spawn({PROBE!r}, ["x"], {str(work)!r}, env, False)
+        res = _finish(p, ["x"], time.monotonic(), 60, None)
+        print(json.dumps({{"status": res.status.value, "out": res.stdout, "alive": s.alive()}}), flush=True)
+    """)
+    r = subprocess.run([sys.executable, "-P", "-c", script], cwd=user, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and "user tools package" not in r.stderr, r.stderr
+    got = json.loads(r.stdout.splitlines()[-1])
+    assert got["status"] == "ok" and got["alive"], got
+    assert json.loads(got["out"].splitlines()[0])["path0"] == str(work)

@@ -81,12 +81,20 @@ def test_a_sweep_on_two_dask_workers_gives_the_in_process_verdicts(tmp_path):
     assert len(best) == 1 and best[0]["outcome"] == "ok" and best[0]["knobs"] == there["verified"]
 
 
+def _is_batch_child(p: psutil.Process) -> bool:
+    """A batch child: started afresh (its command line) or forked by a fork server (the server's command line; its
+    working directory, a scratch folder named for it, says what it is: tools/isolation/forkserver.py)."""
+    cmd = " ".join(p.cmdline())
+    return "tools.judge._batch_child" in cmd or ("tools.isolation.forkserver" in cmd
+                                                 and Path(p.cwd()).name.startswith("batch-"))
+
+
 def _batch_children() -> list[psutil.Process]:
     """The batch children running under this test process (a zombie or a process gone meanwhile is not running)."""
     out = []
     for p in psutil.Process(os.getpid()).children(recursive=True):
         try:
-            if p.status() != psutil.STATUS_ZOMBIE and "tools.judge._batch_child" in " ".join(p.cmdline()):
+            if p.status() != psutil.STATUS_ZOMBIE and _is_batch_child(p):
                 out.append(p)
         except psutil.Error:
             continue
@@ -94,11 +102,15 @@ def _batch_children() -> list[psutil.Process]:
 
 
 def _worker_of_a_batch_child(parent: int) -> psutil.Process | None:
-    """A dask worker process (under this test's cluster) that has a batch child running."""
+    """A dask worker process (under this test's cluster) that has a batch child running (above the fork server
+    the child was forked from, where it was)."""
     for p in psutil.Process(parent).children(recursive=True):
         try:
-            if "tools.judge._batch_child" in " ".join(p.cmdline()):
-                return p.parent()
+            if _is_batch_child(p):
+                w = p.parent()
+                while w is not None and "tools.isolation.forkserver" in " ".join(w.cmdline()):
+                    w = w.parent()
+                return w
         except psutil.Error:
             continue
     return None

@@ -1,6 +1,8 @@
 """A warm parent for the judge: one process per agent that has imported torch and the judge's modules
 once, and forks each judge child from itself, so that a check does not start Python and import torch
-afresh (1.3-1.6 s of CPU a check on a 2-core machine; the suite starts some 200 judges).
+afresh (1.3-1.6 s of CPU a check on a 2-core machine; the suite starts some 200 judges). The other
+children that import torch are forked from it too (tools/isolation/sandbox.py FORKED: the launch check's,
+a sweep's batch judge, the signature reader, the KernelBench probe).
 
     server = forkserver(python_env())            # started on first use, ended with this process
     child = server.spawn("tools.judge.judge", args, cwd=..., env=..., stdin=True)   # a Popen-like child
@@ -59,7 +61,9 @@ class ForkServer:
     def __init__(self, env: dict[str, str]) -> None:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self.env = env
-        self.proc = subprocess.Popen([sys.executable, "-m", "tools.isolation.forkserver", str(theirs.fileno())],
+        # -P: the agent's working directory (the user's repository) is not put on the server's path, where a
+        # package of the user's named like one of ours (a tools/ folder) would be imported in its place
+        self.proc = subprocess.Popen([sys.executable, "-P", "-m", "tools.isolation.forkserver", str(theirs.fileno())],
                                      env={**os.environ, **self.env}, stdin=subprocess.DEVNULL,
                                      pass_fds=[theirs.fileno()], preexec_fn=die_with_parent, start_new_session=True)
         theirs.close()
@@ -297,6 +301,7 @@ def _child(req: dict, fds: list[int], server: int) -> None:
         os.setsid()
         become_child(server, fds, req["cwd"], req["env"], replace_env=True)
         sys.argv = [req["module"], *req["args"]]
+        sys.path.insert(0, os.getcwd())     # as `python -m` puts its working directory (the child's scratch) first
         runpy.run_module(req["module"], run_name="__main__", alter_sys=True)
         return 0
     exit_with(body)

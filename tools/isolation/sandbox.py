@@ -154,8 +154,13 @@ class Prestarted:
         self.close()
 
 
-# children started from the agent's fork server (tools/isolation/forkserver.py), not afresh: `python -m` of these
-FORKED = ("tools.judge.judge",)
+# children started from the agent's fork server (tools/isolation/forkserver.py), not afresh: `python -m` of these.
+# Each imports torch and the task's modules, 1.1-1.2 s of CPU a start on 2 cores that a fork does not pay: the judge,
+# the launch check's plan and trace, a sweep's batch judge, the signature reader behind `agent init` and the
+# KernelBench probe (the `import torch` of these starts was a quarter of the fast tier's CPU, py-spy, 2026-11-29).
+# Not the KernelBench export's check (tools.kernelbench.evalkb): its claim is a fresh process, as KernelBench's own.
+FORKED = ("tools.judge.judge", "tools.judge._plan_child", "tools.judge._batch_child", "tools.signature",
+          "tools.kernelbench.probe")
 
 
 def _spawn(argv: list[str], cwd: Path | str | None, env: dict[str, str] | None,
