@@ -124,18 +124,25 @@ def _processes_mentioning(needle: str) -> list[str]:
 
 
 @pytest.mark.skipif(not Path("/proc/self").exists(), reason="needs /proc")
-def test_a_build_past_its_timeout_leaves_no_compiler_behind(tmp_path):
+def test_a_build_past_its_timeout_leaves_no_compiler_behind(tmp_path, monkeypatch):
     """ninja starts each compiler in a process group of its own: killing ninja's group once left cc1plus
     running for minutes at 100% of a core. The build here takes minutes; after its 3 s timeout nothing
-    that compiles this task's source may be alive."""
+    that compiles this task's source may be alive. Nor anything in the machine's temporary folder: the killed gcc's
+    own temporary file (its ccXXXX.s) was left in /tmp, one or two for every run of this suite; the compilers' TMPDIR
+    is the build folder's tmp/ now."""
     from tests.fixtures.cheats.cheats import source
     d = tmp_path / "slowbuild"
     shutil.copytree(ROOT / "kernels" / "matmul_cpu", d, ignore=shutil.ignore_patterns("__pycache__"))
     (d / "matmul.cpp").write_text(source("compile_timeout"))
+    machine_tmp = tmp_path / "machine-tmp"
+    machine_tmp.mkdir()
+    monkeypatch.setenv("TMPDIR", str(machine_tmp))
     task = load_task(d)
     res = build(task, tmp_path / "b", timeout_s=3.0)
     assert res.status == BuildStatus.timeout, res.message
     assert _processes_mentioning(str(d)) == []
+    # (whether gcc had made its file when it was killed varies with the machine's load; without the fix it was here)
+    assert list(machine_tmp.iterdir()) == []
 
 
 def test_missing_nvcc_is_toolchain_missing(tmp_path, monkeypatch):

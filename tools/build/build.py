@@ -231,7 +231,7 @@ def build(task: Task, build_dir: Path, src_dir: Path | None = None, timeout_s: f
     why = task.backend.unbuildable()
     if why:
         return result(BuildStatus.toolchain_missing, message=why)
-    build_dir.mkdir(parents=True, exist_ok=True)
+    (build_dir / "tmp").mkdir(parents=True, exist_ok=True)    # the compilers' TMPDIR: what a killed gcc leaves stays here
     objects = {rel: obj_name(rel) for rel in task.spec.sources if Path(rel).suffix in CXX_EXT | CU_EXT}
     pch_note, prebuilt = "", {}
     try:
@@ -256,7 +256,7 @@ def build(task: Task, build_dir: Path, src_dir: Path | None = None, timeout_s: f
     if not edges and not prebuilt:   # every object linked from an earlier build of the same bytes is a build
         return result(BuildStatus.compile_error, message=f"no compilable sources (.cu/.cpp) among {task.spec.sources}")
     proc = run_isolated([tools["ninja"], "-C", str(build_dir)], timeout_s,  # type: ignore[list-item]
-                        env={"NINJA_STATUS": STATUS_MARK + "[%f/%t] "})
+                        env={"NINJA_STATUS": STATUS_MARK + "[%f/%t] ", "TMPDIR": str(build_dir / "tmp")})
     output = proc.stdout + proc.stderr
     steps = sum(1 for ln in output.splitlines() if ln.startswith(STATUS_MARK))
     ran = {ln.split()[-1] for ln in output.splitlines() if ln.startswith(STATUS_MARK)}
