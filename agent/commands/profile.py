@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-
 from rich.markup import escape
 
 from tools.console import make_console
