@@ -37,3 +37,28 @@ def torch_pch():
         return ensure(cxx, pch_flags(cxx_flags_of(task, task.root, find_nvcc()), task.root), 900).include_dir
     except (OSError, ImportError, ValueError):
         return None
+
+
+
+@pytest.hookimpl(trylast=True)          # after -m's deselection: the slices are of what runs
+def pytest_collection_modifyitems(config, items):
+    """The slow tests first in each worker's share. pytest-xdist's worksteal hands worker i the i-th contiguous slice of
+    this list (len // workers left, in turn) and an idle worker steals from the end of another's queue: with the slow
+    tests where the file order puts them (test_kernelbench's 30-90 s each sit in the middle), a run could end with one
+    worker on a long test and the other idle. Here each slice starts with its share of the slow tests and ends with
+    fast ones, so what is left to steal at the end is short. Within the slow and within the fast the file order stays;
+    without slow tests (the fast tier) nothing moves."""
+    workers = max(1, int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1") or 1))
+    slow = [it for it in items if it.get_closest_marker("slow") is not None]
+    fast = [it for it in items if it.get_closest_marker("slow") is None]
+    if workers == 1 or not slow or not fast:
+        return
+    out, left = [], len(items)
+    for i in range(workers):
+        size = left // (workers - i)                    # worksteal's own split (xdist/scheduler/worksteal.py)
+        left -= size
+        mine = slow[len(slow) * i // workers:len(slow) * (i + 1) // workers]
+        take = max(0, size - len(mine))
+        out += mine + fast[:take]
+        fast = fast[take:]
+    items[:] = out + fast
