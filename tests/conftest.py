@@ -17,6 +17,17 @@ if not os.environ.get("AGENT_CACHE"):
     atexit.register(shutil.rmtree, os.environ["AGENT_CACHE"], ignore_errors=True)
 
 
+# Our modules byte-compiled once, here, for the hundreds of processes the run starts (agent commands, fork servers,
+# fresh hosts): where PYTHONDONTWRITEBYTECODE is set (this project's machines set it), an editable install has no
+# .pyc, and each of those processes compiled agent/ and tools/ from source again (31 s of the full suite's CPU,
+# py-spy, 2026-11-29). Python reads a .pyc where one is, whatever that variable says, and checks it against the
+# source's mtime and size, so an edit is never shadowed. Under pytest-xdist the controller does it before its workers
+# start; __pycache__/ is ignored by git.
+if os.environ.get("PYTEST_XDIST_WORKER") is None:
+    import compileall
+    for _pkg in ("agent", "tools"):
+        compileall.compile_dir(str(pathlib.Path(__file__).resolve().parent.parent / _pkg), quiet=2)
+
 import pytest  # noqa: E402
 
 

@@ -17,6 +17,19 @@ pytestmark = pytest.mark.skipif(shutil.which("g++") is None or not sys.platform.
 
 
 def test_the_forked_host_holds_only_its_pipes_and_stderr(tmp_path):
+    """In a process of its own, as a judge is: fork_host forks only from a process with one thread, and a pytest
+    worker may hold others by then (dask's, after an in-process sweep: the host was started afresh and this test
+    failed when the slow tests came first)."""
+    import subprocess
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    code = f"from tests.test_host_fork import _forked_host; _forked_host({str(tmp_path)!r})"
+    r = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and r.stdout.strip().endswith("ok"), r.stdout[-3000:] + r.stderr[-3000:]
+
+
+def _forked_host(tmp: str) -> None:
+    from pathlib import Path
+    tmp_path = Path(tmp)
     import torch  # noqa: F401  (the judge has it imported before it makes its host)
     task, lib = make_task(tmp_path, "correct")
     secret_r, secret_w = os.pipe()        # stands in for the judge's private answer channel
@@ -45,3 +58,4 @@ def test_the_forked_host_holds_only_its_pipes_and_stderr(tmp_path):
         os.close(secret_r)
         os.close(secret_w)
     assert host.proc.returncode is not None       # reaped: no zombie left behind
+    print("ok")
