@@ -8,7 +8,8 @@ Entry points:
   candidate check (launch plan, parity, bench), pre-started in the loop.
 - judge: `python -m tools.judge.judge evaluate|parity|bench ...` - the child.
 - host and hostclient: the kernel's host and the judge's side of it (start, ask, tensors there and
-  back, the outside clock; HostRuns for the bench).
+  back, the outside clock; HostRuns for the bench); iofiles: the buffers' files between them (in memory where
+  /dev/shm can hold them).
 - batch (with _batch_child): parity and bench of many libraries, a batch per throwaway child (the sweep,
   `agent check --knobs`).
 - _plan_child: the launch check's child (the plan, the profiler's trace); runner: the private stdout

@@ -31,7 +31,8 @@ Requests (each answered {"ok": true, ...} or {"ok": false, "error": "..."}):
                                                values traded before each (tools.measure.rounds.Refresh)
 
 A buffer is named by a key (the same key, the same memory: a kernel that caches on its pointers sees
-its pointers again); its bytes travel in io/KEY.bin, written by the judge or by this process. A call
+its pointers again); its bytes travel in KEY.bin, written by the judge or by this process and removed by its
+reader, in memory or in io/ (tools/judge/iofiles.py). A call
 names its inputs {key, shape} and its output {key, offset, numel, shape}: a view inside a guarded
 flat buffer.
 """
@@ -42,22 +43,8 @@ import json
 import os
 import sys
 
+from tools.judge.iofiles import load_into, path_of, save
 from tools.judge.runner import private_stdout
-
-
-def save(t, path: str) -> None:
-    """A tensor's bytes (contiguous, host memory) to a file."""
-    t.detach().contiguous().view(-1).view(__import__("torch").uint8).cpu().numpy().tofile(path)
-
-
-def load_into(t, path: str) -> None:
-    """A file's bytes into the (contiguous) tensor t, which keeps its memory."""
-    import torch
-    n = t.numel() * t.element_size()
-    if os.path.getsize(path) != n:
-        raise ValueError(f"{os.path.basename(path)} holds {os.path.getsize(path)} bytes, the buffer {n}")
-    src = torch.from_file(path, size=n, dtype=torch.uint8)
-    t.view(-1).view(torch.uint8).copy_(src)
 
 
 def digest(t) -> int:
@@ -93,7 +80,7 @@ def _same_bits(a, b) -> bool:
 class Host:
     def __init__(self) -> None:
         self.task = self.mod = None
-        self.io = ""
+        self.io: list[str] = []
         self.libs: dict[str, object] = {}
         self.bufs: dict[str, object] = {}
         self.timed: dict | None = None
@@ -107,13 +94,15 @@ class Host:
     def init(self, r: dict) -> dict:
         from tools.task import load_task
         from tools.isolation import limits, nofork
-        self.task, self.io = load_task(r["task"]), r["io"]
+        # the buffer files' folders (tools/judge/iofiles.py): [in memory,] on disk
+        self.task, self.io = load_task(r["task"]), r["io"] if isinstance(r["io"], list) else [r["io"]]
         self.mod = self.task.module()
         self.task.backend.warm_up()
         import torch
         # before any candidate library is loaded (tools/isolation/limits.py)
         spec = self.task.spec
-        got = limits.apply(limits.wanted(self.task.backend.gpu, spec.parity.timeout_s + spec.bench.timeout_s, self.io))
+        budget = spec.parity.timeout_s + spec.bench.timeout_s
+        got = limits.apply(limits.wanted(self.task.backend.gpu, budget, self.io[-1]))     # file sizes: the disk's
         # and no new processes (tools/isolation/nofork.py), on a GPU host too: a child the host forked holds its CUDA
         # context, and the kernel it queued keeps the GPU after the host is killed (the next candidate's timing shared
         # the GPU with it: scripts/device/gpu_outlives.py). AGENT_HOST_NOFORK=0 leaves it off.
@@ -138,9 +127,7 @@ class Host:
 
     # --- buffers: the judge's tensors, by key, in this process's memory -------------------------------
     def _file(self, key: str) -> str:
-        if not key.replace("-", "").isalnum():
-            raise ValueError(f"bad buffer key {key!r}")
-        return os.path.join(self.io, key + ".bin")
+        return path_of(self.io, key)
 
     def _put(self, d: dict) -> None:
         import torch

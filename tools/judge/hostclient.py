@@ -17,7 +17,8 @@ from pathlib import Path
 
 from tools.isolation.forkserver import die_with_parent
 from tools.judge import devshare
-from tools.judge.host import digest, load_into, save
+from tools.judge.host import digest
+from tools.judge.iofiles import load_into, memory_dir, path_of, save
 from tools.judge.hostfork import fork_host
 from tools.isolation.scratch import Scratch
 
@@ -42,11 +43,14 @@ class HostClient:
         self.wrapped = bool(wrap)
         self.io = self.scratch.dir / "io"
         self.io.mkdir()
-        env = {**self.scratch.env(), "PYTHONUNBUFFERED": "1", **(env or {})}
+        self.memory = memory_dir()      # the buffer files in memory where it can (tools/judge/iofiles.py)
+        self.dirs = [str(d) for d in (self.memory, self.io) if d is not None]
+        env = {**self.scratch.env(), "PYTHONUNBUFFERED": "1", **({"AGENT_IO": str(self.memory)} if self.memory else {}),
+               **(env or {})}
         self.proc = (None if wrap else fork_host(self.scratch.dir, env)) or subprocess.Popen(
             [*(wrap or []), sys.executable, "-m", "tools.judge.host"], cwd=self.scratch.dir, env={**os.environ, **env},
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, preexec_fn=die_with_parent)
-        self._send({"op": "init", "task": str(task_root), "io": str(self.io)})
+        self._send({"op": "init", "task": str(task_root), "io": self.dirs})
         self.started = False
         self.info: dict = {}      # the host's answer to init: its pid, its CPU threads
 
@@ -100,20 +104,20 @@ class HostClient:
         return ans
 
     def written(self) -> list[tuple[str, int]]:
-        """(path relative to the host's directory, bytes) of every file its processes wrote there so far,
-        less the judge's own buffer files in io/."""
+        """(path relative to the host's directory, bytes) of every file its processes wrote there so far, and in
+        its memory folder (as `io-memory/...`), less the judge's own buffer files."""
         import re
         out = []
-        for dirpath, _dirs, names in os.walk(self.scratch.dir):
-            for name in names:
-                p = Path(dirpath) / name
-                rel = p.relative_to(self.scratch.dir).as_posix()
-                if p.parent == self.io and re.fullmatch(r"[io][0-9a-f]+-[0-9]+\.bin", name):
-                    continue
-                try:
-                    out.append((rel, p.lstat().st_size))
-                except OSError:
-                    continue
+        for top, label in ((self.scratch.dir, ""), (self.memory, "io-memory/")):
+            for dirpath, _dirs, names in os.walk(top) if top is not None else ():
+                for name in names:
+                    p = Path(dirpath) / name
+                    if p.parent in (self.io, self.memory) and re.fullmatch(r"[io][0-9a-f]+-[0-9]+\.bin", name):
+                        continue
+                    try:
+                        out.append((label + p.relative_to(top).as_posix(), p.lstat().st_size))
+                    except OSError:
+                        continue
         return sorted(out)
 
     def finish(self, timeout: float) -> int | None:
@@ -143,6 +147,8 @@ class HostClient:
             self._kill()
         self.proc.wait()
         shutil.rmtree(self.io, ignore_errors=True)
+        if self.memory is not None:
+            shutil.rmtree(self.memory, ignore_errors=True)
         return self.scratch.close()
 
 
@@ -170,7 +176,7 @@ class Remote:
         return f"{kind}{t.data_ptr():x}-{t.numel() * t.element_size()}"
 
     def _file(self, key: str) -> str:
-        return str(self.host.io / f"{key}.bin")
+        return path_of(self.host.dirs, key)
 
     def _out(self, out) -> tuple:
         flat = out._base if out._base is not None and out._base.is_contiguous() else out
