@@ -19,14 +19,14 @@ SHM_TMPFS = iofiles._tmpfs(iofiles.SHM)
 
 def test_a_small_buffer_goes_to_memory_a_large_one_to_disk_and_a_bad_key_nowhere():
     dirs = ["/dev/shm/mem", "/scratch/io"]
-    assert iofiles.path_of(dirs, "i7f00aa-4096") == "/dev/shm/mem/i7f00aa-4096.bin"
-    assert iofiles.path_of(dirs, f"o7f00aa-{iofiles.MEMORY_MAX_BYTES}").startswith("/dev/shm/mem/")
-    assert iofiles.path_of(dirs, f"o7f00aa-{iofiles.MEMORY_MAX_BYTES + 1}") == \
-        f"/scratch/io/o7f00aa-{iofiles.MEMORY_MAX_BYTES + 1}.bin"
-    assert iofiles.path_of(["/scratch/io"], "i7f00aa-4096") == "/scratch/io/i7f00aa-4096.bin"   # no memory folder
+    bound = iofiles.MEMORY_MAX_BYTES
+    assert iofiles.path_of(dirs, "i7f00aa-4096", bound) == "/dev/shm/mem/i7f00aa-4096.bin"
+    assert iofiles.path_of(dirs, f"o7f00aa-{bound}", bound).startswith("/dev/shm/mem/")
+    assert iofiles.path_of(dirs, f"o7f00aa-{bound + 1}", bound) == f"/scratch/io/o7f00aa-{bound + 1}.bin"
+    assert iofiles.path_of(["/scratch/io"], "i7f00aa-4096", bound) == "/scratch/io/i7f00aa-4096.bin"   # no memory
     for bad in ("../x-1", "a/b-1", "i7f.0-1", ""):
         with pytest.raises(ValueError):
-            iofiles.path_of(dirs, bad)
+            iofiles.path_of(dirs, bad, bound)
 
 
 def test_a_file_is_removed_by_its_reader(tmp_path):
@@ -93,7 +93,7 @@ def test_a_buffer_past_the_bound_goes_through_the_disk(tmp_path, monkeypatch):
 
     from tests.fixtures.cpu_faults.faults import make_task
     from tools.judge.hostclient import HostClient, Remote
-    monkeypatch.setattr(iofiles, "MEMORY_MAX_BYTES", 1024)      # the host is forked from here: it has the bound too
+    monkeypatch.setattr(iofiles, "MEMORY_MAX_BYTES", 1024)      # the judge's bound, told to its host at its start
     task, lib = make_task(tmp_path, "correct")
     root = tmp_path / "judge"
     root.mkdir()

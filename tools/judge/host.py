@@ -81,6 +81,7 @@ class Host:
     def __init__(self) -> None:
         self.task = self.mod = None
         self.io: list[str] = []
+        self.io_bound = 0
         self.libs: dict[str, object] = {}
         self.bufs: dict[str, object] = {}
         self.timed: dict | None = None
@@ -96,6 +97,7 @@ class Host:
         from tools.isolation import limits, nofork
         # the buffer files' folders (tools/judge/iofiles.py): [in memory,] on disk
         self.task, self.io = load_task(r["task"]), r["io"] if isinstance(r["io"], list) else [r["io"]]
+        self.io_bound = int(r.get("io_bound") or 0)
         self.mod = self.task.module()
         self.task.backend.warm_up()
         import torch
@@ -127,7 +129,7 @@ class Host:
 
     # --- buffers: the judge's tensors, by key, in this process's memory -------------------------------
     def _file(self, key: str) -> str:
-        return path_of(self.io, key)
+        return path_of(self.io, key, self.io_bound)
 
     def _put(self, d: dict) -> None:
         import torch

@@ -18,6 +18,7 @@ from pathlib import Path
 from tools.isolation.forkserver import die_with_parent
 from tools.judge import devshare
 from tools.judge.host import digest
+from tools.judge import iofiles
 from tools.judge.iofiles import load_into, memory_dir, path_of, save
 from tools.judge.hostfork import fork_host
 from tools.isolation.scratch import Scratch
@@ -50,7 +51,8 @@ class HostClient:
         self.proc = (None if wrap else fork_host(self.scratch.dir, env)) or subprocess.Popen(
             [*(wrap or []), sys.executable, "-m", "tools.judge.host"], cwd=self.scratch.dir, env={**os.environ, **env},
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, preexec_fn=die_with_parent)
-        self._send({"op": "init", "task": str(task_root), "io": self.dirs})
+        self.bound = iofiles.MEMORY_MAX_BYTES       # the largest buffer in memory, for both sides
+        self._send({"op": "init", "task": str(task_root), "io": self.dirs, "io_bound": self.bound})
         self.started = False
         self.info: dict = {}      # the host's answer to init: its pid, its CPU threads
 
@@ -176,7 +178,7 @@ class Remote:
         return f"{kind}{t.data_ptr():x}-{t.numel() * t.element_size()}"
 
     def _file(self, key: str) -> str:
-        return path_of(self.host.dirs, key)
+        return path_of(self.host.dirs, key, self.host.bound)
 
     def _out(self, out) -> tuple:
         flat = out._base if out._base is not None and out._base.is_contiguous() else out

@@ -49,13 +49,14 @@ def load_into(t, path: str, consume: bool = True) -> None:
             pass
 
 
-def path_of(dirs: list[str], key: str) -> str:
+def path_of(dirs: list[str], key: str, bound: int) -> str:
     """The file of buffer `key` (KIND + address in hex + "-" + its bytes): in dirs[0], the memory folder, where there
-    is one and the buffer is small enough; else in dirs[-1], the disk's."""
+    is one and the buffer has at most `bound` bytes (the judge's MEMORY_MAX_BYTES, which it tells its host); else in
+    dirs[-1], the disk's."""
     if not key.replace("-", "").isalnum():
         raise ValueError(f"bad buffer key {key!r}")
     size = key.rsplit("-", 1)[-1]
-    small = size.isdigit() and int(size) <= MEMORY_MAX_BYTES
+    small = size.isdigit() and int(size) <= bound
     return os.path.join(dirs[0] if small and len(dirs) > 1 else dirs[-1], key + ".bin")
 
 
