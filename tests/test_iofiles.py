@@ -45,6 +45,7 @@ def test_a_file_is_removed_by_its_reader(tmp_path):
 
 @pytest.mark.skipif(not SHM_TMPFS, reason="no tmpfs at /dev/shm")
 def test_a_killed_judges_folder_is_removed_by_the_next_and_a_live_ones_is_not(monkeypatch):
+    monkeypatch.delenv("AGENT_IO_MEMORY", raising=False)      # the default, whatever the caller's environment
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
     left = os.path.join(iofiles.SHM, f"{iofiles.PREFIX}{dead.pid}-test")
@@ -68,6 +69,7 @@ def test_the_fenced_host_writes_its_outputs_in_memory_and_the_folder_goes_with_i
 
     from tests.fixtures.cpu_faults.faults import make_task
     from tools.judge.hostclient import HostClient, Remote
+    monkeypatch.delenv("AGENT_IO_MEMORY", raising=False)
     task, lib = make_task(tmp_path, "correct")
     root = tmp_path / "judge"
     root.mkdir()
