@@ -50,7 +50,6 @@ def torch_pch():
         return None
 
 
-
 @pytest.hookimpl(trylast=True)          # after -m's deselection: the slices are of what runs
 def pytest_collection_modifyitems(config, items):
     """The slow tests first in each worker's share. pytest-xdist's worksteal hands worker i the i-th contiguous slice of

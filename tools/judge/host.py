@@ -96,8 +96,7 @@ class Host:
         from tools.task import load_task
         from tools.isolation import limits, nofork
         # the buffer files' folders (tools/judge/iofiles.py): [in memory,] on disk
-        self.task, self.io = load_task(r["task"]), r["io"] if isinstance(r["io"], list) else [r["io"]]
-        self.io_bound = int(r.get("io_bound") or 0)
+        self.task, self.io, self.io_bound = load_task(r["task"]), list(r["io"]), int(r["io_bound"])
         self.mod = self.task.module()
         self.task.backend.warm_up()
         import torch

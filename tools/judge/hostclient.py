@@ -51,7 +51,7 @@ class HostClient:
         self.proc = (None if wrap else fork_host(self.scratch.dir, env)) or subprocess.Popen(
             [*(wrap or []), sys.executable, "-m", "tools.judge.host"], cwd=self.scratch.dir, env={**os.environ, **env},
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, preexec_fn=die_with_parent)
-        self.bound = iofiles.MEMORY_MAX_BYTES       # the largest buffer in memory, for both sides
+        self.bound = iofiles.MEMORY_MAX_BYTES       # the largest buffer in memory, for both sides (read at each start)
         self._send({"op": "init", "task": str(task_root), "io": self.dirs, "io_bound": self.bound})
         self.started = False
         self.info: dict = {}      # the host's answer to init: its pid, its CPU threads

@@ -6,7 +6,8 @@ Where they are: in a private folder in memory, on /dev/shm where it is a tmpfs w
 MEMORY_FREE_BYTES free), for every buffer up to MEMORY_MAX_BYTES; on disk, in the host's scratch folder (io/),
 otherwise and for a larger buffer (the wide shape's gigabytes stay out of memory). A CPU task's check writes
 thousands of them; on the disk's filesystem each new file cost 0.12-0.26 ms of CPU in the kernel's inode allocation
-(ext4, this project's machines, 2026-11-29), 0.05 ms in memory; `save` was 120 s of the full suite's CPU (py-spy).
+(ext4, this project's machines, 2026-11-29), 0.05 ms in memory: the fast tier about 4 s shorter, a single check the
+same (BENCHMARKS.md, "The test suite").
 A reader removes a file once it has read it, so the memory folder holds only what is in flight.
 
 The memory folder is named after the judge's process id, removed by HostClient.close, and any left by a judge
@@ -33,8 +34,8 @@ def save(t, path: str) -> None:
     t.detach().contiguous().view(-1).view(__import__("torch").uint8).cpu().numpy().tofile(path)
 
 
-def load_into(t, path: str, consume: bool = True) -> None:
-    """A file's bytes into the (contiguous) tensor t, which keeps its memory; the file removed after (`consume`)."""
+def load_into(t, path: str) -> None:
+    """A file's bytes into the (contiguous) tensor t, which keeps its memory; the file removed after (read once)."""
     import torch
     n = t.numel() * t.element_size()
     if os.path.getsize(path) != n:
@@ -42,11 +43,10 @@ def load_into(t, path: str, consume: bool = True) -> None:
     src = torch.from_file(path, size=n, dtype=torch.uint8)
     t.view(-1).view(torch.uint8).copy_(src)
     del src
-    if consume:
-        try:
-            os.unlink(path)
-        except OSError:
-            pass
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
 
 
 def path_of(dirs: list[str], key: str, bound: int) -> str:
