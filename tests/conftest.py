@@ -72,3 +72,13 @@ def pytest_collection_modifyitems(config, items):
         out += mine + fast[:take]
         fast = fast[take:]
     items[:] = out + fast
+
+
+@pytest.fixture(autouse=True)
+def own_object_cache(request, tmp_path_factory, monkeypatch):
+    """Each test its own object cache (tools/build/objcache.py): whether a build compiles or links an object is what
+    many tests assert, and must not depend on which test ran before it on the same worker. A test marked
+    `shared_objects` takes the run's one cache instead (under AGENT_CACHE, beside the precompiled headers), for the
+    builds several tests make of the same bytes (a KernelBench problem's binding)."""
+    if request.node.get_closest_marker("shared_objects") is None:
+        monkeypatch.setenv("AGENT_OBJECT_CACHE", str(tmp_path_factory.mktemp("objects")))

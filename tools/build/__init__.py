@@ -6,6 +6,9 @@ Entry points:
   ptxas' resources per kernel); build.default_build_dir(task); `python -m tools.build` (__main__).
 - reuse.latest_builds, reusable_from, reusable_halves: which objects of earlier builds a new one
   links (the binding compiled once per sweep, per machine).
+- objcache.lookup, store: the machine's object cache, keyed on what each compile read (the same bytes built in
+  another folder or repository are linked, not compiled).
+- output.parse_ptxas, first_errors: what the compilers print, read.
 
 May import: the task (tools.task) and the floors below it (tools.backends, tools.isolation, tools.results).
 """

@@ -11,7 +11,6 @@ statically: they load (and their launch plan can be asked) on a machine without 
 from __future__ import annotations
 
 import argparse
-import re
 import shlex
 import sys
 import time
@@ -22,6 +21,8 @@ from tools.backends.cu_split import prepare as prepare_split, same_code
 from tools.backends.pch import ensure as ensure_pch, pch_flags, pch_sources
 from tools.backends.toolchain import cuda_home, demangle, find_cxx, find_ninja, find_nvcc, toolchain_hint
 from tools.results import BuildResult, BuildStatus, KernelResources
+from tools.build import objcache
+from tools.build.output import STATUS_MARK, first_errors, parse_ptxas
 from tools.build.reuse import reusable_from, reusable_halves
 from tools.isolation.sandbox import ProcStatus, run_isolated
 from tools.task import Task, TaskError, load_task
@@ -33,7 +34,6 @@ CXX_FLAGS = ["-O3", "-march=native", "-fPIC", "-std=c++17"]
 # costs about 0.4 s of every rebuild (measured: host compile 1.09 s at -O3, 0.65 s at -O1). A task can
 # raise it with build.flags = ["-Xcompiler", "-O3"].
 NVCC_FLAGS = ["-O3", "-lineinfo", "-std=c++17", "-Xcompiler", "-fPIC,-O1", "-Xptxas", "-v"]
-STATUS_MARK = "@@ninja "          # NINJA_STATUS prefix: one such line per edge that ran
 DEFAULT_ARCH = "sm_90"
 
 
@@ -113,25 +113,27 @@ def write_ninja(task: Task, build_dir: Path, src_dir: Path, tools: dict[str, str
 
     def edge(rel: str, path: Path, rule: str, extra: list[str]) -> None:
         obj, src = obj_name(rel), str(path.resolve())
-        lines.extend([f"build {_nj(obj)}: {rule} {_nj(src)}", f"  src = {_val(shlex.quote(src))}",
-                      f"  obj = {_val(shlex.quote(obj))}"])
         with_pch = bool(pch) and rule == "cxx" and rel in pch[1]  # type: ignore[index]
-        lines.extend([f"  pch = {_val(q(pch_args))}"] if with_pch else [])
         own = extra + task.backend.source_flags(path.read_text(errors="replace"))  # a TORCH_LIBRARY source's
-        lines.extend([f"  ops = {_val(q(own))}"] * bool(own))
-        edges.append((rel, obj))
         compiler, cflags = (tools["nvcc"], nv_flags) if rule == "nvcc" else (tools["c++"], cxx_flags)
-        commands.append(f"{Path(compiler).name} {q(cflags + (pch_args if with_pch else []) + own)} -c {rel}")
+        # a linked object's command too (the same flags compiled it: tools.build.reuse, objcache), said as such
+        commands.append(f"{Path(compiler).name} {q(cflags + (pch_args if with_pch else []) + own)} -c {rel}"
+                        + ("   # linked, compiled by an earlier build with these flags" if rel in prebuilt else ""))
+        if rel in prebuilt:
+            return
+        lines.extend([f"build {_nj(obj)}: {rule} {_nj(src)}", f"  src = {_val(shlex.quote(src))}",
+                      f"  obj = {_val(shlex.quote(obj))}"] + [f"  pch = {_val(q(pch_args))}"] * with_pch
+                     + [f"  ops = {_val(q(own))}"] * bool(own))
+        edges.append((rel, obj))
 
     for rel in task.spec.sources:
         ext = Path(rel).suffix
-        if ext not in CXX_EXT | CU_EXT or rel in prebuilt:
+        if ext not in CXX_EXT | CU_EXT:
             continue  # headers: inputs through the depfiles, not edges
         if rel in (split or {}):       # tools.backends.cu_split: the kernels by nvcc, the torch code by c++
             here = ["-I" + str((src_dir / rel).parent.resolve())]
             edge(f"{rel}.kernels.cu", split[rel].kernels, "nvcc", here)  # type: ignore[index]
-            if f"{rel}.host.cpp" not in prebuilt:      # an earlier build's object of the same code (tools.build.reuse)
-                edge(f"{rel}.host.cpp", split[rel].host, "cxx", here)  # type: ignore[index]
+            edge(f"{rel}.host.cpp", split[rel].host, "cxx", here)  # type: ignore[index]   (linked where prebuilt)
             continue
         edge(rel, src_dir / rel, "nvcc" if ext in CU_EXT else "cxx", [])
     lib = f"lib{task.name}.so"
@@ -146,62 +148,6 @@ def write_ninja(task: Task, build_dir: Path, src_dir: Path, tools: dict[str, str
     if not path.exists() or path.read_text() != text:
         path.write_text(text)
     return edges, commands
-
-
-# --- compiler output --------------------------------------------------------------------------
-_ENTRY = re.compile(r"Compiling entry function '([^']+)'")
-_PROPS = re.compile(r"Function properties for (\S+)")
-_FRAME = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
-_USED = re.compile(r"Used (\d+) registers")
-
-
-def parse_ptxas(text: str) -> list[KernelResources]:
-    """Entry functions from `-Xptxas -v` output (mangled names; see demangle())."""
-    kernels: dict[str, KernelResources] = {}
-    entry = props_for = None
-    for line in text.splitlines():
-        if m := _ENTRY.search(line):
-            entry = m.group(1)
-            kernels.setdefault(entry, KernelResources(name=entry, mangled=entry))
-        elif m := _PROPS.search(line):
-            props_for = m.group(1)
-        elif (m := _FRAME.search(line)) and props_for in kernels:
-            k = kernels[props_for]
-            k.stack_frame_bytes, k.spill_stores_bytes, k.spill_loads_bytes = (int(x) for x in m.groups())
-        elif (m := _USED.search(line)) and entry in kernels:
-            k = kernels[entry]
-            k.registers = int(m.group(1))
-            if s := re.search(r"(\d+) bytes smem", line):
-                k.smem_static_bytes = int(s.group(1))
-            k.cmem_bytes = sum(int(c) for c in re.findall(r"(\d+) bytes cmem\[\d+\]", line))
-    return list(kernels.values())
-
-
-_ERR_PATTERNS = [
-    re.compile(r"^(?P<file>[^\s:(][^:(]*):(?P<line>\d+):(?:\d+:)? (?:fatal )?error\b"),     # gcc/clang
-    re.compile(r"^(?P<file>[^\s(][^(]*)\((?P<line>\d+)\): (?:catastrophic )?error\b"),     # nvcc front end
-    re.compile(r"^(ptxas|nvlink|nvcc)\s*(fatal|error)\s*:", re.I),
-    re.compile(r"(undefined reference to|collect2: error|/ld: |ninja: error:)"),
-    re.compile(r"\berror\b:", re.I),
-]
-_NOISE = re.compile(rf"^({re.escape(STATUS_MARK)}|FAILED:|ninja: build stopped|\d+ errors? detected)")
-
-
-def first_errors(output: str, src_dir: Path, commands: list[str], max_lines: int = 12) -> str:
-    """The first error lines (file:line first), with the source dir stripped from paths."""
-    prefix = str(src_dir.resolve()) + "/"
-    lines = []
-    for raw in output.splitlines():
-        line = raw.replace(prefix, "")
-        if _NOISE.search(line) or any(c and line.lstrip().startswith(c) for c in commands) or not line.strip():
-            continue
-        line = re.sub(r"^([^\s(][^(]*)\((\d+)\): ", r"\1:\2: ", line)  # nvcc's file(12): -> file:12:
-        lines.append(line)
-    for pat in _ERR_PATTERNS:
-        idx = next((i for i, ln in enumerate(lines) if pat.search(ln)), None)
-        if idx is not None:
-            return "\n".join(lines[idx:idx + max_lines])
-    return "\n".join(lines[-max_lines:]) or "the build failed without compiler output"
 
 
 # --- the build --------------------------------------------------------------------------------
@@ -233,7 +179,7 @@ def build(task: Task, build_dir: Path, src_dir: Path | None = None, timeout_s: f
         return result(BuildStatus.toolchain_missing, message=why)
     (build_dir / "tmp").mkdir(parents=True, exist_ok=True)    # the compilers' TMPDIR: what a killed gcc leaves stays here
     objects = {rel: obj_name(rel) for rel in task.spec.sources if Path(rel).suffix in CXX_EXT | CU_EXT}
-    pch_note, prebuilt = "", {}
+    pch_note, prebuilt, cached = "", {}, {}
     try:
         split, split_note = ({}, "") if whole else prepare_split(task, src_dir, build_dir)
         pch = None
@@ -247,9 +193,13 @@ def build(task: Task, build_dir: Path, src_dir: Path | None = None, timeout_s: f
             pch_note = f"\n== pch ==\n{got.note}" if eased or got.include_dir else ""
         edges, commands = write_ninja(task, build_dir, src_dir, tools, arch, None, pch, split)  # type: ignore[arg-type]
         halves = {f"{r}.host.cpp": (obj_name(f"{r}.host.cpp"), h.host) for r, h in split.items()}
-        if reuse and (prebuilt := reusable_from(task, reuse, tools["ninja"], objects, src_dir,  # type: ignore[arg-type]
-                                                   build_dir / "build.ninja")
-                      | reusable_halves(reuse, tools["ninja"], halves, src_dir, build_dir / "build.ninja", same_code)):  # type: ignore[arg-type]
+        if reuse:
+            prebuilt = reusable_from(task, reuse, tools["ninja"], objects, src_dir, build_dir / "build.ninja") \
+                | reusable_halves(reuse, tools["ninja"], halves, src_dir, build_dir / "build.ninja", same_code)  # type: ignore[arg-type]
+        # what no earlier build of this task holds, the machine's object cache may (the same bytes built elsewhere)
+        cached = objcache.lookup(tools["ninja"], build_dir, src_dir,  # type: ignore[arg-type]
+                                 {r: o for r, o in objects.items() if r not in prebuilt and r not in split})
+        if prebuilt := prebuilt | cached:
             edges, commands = write_ninja(task, build_dir, src_dir, tools, arch, prebuilt, pch, split)  # type: ignore[arg-type]
     except (OSError, ImportError, ValueError) as e:   # torch, its CUDA toolkit or a renamable TORCH_LIBRARY missing
         return result(BuildStatus.toolchain_missing, message=f"{task.backend.name}: {' '.join(str(e).split())}")
@@ -260,7 +210,8 @@ def build(task: Task, build_dir: Path, src_dir: Path | None = None, timeout_s: f
     output = proc.stdout + proc.stderr
     steps = sum(1 for ln in output.splitlines() if ln.startswith(STATUS_MARK))
     ran = {ln.split()[-1] for ln in output.splitlines() if ln.startswith(STATUS_MARK)}
-    log = _collect_logs(build_dir, edges, ran) + "".join(f"\n== {rel} (reused: {obj}) ==" for rel, obj in prebuilt.items()) \
+    log = _collect_logs(build_dir, edges, ran) + "".join(f"\n== {rel} ({'object cache' if rel in cached else 'reused'}: "
+                                                         f"{obj}) ==" for rel, obj in prebuilt.items()) \
         + pch_note + (f"\n== split ==\n{split_note}" if split_note else "") + "\n== ninja ==\n" + output
     (build_dir / "build.log").write_text(log)
     if split and proc.status == ProcStatus.failed:     # a split the compilers refuse: the file as it is
@@ -276,6 +227,8 @@ def build(task: Task, build_dir: Path, src_dir: Path | None = None, timeout_s: f
     if proc.status != ProcStatus.ok:
         msg = first_errors(output, src_dir, [t for t in tools.values() if t] + ["$nvcc", "$cxx"])
         return result(BuildStatus.compile_error, message=msg, steps_run=steps, log=log)
+    objcache.store(tools["ninja"], build_dir / "build.ninja", build_dir, src_dir,  # type: ignore[arg-type]
+                   [(rel, obj) for rel, obj in edges if obj in ran])
     kernels: list[KernelResources] = []
     for logf in [build_dir / (obj + ".log") for _, obj in edges] + [Path(f"{o}.log") for o in prebuilt.values()]:
         if logf.name.endswith(".cu.o.log") and logf.exists():

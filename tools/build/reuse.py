@@ -24,7 +24,7 @@ from pathlib import Path
 from tools.task import Task
 
 
-def _rules(ninja_file: Path) -> str:
+def ninja_rules(ninja_file: Path) -> str:
     """A build.ninja's compilers, flags and rules: everything before its first build edge."""
     try:
         text = ninja_file.read_text()
@@ -33,7 +33,7 @@ def _rules(ninja_file: Path) -> str:
     return text.split("\nbuild ", 1)[0]
 
 
-def _edge(ninja_file: Path, obj: str) -> list[str]:
+def ninja_edge(ninja_file: Path, obj: str) -> list[str]:
     """The build edge of one object in a build.ninja, with its own variables (a source's -include)."""
     try:
         lines = ninja_file.read_text().splitlines()
@@ -69,10 +69,10 @@ def reusable_objects(task: Task, earlier: Path, ninja: str, objects: dict[str, s
         if proc.returncode or not lines or "(VALID)" not in lines[0] or not deps or not str(deps[0]).endswith("/" + rel):
             continue
         root = Path(str(deps[0])[: -len(rel) - 1])          # the earlier build's source folder
-        if ours is not None and _rules(Path(earlier) / "build.ninja").replace(f"-I{root}", f"-I{src_dir}") != _rules(ours):
+        if ours is not None and ninja_rules(Path(earlier) / "build.ninja").replace(f"-I{root}", f"-I{src_dir}") != ninja_rules(ours):
             continue          # other compilers or flags (torch's, the task's build.flags, the arch)
-        if ours is not None and [ln.replace(str(root), str(src_dir)) for ln in _edge(Path(earlier) / "build.ninja", name)] \
-                != _edge(ours, name):
+        if ours is not None and [ln.replace(str(root), str(src_dir)) for ln in ninja_edge(Path(earlier) / "build.ninja", name)] \
+                != ninja_edge(ours, name):
             continue          # the source's own flags differ (tools.backends.torch_library's header, another torch's)
         made = obj.stat().st_mtime_ns
         try:
@@ -155,8 +155,8 @@ def reusable_halves(earlier: Path | list[Path], ninja: str, halves: dict[str, tu
                 continue
             root = Path(user.group(1)[: -len(rel) - 1])      # the earlier build's source folder
             swap = lambda ln: ln.replace(str(Path(d).resolve()), str(ours.parent)).replace(str(root), str(src_dir))  # noqa: E731
-            if _rules(Path(d) / "build.ninja").replace(f"-I{root}", f"-I{src_dir}") != _rules(ours) \
-                    or [swap(ln) for ln in _edge(Path(d) / "build.ninja", obj_rel)] != _edge(ours, obj_rel):
+            if ninja_rules(Path(d) / "build.ninja").replace(f"-I{root}", f"-I{src_dir}") != ninja_rules(ours) \
+                    or [swap(ln) for ln in ninja_edge(Path(d) / "build.ninja", obj_rel)] != ninja_edge(ours, obj_rel):
                 continue      # other compilers, flags or per-file flags
             made, rest = obj.stat().st_mtime_ns, deps[1:]
             try:
