@@ -32,7 +32,7 @@ import time
 from functools import lru_cache
 from pathlib import Path
 
-from tools.build.reuse import ninja_edge, ninja_rules
+from tools.build.reuse import ninja_deps, ninja_edge, ninja_rules
 
 VERSION = 1
 DEFAULT_MB = 2048
@@ -80,19 +80,6 @@ def _key(ninja_file: Path, build_dir: Path, src_dir: Path, rel: str, obj: str, b
     head = json.dumps([VERSION, norm(rules), [norm(ln) for ln in edge], rel, _machine(),
                        [str(build_dir), str(src_dir)] if bound else None])
     return _sha(head.encode() + b"\0" + data)
-
-
-def _deps(ninja: str, build_dir: Path, obj: str) -> list[Path] | None:
-    """What the compile of `obj` read (ninja's dependency log), or None where the log has no valid entry."""
-    try:
-        proc = subprocess.run([ninja, "-C", str(build_dir), "-t", "deps", obj], capture_output=True, text=True,
-                              timeout=60)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    lines = proc.stdout.splitlines()
-    if proc.returncode or not lines or "(VALID)" not in lines[0]:
-        return None
-    return [p if p.is_absolute() else build_dir / p for p in (Path(ln.strip()) for ln in lines[1:] if ln.strip())]
 
 
 def _describe(dep: Path, build_dir: Path, src_dir: Path) -> dict | None:
@@ -203,7 +190,7 @@ def store(ninja: str, ninja_file: Path, build_dir: Path, src_dir: Path, compiled
 
 def _store_one(root: Path, ninja: str, ninja_file: Path, build_dir: Path, src_dir: Path, rel: str, obj: str) -> int:
     path = build_dir / obj
-    deps = _deps(ninja, build_dir, obj)
+    deps = ninja_deps(ninja, build_dir, obj)
     if not path.is_file() or not deps:
         return 0
     described = [_describe(d, build_dir, src_dir) for d in deps]

@@ -59,14 +59,8 @@ def reusable_objects(task: Task, earlier: Path, ninja: str, objects: dict[str, s
         obj = Path(earlier) / name
         if not obj.is_file():
             continue
-        try:
-            proc = subprocess.run([ninja, "-C", str(earlier), "-t", "deps", name], capture_output=True,
-                                  text=True, timeout=60)
-        except (OSError, subprocess.TimeoutExpired):
-            continue
-        lines = proc.stdout.splitlines()
-        deps = [Path(ln.strip()) for ln in lines[1:] if ln.strip()]
-        if proc.returncode or not lines or "(VALID)" not in lines[0] or not deps or not str(deps[0]).endswith("/" + rel):
+        deps = ninja_deps(ninja, Path(earlier), name)
+        if not deps or not str(deps[0]).endswith("/" + rel):
             continue
         root = Path(str(deps[0])[: -len(rel) - 1])          # the earlier build's source folder
         if ours is not None and ninja_rules(Path(earlier) / "build.ninja").replace(f"-I{root}", f"-I{src_dir}") != ninja_rules(ours):
@@ -123,8 +117,9 @@ def _live(run_dir: Path) -> bool:
     return pid != os.getpid()
 
 
-def _deps(ninja: str, folder: Path, name: str) -> list[Path]:
-    """What ninja's dependency log says `name` read in `folder` (the source first), if it is valid."""
+def ninja_deps(ninja: str, folder: Path, name: str) -> list[Path]:
+    """What ninja's dependency log says `name` read in `folder` (the source first), if it is valid; a relative path
+    is the folder's."""
     try:
         proc = subprocess.run([ninja, "-C", str(folder), "-t", "deps", name], capture_output=True, text=True, timeout=60)
     except (OSError, subprocess.TimeoutExpired):
@@ -132,7 +127,7 @@ def _deps(ninja: str, folder: Path, name: str) -> list[Path]:
     lines = proc.stdout.splitlines()
     if proc.returncode or not lines or "(VALID)" not in lines[0]:
         return []
-    return [Path(ln.strip()) for ln in lines[1:] if ln.strip()]
+    return [p if p.is_absolute() else Path(folder) / p for p in (Path(ln.strip()) for ln in lines[1:] if ln.strip())]
 
 
 def reusable_halves(earlier: Path | list[Path], ninja: str, halves: dict[str, tuple[str, Path]], src_dir: Path,
@@ -148,7 +143,7 @@ def reusable_halves(earlier: Path | list[Path], ninja: str, halves: dict[str, tu
             obj, there = Path(d) / obj_rel, Path(d) / "split" / here.name
             if not (obj.is_file() and there.is_file()) or not same(there.read_text(), here.read_text()):
                 continue
-            deps = _deps(ninja, Path(d), obj_rel)
+            deps = ninja_deps(ninja, Path(d), obj_rel)
             user = re.search(r'(?m)^#line \d+ "(/[^"]+)"$', there.read_text())
             rel = name.removesuffix(".host.cpp")
             if not deps or deps[0].resolve() != there.resolve() or not user or not user.group(1).endswith("/" + rel):
