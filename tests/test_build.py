@@ -19,18 +19,17 @@ FIX = Path(__file__).resolve().parent / "fixtures"
 needs_nvcc = pytest.mark.skipif(find_nvcc() is None, reason="nvcc not installed")
 
 
-def _two_source_task(tmp_path: Path) -> Path:
-    """A CPU task with two sources sharing a header, to see which objects a change rebuilds."""
-    d = tmp_path / "two"
-    d.mkdir()
-    (d / "common.h").write_text("#pragma once\n#define SCALE 2.0f\n")
-    (d / "a.cpp").write_text('#include "common.h"\nextern "C" float fa(float x) { return SCALE * x; }\n')
-    (d / "b.cpp").write_text('extern "C" float fb(float x) { return x + 1.0f; }\n')
-    (d / "task.py").write_text("def make_inputs(shape, seed, device, dist):\n    return ()\n")
-    (d / "task.toml").write_text(
+def two_source_task(root: Path, body: str = "return SCALE * x;", header: str = "#define SCALE 2.0f") -> Path:
+    """A CPU task with two sources sharing a header, to see which objects a change rebuilds (a.cpp's fa: `body`)."""
+    root.mkdir(parents=True)
+    (root / "common.h").write_text(f"#pragma once\n{header}\n")
+    (root / "a.cpp").write_text(f'#include "common.h"\nextern "C" float fa(float x) {{ {body} }}\n')
+    (root / "b.cpp").write_text('extern "C" float fb(float x) { return x + 1.0f; }\n')
+    (root / "task.py").write_text("def make_inputs(shape, seed, device, dist):\n    return ()\n")
+    (root / "task.toml").write_text(
         'name = "two"\ndevice = "cpu"\nsources = ["a.cpp", "b.cpp", "common.h"]\neditable = ["a.cpp", "b.cpp", "common.h"]\n'
         'shapes = [{ n = 1 }]\n[tolerance.float32]\natol = 0.0\nrtol = 0.0\n')
-    return d
+    return root
 
 
 def test_matmul_cpu_builds_and_loads(tmp_path):
@@ -50,7 +49,7 @@ def test_matmul_cpu_builds_and_loads(tmp_path):
 
 
 def test_edit_rebuilds_only_that_object_and_headers_count(tmp_path):
-    d = _two_source_task(tmp_path)
+    d = two_source_task(tmp_path / "two")
     task = load_task(d)
     first = build(task, tmp_path / "b")
     assert first.status == BuildStatus.ok and first.steps_run == 3
@@ -63,10 +62,10 @@ def test_edit_rebuilds_only_that_object_and_headers_count(tmp_path):
     res = build(task, tmp_path / "b")
     assert res.steps_run == 2, res.log              # a.o (includes the header) + link
     assert "== a.cpp (compiled) ==" in res.log
-    assert _call_fa(res.lib_path) == 3.0
+    assert call_fa(res.lib_path) == 3.0
 
 
-def _call_fa(lib_path: str) -> float:
+def call_fa(lib_path: str) -> float:
     # a child process: the parent already dlopen-ed an older library of the same path
     out = subprocess.run([sys.executable, "-c", f"import ctypes; f=ctypes.CDLL({lib_path!r}).fa; "
                           "f.restype=ctypes.c_float; f.argtypes=[ctypes.c_float]; print(f(1.0))"],

@@ -5,12 +5,11 @@ stays in that folder, and the cache stays under its size."""
 import ctypes
 import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from tests.test_build import call_fa, two_source_task
 from tools.build import objcache
 from tools.build.build import build
 from tools.results import BuildStatus
@@ -24,61 +23,40 @@ def cache(tmp_path, monkeypatch):
     return folder
 
 
-def _task(root: Path, body: str = "return SCALE * x;", header: str = "#define SCALE 2.0f") -> Path:
-    """A CPU task of two sources and a header that one of them includes."""
-    root.mkdir(parents=True)
-    (root / "common.h").write_text(f"#pragma once\n{header}\n")
-    (root / "a.cpp").write_text(f'#include "common.h"\nextern "C" float fa(float x) {{ {body} }}\n')
-    (root / "b.cpp").write_text('extern "C" float fb(float x) { return x + 1.0f; }\n')
-    (root / "task.py").write_text("def make_inputs(shape, seed, device, dist):\n    return ()\n")
-    (root / "task.toml").write_text(
-        'name = "two"\ndevice = "cpu"\nsources = ["a.cpp", "b.cpp", "common.h"]\neditable = ["a.cpp", "b.cpp", "common.h"]\n'
-        'shapes = [{ n = 1 }]\n[tolerance.float32]\natol = 0.0\nrtol = 0.0\n')
-    return root
-
-
-def _fa(lib_path: str) -> float:
-    # a child process: this one may have loaded an older library of the same path
-    out = subprocess.run([sys.executable, "-c", f"import ctypes; f=ctypes.CDLL({lib_path!r}).fa; "
-                          "f.restype=ctypes.c_float; f.argtypes=[ctypes.c_float]; print(f(1.0))"],
-                         capture_output=True, text=True, check=True)
-    return float(out.stdout)
-
-
 def test_the_same_bytes_in_another_folder_are_linked_and_a_change_is_compiled(tmp_path, cache):
-    first = build(load_task(_task(tmp_path / "one")), tmp_path / "b1")
+    first = build(load_task(two_source_task(tmp_path / "one")), tmp_path / "b1")
     assert first.status == BuildStatus.ok and first.steps_run == 3, first.log
     assert len(list(cache.glob("*/*/deps.json"))) == 2          # a.cpp's and b.cpp's objects
     # another repository's copy of the same task: both objects from the cache, only the link runs
-    res = build(load_task(_task(tmp_path / "two")), tmp_path / "b2")
+    res = build(load_task(two_source_task(tmp_path / "two")), tmp_path / "b2")
     assert res.status == BuildStatus.ok and res.steps_run == 1, res.log
-    assert res.log.count("(object cache:") == 2 and _fa(res.lib_path) == 2.0
+    assert res.log.count("(object cache:") == 2 and call_fa(res.lib_path) == 2.0
     # the record still says which flags made each object: the same as the first build's, said linked
     here = lambda c: c.split("   #")[0].replace(str((tmp_path / "two").resolve()), str((tmp_path / "one").resolve()))  # noqa: E731
     assert [here(c) for c in res.commands[:2]] == first.commands[:2] \
         and all("linked" in c for c in res.commands[:2]), res.commands
     # the header a.cpp includes has other bytes: a.cpp compiled, b.cpp still linked
-    res = build(load_task(_task(tmp_path / "three", header="#define SCALE 3.0f")), tmp_path / "b3")
+    res = build(load_task(two_source_task(tmp_path / "three", header="#define SCALE 3.0f")), tmp_path / "b3")
     assert res.steps_run == 2 and "== a.cpp (compiled) ==" in res.log and "== b.cpp (object cache:" in res.log, res.log
-    assert _fa(res.lib_path) == 3.0
+    assert call_fa(res.lib_path) == 3.0
     # a candidate's edit of a.cpp: compiled
-    res = build(load_task(_task(tmp_path / "four", body="return SCALE * x + 1.0f;")), tmp_path / "b4")
-    assert res.steps_run == 2 and "== a.cpp (compiled) ==" in res.log and _fa(res.lib_path) == 3.0
+    res = build(load_task(two_source_task(tmp_path / "four", body="return SCALE * x + 1.0f;")), tmp_path / "b4")
+    assert res.steps_run == 2 and "== a.cpp (compiled) ==" in res.log and call_fa(res.lib_path) == 3.0
 
 
 def test_an_object_the_build_folder_holds_up_to_date_stays(tmp_path, cache):
     """The cache serves what ninja would compile, never an object the folder already holds (an incremental build
     stays one: nothing runs)."""
-    task = load_task(_task(tmp_path / "one"))
+    task = load_task(two_source_task(tmp_path / "one"))
     build(task, tmp_path / "b1")
-    build(load_task(_task(tmp_path / "two")), tmp_path / "b2")
+    build(load_task(two_source_task(tmp_path / "two")), tmp_path / "b2")
     again = build(task, tmp_path / "b1")
     assert again.status == BuildStatus.ok and again.steps_run == 0 and "(object cache:" not in again.log, again.log
 
 
 def test_other_flags_are_not_linked(tmp_path, cache):
-    build(load_task(_task(tmp_path / "one")), tmp_path / "b1")
-    d = _task(tmp_path / "two")
+    build(load_task(two_source_task(tmp_path / "one")), tmp_path / "b1")
+    d = two_source_task(tmp_path / "two")
     (d / "task.toml").write_text((d / "task.toml").read_text() + '\n[build]\nflags = ["-DX=1"]\n')  # the task's flags
     res = build(load_task(d), tmp_path / "b2")
     assert res.status == BuildStatus.ok and res.steps_run == 3 and "(object cache:" not in res.log, res.log
@@ -88,10 +66,10 @@ def test_an_object_that_names_its_folder_is_linked_only_there(tmp_path, cache):
     """__FILE__ (an assertion's message) puts the source's path into the object: another folder compiles its own, so
     that what its library prints names its own file; the same folder built again takes it."""
     body = 'return SCALE * x; }\nextern "C" const char* where() { return __FILE__;'
-    one = _task(tmp_path / "one", body=body)
+    one = two_source_task(tmp_path / "one", body=body)
     first = build(load_task(one), tmp_path / "b1")
     assert first.status == BuildStatus.ok
-    two = _task(tmp_path / "two", body=body)
+    two = two_source_task(tmp_path / "two", body=body)
     res = build(load_task(two), tmp_path / "b2")
     assert "== a.cpp (compiled) ==" in res.log and "== b.cpp (object cache:" in res.log, res.log
     lib = ctypes.CDLL(res.lib_path)
@@ -104,10 +82,10 @@ def test_an_object_that_names_its_folder_is_linked_only_there(tmp_path, cache):
 
 def test_off_stores_nothing_and_the_size_bound_evicts_the_oldest(tmp_path, cache, monkeypatch):
     monkeypatch.setenv("AGENT_OBJECT_CACHE", "0")
-    assert build(load_task(_task(tmp_path / "one")), tmp_path / "b1").steps_run == 3
+    assert build(load_task(two_source_task(tmp_path / "one")), tmp_path / "b1").steps_run == 3
     assert not cache.exists()
     monkeypatch.setenv("AGENT_OBJECT_CACHE", str(cache))
-    build(load_task(_task(tmp_path / "two")), tmp_path / "b2")
+    build(load_task(two_source_task(tmp_path / "two")), tmp_path / "b2")
     entries = sorted(cache.glob("*/*/deps.json"))
     assert len(entries) == 2
     old = entries[0].parent
