@@ -99,3 +99,10 @@ def test_off_stores_nothing_and_the_size_bound_evicts_the_oldest(tmp_path, cache
     os.utime(stale, (1, 1))
     objcache.evict(cache, 1 << 30)
     assert not stale.exists()
+
+
+def test_a_cache_it_cannot_read_or_write_is_a_slower_build_not_a_failed_one(tmp_path, cache):
+    cache.parent.mkdir(parents=True, exist_ok=True)
+    cache.write_text("not a folder")                   # AGENT_OBJECT_CACHE pointing at a file
+    res = build(load_task(two_source_task(tmp_path / "one")), tmp_path / "b1")
+    assert res.status == BuildStatus.ok and res.steps_run == 3 and "(object cache:" not in res.log, res.log

@@ -120,7 +120,14 @@ def _to_compile(ninja: str, build_dir: Path) -> set[str]:
 def lookup(ninja: str, build_dir: Path, src_dir: Path, objects: dict[str, str]) -> dict[str, Path]:
     """The cached objects among `objects` (a source -> its object's path in the build folder) that this build would
     compile (an object the folder holds up to date stays), whose every input is the same here; each copied into
-    build_dir/cached/ (with its compiler output beside it)."""
+    build_dir/cached/ (with its compiler output beside it). Never raises: a cache it cannot read is a cache miss."""
+    try:
+        return _lookup(ninja, build_dir, src_dir, objects)
+    except OSError:
+        return {}
+
+
+def _lookup(ninja: str, build_dir: Path, src_dir: Path, objects: dict[str, str]) -> dict[str, Path]:
     root = cache_dir()
     out: dict[str, Path] = {}
     if root is None or not objects or not root.is_dir() or not any(root.iterdir()):
