@@ -15,7 +15,8 @@ edit changes the bytes, and its file is compiled.
   there instead.
 - Paths: an object that holds its source folder's or build folder's path (`__FILE__` in an assertion's message:
   TORCH_CHECK's) is keyed on those folders too, so that no object prints another folder's file name.
-- Size: at most AGENT_OBJECT_CACHE_MB megabytes (default 2048); the least recently used entries go first.
+- Size: at most AGENT_OBJECT_CACHE_MB megabytes (default 2048), checked at a process's first store and then at most
+  once a minute (the walk stats every entry); the least recently used entries go first.
 - Concurrency: an entry is written to a folder of its own and renamed into place; a hit is copied into the build's
   own folder (cached/) before it is linked, so that an entry evicted meanwhile cannot break the link.
 """
@@ -36,6 +37,8 @@ from tools.build.reuse import ninja_deps, ninja_edge, ninja_rules
 
 VERSION = 1
 DEFAULT_MB = 2048
+EVICT_EVERY_S = 60.0      # a process walks the cache for its size bound at most this often (its first store always)
+_evicted = float("-inf")
 
 
 def cache_dir() -> Path | None:
@@ -130,19 +133,20 @@ def lookup(ninja: str, build_dir: Path, src_dir: Path, objects: dict[str, str]) 
 def _lookup(ninja: str, build_dir: Path, src_dir: Path, objects: dict[str, str]) -> dict[str, Path]:
     root = cache_dir()
     out: dict[str, Path] = {}
-    if root is None or not objects or not root.is_dir() or not any(root.iterdir()):
+    if root is None or not objects or not root.is_dir():
         return out
-    ninja_file, stale = build_dir / "build.ninja", _to_compile(ninja, build_dir)
+    ninja_file = build_dir / "build.ninja"
+    found = {}          # the entries of each source's key (bound or not); a candidate's new bytes have none
     for rel, obj in objects.items():
-        if obj not in stale:
+        keys = [_key(ninja_file, build_dir, src_dir, rel, obj, bound) for bound in (False, True)]
+        if dirs := [root / k for k in keys if k and (root / k).is_dir()]:
+            found[rel] = dirs
+    stale = _to_compile(ninja, build_dir) if found else set()    # ninja's dry run only where an entry may serve
+    for rel, dirs in found.items():
+        if objects[rel] not in stale:
             continue
-        for bound in (False, True):
-            key = _key(ninja_file, build_dir, src_dir, rel, obj, bound)
-            entries = root / key if key else None
-            if entries is None or not entries.is_dir():
-                continue
-            got = _first_valid(entries, build_dir, src_dir, obj)
-            if got is not None:
+        for entries in dirs:
+            if (got := _first_valid(entries, build_dir, src_dir, objects[rel])) is not None:
                 out[rel] = got
                 break
     return out
@@ -187,7 +191,9 @@ def store(ninja: str, ninja_file: Path, build_dir: Path, src_dir: Path, compiled
             stored += _store_one(root, ninja, ninja_file, build_dir, src_dir, rel, obj)
         except OSError:
             continue
-    if stored:
+    global _evicted
+    if stored and time.monotonic() - _evicted > EVICT_EVERY_S:   # a walk of the whole cache: not after every candidate
+        _evicted = time.monotonic()
         try:
             evict(root, int(os.environ.get("AGENT_OBJECT_CACHE_MB") or DEFAULT_MB) << 20)
         except (OSError, ValueError):
