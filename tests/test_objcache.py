@@ -1,6 +1,6 @@
 """The machine's object cache (tools/build/objcache.py) with the real compilers: the same bytes built in another folder
-are linked from it, anything the compile read that changed is compiled again, an object that holds its folder's path
-stays in that folder, and the cache stays under its size."""
+are linked from it, anything the compile read that changed is compiled again, __FILE__ names no folder, an object that
+holds its folder's path (debug info) stays in that folder, and the cache stays under its size."""
 
 import ctypes
 import os
@@ -32,7 +32,8 @@ def test_the_same_bytes_in_another_folder_are_linked_and_a_change_is_compiled(tm
     assert res.status == BuildStatus.ok and res.steps_run == 1, res.log
     assert res.log.count("(object cache:") == 2 and call_fa(res.lib_path) == 2.0
     # the record still says which flags made each object: the same as the first build's, said linked
-    here = lambda c: c.split("   #")[0].replace(str((tmp_path / "two").resolve()), str((tmp_path / "one").resolve()))  # noqa: E731
+    here = lambda c: c.split("   #")[0].replace(str((tmp_path / "two").resolve()), str((tmp_path / "one").resolve())) \
+        .replace(str((tmp_path / "b2").resolve()), str((tmp_path / "b1").resolve()))  # noqa: E731
     assert [here(c) for c in res.commands[:2]] == first.commands[:2] \
         and all("linked" in c for c in res.commands[:2]), res.commands
     # the header a.cpp includes has other bytes: a.cpp compiled, b.cpp still linked
@@ -62,21 +63,30 @@ def test_other_flags_are_not_linked(tmp_path, cache):
     assert res.status == BuildStatus.ok and res.steps_run == 3 and "(object cache:" not in res.log, res.log
 
 
-def test_an_object_that_names_its_folder_is_linked_only_there(tmp_path, cache):
-    """__FILE__ (an assertion's message) puts the source's path into the object: another folder compiles its own, so
-    that what its library prints names its own file; the same folder built again takes it."""
+def test_file_is_named_as_the_task_names_it_and_an_object_that_names_its_folder_stays_there(tmp_path, cache):
+    """__FILE__ (an assertion's message, TORCH_CHECK's) names the file as the task does (build.folder_free), not the
+    folder it was built in: the object is the same bytes in another folder and linked from the cache. An object that
+    still holds its folder (debug info: build.flags = ["-g"]) is compiled in another folder, so that what it says
+    names its own file; its own folder built again takes it from the cache."""
     body = 'return SCALE * x; }\nextern "C" const char* where() { return __FILE__;'
-    one = two_source_task(tmp_path / "one", body=body)
-    first = build(load_task(one), tmp_path / "b1")
-    assert first.status == BuildStatus.ok
-    two = two_source_task(tmp_path / "two", body=body)
-    res = build(load_task(two), tmp_path / "b2")
-    assert "== a.cpp (compiled) ==" in res.log and "== b.cpp (object cache:" in res.log, res.log
+    assert build(load_task(two_source_task(tmp_path / "one", body=body)), tmp_path / "b1").status == BuildStatus.ok
+    res = build(load_task(two_source_task(tmp_path / "two", body=body)), tmp_path / "b2")
+    assert res.log.count("(object cache:") == 2, res.log
     lib = ctypes.CDLL(res.lib_path)
     lib.where.restype = ctypes.c_char_p
-    assert lib.where().decode() == str((two / "a.cpp").resolve())
-    shutil.rmtree(tmp_path / "b1")
-    res = build(load_task(one), tmp_path / "b1")        # its own folders again: from the cache
+    assert lib.where().decode() == "a.cpp"
+
+    def debug(root: Path) -> Path:
+        two_source_task(root, body=body)
+        (root / "task.toml").write_text((root / "task.toml").read_text() + '[build]\nflags = ["-g"]\n')
+        return root
+    one = debug(tmp_path / "g1")
+    first = build(load_task(one), tmp_path / "c1")
+    assert first.status == BuildStatus.ok and str(one.resolve()).encode() in (tmp_path / "c1" / "obj" / "a.cpp.o").read_bytes()
+    res = build(load_task(debug(tmp_path / "g2")), tmp_path / "c2")
+    assert "== a.cpp (compiled) ==" in res.log and "== b.cpp (compiled) ==" in res.log, res.log
+    shutil.rmtree(tmp_path / "c1")
+    res = build(load_task(one), tmp_path / "c1")        # its own folders again: from the cache
     assert res.log.count("(object cache:") == 2, res.log
 
 

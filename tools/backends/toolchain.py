@@ -9,6 +9,7 @@ import os
 import re
 import shutil
 import subprocess
+from functools import lru_cache
 from pathlib import Path
 
 
@@ -32,6 +33,17 @@ def find_cxx() -> str | None:
         if shutil.which(name):
             return shutil.which(name)
     return None
+
+
+@lru_cache(maxsize=None)
+def takes_flag(cxx: str, flag: str) -> bool:
+    """Whether the C++ compiler `cxx` accepts `flag` (gcc and clang refuse an option they do not know, even when
+    only preprocessing an empty file); asked once per compiler and flag in a process."""
+    try:
+        return subprocess.run([cxx, flag, "-E", "-x", "c++", "-"], input=b"", capture_output=True,
+                              timeout=60).returncode == 0
+    except (OSError, subprocess.SubprocessError):
+        return False
 
 
 def find_nvcc() -> str | None:

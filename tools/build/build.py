@@ -19,7 +19,7 @@ from pathlib import Path
 from tools.backends.device import gpu_arch
 from tools.backends.cu_split import prepare as prepare_split, same_code
 from tools.backends.pch import ensure as ensure_pch, pch_flags, pch_sources
-from tools.backends.toolchain import cuda_home, demangle, find_cxx, find_ninja, find_nvcc, toolchain_hint
+from tools.backends.toolchain import cuda_home, demangle, find_cxx, find_ninja, find_nvcc, takes_flag, toolchain_hint
 from tools.results import BuildResult, BuildStatus, KernelResources
 from tools.build import objcache
 from tools.build.output import STATUS_MARK, first_errors, parse_ptxas
@@ -58,6 +58,22 @@ def obj_name(rel: str) -> str:
 
 def _forwardable(flag: str) -> bool:
     return flag.startswith(("-D", "-U", "-I"))
+
+
+def folder_free(cxx: str, src_dir: Path, build_dir: Path) -> list[str]:
+    """The C++ compiler's flags that keep the folders a build ran in out of its objects: `__FILE__` (an assert's,
+    TORCH_CHECK's message) names the file as the task names it (`kernel.cpp`, not the run's worktree's absolute path),
+    as ccache's manual advises. An object that holds no folder is the same bytes wherever the task is built, so the
+    machine's object cache links it in the next folder (`agent check`, then a run's worktree, then a sweep's
+    configuration; tools.build.objcache) where it compiled it again (8-16 s for a file with torch's headers on 2
+    cores). Not for nvcc: -lineinfo writes the folder into the device code whatever the host compiler is told. None
+    for a compiler without the flag (gcc before 8, clang before 10). The source folder first and the build folder
+    second, unless the source folder is inside the build folder (a sweep's configuration): gcc tries the last given
+    first, and the order is part of the edge that the cache and tools.build.reuse compare."""
+    if not takes_flag(cxx, "-fmacro-prefix-map=/a=b"):
+        return []
+    dirs = [build_dir, src_dir] if src_dir.is_relative_to(build_dir) else [src_dir, build_dir]
+    return [f"-fmacro-prefix-map={d}/=" for d in dirs]
 
 
 def cxx_flags_of(task: Task, src_dir: Path, nvcc: str | None) -> list[str]:
@@ -111,10 +127,13 @@ def write_ninja(task: Task, build_dir: Path, src_dir: Path, tools: dict[str, str
               "  description = LINK $out"]
     edges, commands = [], []
 
+    unbound = folder_free(tools["c++"], src_dir, build_dir)
+
     def edge(rel: str, path: Path, rule: str, extra: list[str]) -> None:
         obj, src = obj_name(rel), str(path.resolve())
         with_pch = bool(pch) and rule == "cxx" and rel in pch[1]  # type: ignore[index]
         own = extra + task.backend.source_flags(path.read_text(errors="replace"))  # a TORCH_LIBRARY source's
+        own += unbound if rule == "cxx" else []
         compiler, cflags = (tools["nvcc"], nv_flags) if rule == "nvcc" else (tools["c++"], cxx_flags)
         # a linked object's command too (the same flags compiled it: tools.build.reuse, objcache), said as such
         commands.append(f"{Path(compiler).name} {q(cflags + (pch_args if with_pch else []) + own)} -c {rel}"

@@ -13,8 +13,9 @@ edit changes the bytes, and its file is compiled.
 
 - Where: $AGENT_CACHE/objects (tools.backends.pch.cache_root); AGENT_OBJECT_CACHE=0 turns it off, a path puts it
   there instead.
-- Paths: an object that holds its source folder's or build folder's path (`__FILE__` in an assertion's message:
-  TORCH_CHECK's) is keyed on those folders too, so that no object prints another folder's file name.
+- Paths: `__FILE__` (an assertion's message, TORCH_CHECK's) names no folder (tools.build.build.folder_free's
+  -fmacro-prefix-map); an object that still holds its source folder's or build folder's path (debug info, nvcc's
+  -lineinfo) is keyed on those folders too, so that no object names another folder's file.
 - Size: at most AGENT_OBJECT_CACHE_MB megabytes (default 2048), checked at a process's first store and then at most
   once a minute (the walk stats every entry); the least recently used entries go first.
 - Concurrency: an entry is written to a folder of its own and renamed into place; a hit is copied into the build's

@@ -33,6 +33,13 @@ def ninja_rules(ninja_file: Path) -> str:
     return text.split("\nbuild ", 1)[0]
 
 
+def swap_folders(line: str, pairs: dict[str, str]) -> str:
+    """`line` with each folder of `pairs` replaced by its own in one pass, the longest first (an earlier build's
+    folders by this build's: a build folder inside the task's folder stays a build folder)."""
+    pat = re.compile("|".join(re.escape(k) for k in sorted(pairs, key=len, reverse=True)))
+    return pat.sub(lambda m: pairs[m.group(0)], line) if pairs else line
+
+
 def ninja_edge(ninja_file: Path, obj: str) -> list[str]:
     """The build edge of one object in a build.ninja, with its own variables (a source's -include)."""
     try:
@@ -65,7 +72,9 @@ def reusable_objects(task: Task, earlier: Path, ninja: str, objects: dict[str, s
         root = Path(str(deps[0])[: -len(rel) - 1])          # the earlier build's source folder
         if ours is not None and ninja_rules(Path(earlier) / "build.ninja").replace(f"-I{root}", f"-I{src_dir}") != ninja_rules(ours):
             continue          # other compilers or flags (torch's, the task's build.flags, the arch)
-        if ours is not None and [ln.replace(str(root), str(src_dir)) for ln in ninja_edge(Path(earlier) / "build.ninja", name)] \
+        # the edge names both folders (the source's, and build.folder_free's -fmacro-prefix-map): this build's in its place
+        swap = {str(root): str(src_dir), **({str(Path(earlier).resolve()): str(ours.parent)} if ours is not None else {})}
+        if ours is not None and [swap_folders(ln, swap) for ln in ninja_edge(Path(earlier) / "build.ninja", name)] \
                 != ninja_edge(ours, name):
             continue          # the source's own flags differ (tools.backends.torch_library's header, another torch's)
         made = obj.stat().st_mtime_ns
@@ -149,9 +158,9 @@ def reusable_halves(earlier: Path | list[Path], ninja: str, halves: dict[str, tu
             if not deps or deps[0].resolve() != there.resolve() or not user or not user.group(1).endswith("/" + rel):
                 continue
             root = Path(user.group(1)[: -len(rel) - 1])      # the earlier build's source folder
-            swap = lambda ln: ln.replace(str(Path(d).resolve()), str(ours.parent)).replace(str(root), str(src_dir))  # noqa: E731
+            swap = {str(Path(d).resolve()): str(ours.parent), str(root): str(src_dir)}
             if ninja_rules(Path(d) / "build.ninja").replace(f"-I{root}", f"-I{src_dir}") != ninja_rules(ours) \
-                    or [swap(ln) for ln in ninja_edge(Path(d) / "build.ninja", obj_rel)] != ninja_edge(ours, obj_rel):
+                    or [swap_folders(ln, swap) for ln in ninja_edge(Path(d) / "build.ninja", obj_rel)] != ninja_edge(ours, obj_rel):
                 continue      # other compilers, flags or per-file flags
             made, rest = obj.stat().st_mtime_ns, deps[1:]
             try:
