@@ -74,3 +74,32 @@ def test_disagree_and_the_error_ratio_in_chunks():
     nan = a.clone()
     nan[500] = float("nan")
     assert error_ratio(nan, exp, wp, chunk=7)["ratio"] == float("inf")
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32", "float16", "bfloat16"])
+def test_the_quick_pass_answers_as_the_full_account_and_leaves_both_sides_alone(dtype, monkeypatch):
+    """compare's quick pass (a chunk all within tolerance and finite: a third of the full account's passes) gives the
+    full account's answer, statistics to the bit; anything else (a mismatch, a NaN, an infinity, the poison) falls
+    through to the full account, chunk by chunk; and neither side's tensor is changed (the quick pass works in place
+    on copies: a float64 output's .double() would be itself)."""
+    import torch
+
+    from tools.measure import compare as cmp
+    dt = getattr(torch, dtype)
+    g = torch.Generator().manual_seed(7)
+    ref = torch.randn(300, 70, generator=g, dtype=torch.float64) * 50
+    ref[0, 0], ref[1, 1] = 0.0, 1e-12
+    exp = ref.to(dt).double() if dtype != "float64" else ref
+    out = (exp * (1 + 1e-4 * torch.rand(exp.shape, generator=g, dtype=torch.float64))).to(dt)
+    bad = out.clone()
+    bad[7, 3] = float("inf")
+    refs = {"ok": (out, exp), "ok, f32 ref": (out, exp.float()), "nan_inf": (bad, exp), "ok, both inf": (bad, bad.double())}
+    before = {k: (o.clone(), e.clone()) for k, (o, e) in refs.items()}
+    quick = {k: [compare(o, e, 1e-2, 1e-2, chunk=c) for c in (97, o.numel())] for k, (o, e) in refs.items()}
+    for k, (o, e) in refs.items():
+        assert torch.equal(o, before[k][0]) and torch.equal(e, before[k][1]), k
+    monkeypatch.setattr(cmp, "_passes", lambda *a: None)         # the full account alone
+    for k, (o, e) in refs.items():
+        full = [compare(o, e, 1e-2, 1e-2, chunk=c) for c in (97, o.numel())]
+        assert all(_same(q, f) for q, f in zip(quick[k], full)), (k, quick[k], full)
+    assert [quick[k][0]["status"] for k in refs] == ["ok", "ok", "nan_inf", "ok"]

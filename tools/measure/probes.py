@@ -260,7 +260,10 @@ def reentrant(p: Probe) -> str | None:
                     f"synchronize, the output of a call of thread {t + 1} on {shape_label(shape)} ({len(late)} call"
                     f"{'s' * (len(late) != 1)} in all) still changed until a device-wide synchronize: the kernel's work "
                     "outlives the stream it was given (it must run on the caller's stream, or join it)")
+        right: dict[int, object] = {}     # per input set, an output found right: a call's output equal to it is too
         for t, shape, out, x, exp in calls:
+            if _equal(out, right.get(id(exp))):
+                continue        # compare's answer is a function of the values (1 ms against 20-80 ms at 2^20 elements)
             why = wrong(p.task, shape, out, exp, dist)
             if why is not None:
                 on = [" and ".join(dict.fromkeys(shape_label(s) for s in w)) for w in work]
@@ -268,8 +271,16 @@ def reentrant(p: Probe) -> str | None:
                         f"on its own inputs and output{', each thread on a CUDA stream of its own' if p.task.backend.gpu else ''}"
                         f"): a call of thread {t + 1} on {shape_label(shape)} was wrong {why}: the calls share state (a "
                         "static buffer, variable or counter); a kernel must be safe to call from two threads at once")
+            right.setdefault(id(exp), out)
         del calls, sets
     return None
+
+
+def _equal(out, seen) -> bool:
+    """The same values as `seen` (torch.equal: a NaN, the poison of an unwritten element among them, equals nothing)."""
+    import torch
+    return isinstance(out, torch.Tensor) and isinstance(seen, torch.Tensor) and out.shape == seen.shape \
+        and out.dtype == seen.dtype and out.device == seen.device and torch.equal(out, seen)
 
 
 def _calls(p: Probe, shape: dict) -> int:
