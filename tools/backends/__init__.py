@@ -6,7 +6,8 @@ Entry points:
 - backend.backend_for(task) -> Backend (CtypesBackend, TorchExtensionBackend): how a task's kernel is
   built, loaded, timed and synchronized on its device; the only place the code branches on the
   device's name (tests/test_architecture.py).
-- toolchain: find_ninja, find_cxx, find_nvcc, find_ncu, cuda_home.
+- toolchain: find_ninja, find_cxx, find_nvcc, find_ncu, cuda_home, takes_flag; torchpaths: torch's build folders
+  without importing torch (kept per install in $AGENT_CACHE).
 - device: DeviceLimits of the GPU, or a table by arch (device_limits, task_limits, gpu_arch).
 - clocks: CudaClock, CpuClock (after triton's do_bench), reps, estimate_and_warm, one_torch_thread.
 - pch: a precompiled torch/extension.h; torch_library: TORCH_LIBRARY namespaces renamed per load;

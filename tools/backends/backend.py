@@ -288,12 +288,9 @@ def _torch_paths(gpu: bool) -> tuple[list[str], list[str], int]:
     """torch's include and library folders and its C++ ABI, as torch.utils.cpp_extension gives them
     to its own builds (and the interpreter's include folder, for pybind11). The CUDA folders come from
     the nvcc tools.backends.toolchain found (torch's own lookup wants CUDA_HOME or nvcc on PATH)."""
-    import sysconfig
-
-    import torch
-    from torch.utils.cpp_extension import include_paths, library_paths
-    inc = list(include_paths("cpu")) + [sysconfig.get_paths()["include"]]
-    libs = list(library_paths("cpu"))
+    from tools.backends.torchpaths import torch_cpu_paths
+    inc, libs, abi = torch_cpu_paths()       # without importing torch where an earlier process asked
+    inc, libs = list(inc), list(libs)
     if gpu:
         from tools.backends.toolchain import cuda_home, find_nvcc
         home = cuda_home(find_nvcc())
@@ -302,7 +299,7 @@ def _torch_paths(gpu: bool) -> tuple[list[str], list[str], int]:
                           "PATH or set CUDA_HOME")
         inc.append(str(home / "include"))
         libs.append(str(home / ("lib64" if (home / "lib64").is_dir() else "lib")))
-    return inc, libs, int(bool(torch._C._GLIBCXX_USE_CXX11_ABI))
+    return inc, libs, abi
 
 
 Backend = CtypesBackend | TorchExtensionBackend
