@@ -42,8 +42,9 @@ def torch_cpu_paths() -> tuple[list[str], list[str], int]:
     raises ImportError where torch is not installed."""
     from tools.backends.pch import cache_root
     ident = _identity()
-    if ident is None:
-        import torch  # noqa: F401  (raises the ImportError the callers expect)
+    if ident is None:          # no torch (its ImportError, as the callers expect), or one without a version file:
+        got = _asked()         # asked, never kept under an identity that another install could match
+        return got["include"], got["lib"], got["cxx11_abi"]
     path = cache_root() / "torch-paths.json"
     try:
         kept = json.loads(path.read_text())

@@ -34,7 +34,7 @@ import time
 from functools import lru_cache
 from pathlib import Path
 
-from tools.build.reuse import ninja_deps, ninja_edge, ninja_rules
+from tools.build.reuse import ninja_deps, ninja_edge, ninja_rules, swap_folders
 
 VERSION = 1
 DEFAULT_MB = 2048
@@ -80,7 +80,7 @@ def _key(ninja_file: Path, build_dir: Path, src_dir: Path, rel: str, obj: str, b
         return None
 
     def norm(s: str) -> str:
-        return s if bound else s.replace(str(build_dir), "@BUILD@").replace(str(src_dir), "@SRC@")
+        return s if bound else swap_folders(s, {str(build_dir): "@BUILD@", str(src_dir): "@SRC@"})
     head = json.dumps([VERSION, norm(rules), [norm(ln) for ln in edge], rel, _machine(),
                        [str(build_dir), str(src_dir)] if bound else None])
     return _sha(head.encode() + b"\0" + data)
