@@ -65,6 +65,25 @@ def test_edit_rebuilds_only_that_object_and_headers_count(tmp_path):
     assert call_fa(res.lib_path) == 3.0
 
 
+def test_a_source_another_includes_is_part_of_its_unit_and_an_edit_of_it_recompiles_that_unit(tmp_path):
+    """A listed source that another source includes (`#include "b.cpp"`, as an imported KernelBench task's binding.cpp
+    includes kernel.cpp: load_inline's main.cpp) is compiled inside that file, not apart: apart, its definitions
+    were linked twice (a multiple-definition error); an edit of it recompiles the file that includes it. A source
+    nobody includes is still its own unit (the test above)."""
+    d = two_source_task(tmp_path / "two")
+    (d / "a.cpp").write_text('#include "common.h"\n#include "b.cpp"\nextern "C" float fa(float x) { return fb(x) * SCALE; }\n')
+    task = load_task(d)
+    first = build(task, tmp_path / "b")
+    assert first.status == BuildStatus.ok, first.log
+    assert first.steps_run == 2, first.log             # a.o (with b.cpp inside it) + link; no b.o
+    assert "== b.cpp" not in first.log and not (tmp_path / "b" / "obj" / "b.cpp.o").exists()
+    assert call_fa(first.lib_path) == 4.0              # (1 + 1) * 2
+    (d / "b.cpp").write_text('extern "C" float fb(float x) { return x + 2.0f; }\n')
+    res = build(task, tmp_path / "b")
+    assert res.status == BuildStatus.ok and res.steps_run == 2 and "== a.cpp (compiled) ==" in res.log, res.log
+    assert call_fa(res.lib_path) == 6.0
+
+
 def call_fa(lib_path: str) -> float:
     # a child process: the parent already dlopen-ed an older library of the same path
     out = subprocess.run([sys.executable, "-c", f"import ctypes; f=ctypes.CDLL({lib_path!r}).fa; "

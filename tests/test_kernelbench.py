@@ -130,7 +130,9 @@ def test_import_optimize_export_and_the_export_matches_in_a_fresh_process(tmp_pa
                                                        "problem.py", "task.py", "task.toml"]
     assert 'name = "UNROLL"' in (task / "task.toml").read_text()
     assert json.loads((task / "kernelbench.json").read_text())["argument"] == "cpp_sources"
-    assert "fma_forward(torch::Tensor x, torch::Tensor y);" in (task / "binding.cpp").read_text()
+    # load_inline's main.cpp: one translation unit with the solution's cpp_sources (kernel.cpp, the file edited)
+    binding = (task / "binding.cpp").read_text()
+    assert '#include "kernel.cpp"' in binding and 'm.def("fma_forward", torch::wrap_pybind_function(fma_forward)' in binding
     fast_bench(task)           # a test of the door, not of a speed: the loop tests' bench (tests/userrepo.py)
     r = agent(root, "check", "kernels/ew", timeout=600)
     assert r.returncode == 0 and "all checks passed" in r.stdout, r.stdout[-3000:] + r.stderr[-2000:]

@@ -42,6 +42,13 @@ def test_the_files_that_take_it_are_editable_cpp_files_of_an_extension(tmp_path)
     assert pch_sources(_ext_task(tmp_path, body, editable=False), tmp_path / "t", editable=False) == ["one.cpp"]
     assert pch_sources(_ext_task(tmp_path, body), tmp_path / "t", editable=False) == []
     assert pch_sources(_ext_task(tmp_path, body, name="one.cu"), tmp_path / "t") == []    # nvcc: no gcc PCH
+    # a file left out of `editable` that includes the edited one (an imported KernelBench task's binding.cpp and its
+    # kernel.cpp, load_inline's one unit) is compiled for every candidate: it makes one; the included file is no unit
+    inc = "#include <torch/extension.h>\n#include \"k.cpp\"\nPYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {}\n"
+    assert pch_sources(_ext_task(tmp_path, inc, editable=False), tmp_path / "t") == ["one.cpp"]
+    assert pch_sources(_ext_task(tmp_path, inc, editable=False), tmp_path / "t", editable=False) == []
+    assert pch_sources(_ext_task(tmp_path, inc.replace('"k.cpp"', '"k.cpp" // in a comment: "other.cpp"'),
+                                 editable=False), tmp_path / "t") == ["one.cpp"]
 
 
 def _fake_torch(tmp_path: Path, body: str) -> list[str]:

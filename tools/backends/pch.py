@@ -65,16 +65,47 @@ def first_code_is_torch_extension(text: str) -> bool:
     return False
 
 
-def pch_sources(task, src_dir: Path, editable: bool = True) -> list[str]:
-    """The task's editable C++ sources that a precompiled torch/extension.h would speed up (`editable`
-    False: its other such sources, a split extension's binding, which take one only if it is cached)."""
-    if task.spec.form != "torch_extension":
-        return []
-    out = []
+_QUOTED = re.compile(r'^\s*#\s*include\s*"([^"]+)"', re.M)
+
+
+def quoted_includes(rel: str, text: str) -> list[str]:
+    """The files the source `rel` includes with `#include "..."`, as paths of the task (beside `rel`)."""
+    here = Path(rel).parent
+    return [(here / inc).as_posix() for inc in _QUOTED.findall(strip_comments(text))]
+
+
+def includes_editable(task, rel: str, text: str) -> bool:
+    """True when the source `rel` includes (`#include "..."`, beside it) a file the agent edits: it is compiled again
+    for every candidate, as an editable file is (an imported KernelBench task's binding.cpp, which includes
+    kernel.cpp as load_inline's main.cpp holds the solution's cpp_sources)."""
+    return any(f in task.spec.editable for f in quoted_includes(rel, text))
+
+
+def included_sources(task, src_dir: Path) -> set[str]:
+    """The task's sources that another of its sources includes (`#include "kernel.cpp"`): part of that file's
+    translation unit, not one of their own (compiled apart too, their definitions would be linked twice)."""
+    out: set[str] = set()
     for rel in task.spec.sources:
         p = Path(src_dir) / rel
-        if (rel in task.spec.editable) == editable and Path(rel).suffix in CXX_SOURCES and p.is_file() \
-                and first_code_is_torch_extension(p.read_text(errors="replace")):
+        if Path(rel).suffix in CXX_SOURCES | {".cu"} and p.is_file():
+            out.update(f for f in quoted_includes(rel, p.read_text(errors="replace")) if f in task.spec.sources and f != rel)
+    return out
+
+
+def pch_sources(task, src_dir: Path, editable: bool = True) -> list[str]:
+    """The task's C++ sources compiled for every candidate (editable, or including an editable file) that a
+    precompiled torch/extension.h would speed up (`editable` False: its other such sources, a split extension's
+    binding, which take one only if it is cached)."""
+    if task.spec.form != "torch_extension":
+        return []
+    out, inside = [], included_sources(task, src_dir)
+    for rel in task.spec.sources:
+        p = Path(src_dir) / rel
+        if Path(rel).suffix not in CXX_SOURCES or not p.is_file() or rel in inside:
+            continue
+        text = p.read_text(errors="replace")
+        if (rel in task.spec.editable or includes_editable(task, rel, text)) == editable \
+                and first_code_is_torch_extension(text):
             out.append(rel)
     return out
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from tools.backends.device import gpu_arch
 from tools.backends.cu_split import prepare as prepare_split, same_code
-from tools.backends.pch import ensure as ensure_pch, pch_flags, pch_sources
+from tools.backends.pch import ensure as ensure_pch, included_sources, pch_flags, pch_sources
 from tools.backends.toolchain import cuda_home, demangle, find_cxx, find_ninja, find_nvcc, takes_flag, toolchain_hint
 from tools.results import BuildResult, BuildStatus, KernelResources
 from tools.build import objcache
@@ -145,10 +145,11 @@ def write_ninja(task: Task, build_dir: Path, src_dir: Path, tools: dict[str, str
                      + [f"  ops = {_val(q(own))}"] * bool(own))
         edges.append((rel, obj))
 
+    inside = included_sources(task, src_dir)
     for rel in task.spec.sources:
         ext = Path(rel).suffix
-        if ext not in CXX_EXT | CU_EXT:
-            continue  # headers: inputs through the depfiles, not edges
+        if ext not in CXX_EXT | CU_EXT or rel in inside:
+            continue  # headers and sources another source includes: inputs through the depfiles, not edges
         if rel in (split or {}):       # tools.backends.cu_split: the kernels by nvcc, the torch code by c++
             here = ["-I" + str((src_dir / rel).parent.resolve())]
             edge(f"{rel}.kernels.cu", split[rel].kernels, "nvcc", here)  # type: ignore[index]
@@ -197,7 +198,8 @@ def build(task: Task, build_dir: Path, src_dir: Path | None = None, timeout_s: f
     if why:
         return result(BuildStatus.toolchain_missing, message=why)
     (build_dir / "tmp").mkdir(parents=True, exist_ok=True)    # the compilers' TMPDIR: what a killed gcc leaves stays here
-    objects = {rel: obj_name(rel) for rel in task.spec.sources if Path(rel).suffix in CXX_EXT | CU_EXT}
+    inside = included_sources(task, src_dir)      # part of another source's translation unit (load_inline's main.cpp)
+    objects = {rel: obj_name(rel) for rel in task.spec.sources if Path(rel).suffix in CXX_EXT | CU_EXT and rel not in inside}
     pch_note, prebuilt, cached = "", {}, {}
     try:
         split, split_note = ({}, "") if whole else prepare_split(task, src_dir, build_dir)
