@@ -19,11 +19,12 @@ from agent.runlog import Decision, read_config, read_iterations, read_state
 from tests.fixtures.cheats.cheats import CASES, GOOD, Case, proposal, source
 from tests.userrepo import agent, git, make_user_repo, snapshot
 
-BUILD_TIMEOUT_S = 10     # the compile-timeout fault needs minutes; an honest build takes about a second
-# The infinite loop is killed at the evaluate child's budget, parity's plus the bench's (one child runs
-# both). An honest parity takes a few seconds and an honest bench of this task under 10 s on 2 busy
-# cores; the task's defaults (180 s + 300 s) would make the hang cost eight minutes to show the same.
-PARITY_TIMEOUT_S = 15
+BUILD_TIMEOUT_S = 6      # the compile-timeout fault needs minutes; an honest build takes 0.1-0.5 s (matmul.cpp)
+# The infinite loop is killed at parity's budget (the run's, measured at setup: 4 x the initial kernel's 0.5 s +
+# 15 s, capped at this). An honest parity of this task takes 0.2-0.5 s (the records of a whole suite run,
+# 2026-11-29) and an honest bench under 10 s on 2 busy cores; the task's defaults (180 s + 300 s) would make the
+# hang cost eight minutes to show the same, and every second of the cap is a second the hang spins a core.
+PARITY_TIMEOUT_S = 8
 BENCH_TIMEOUT_S = 30
 
 
