@@ -3,7 +3,9 @@
 1. parity's compare of a 2^20-element float32 output against its float64 reference, on one CPU thread: with the
    quick pass (tools/measure/compare.py `_passes`) and with the full account alone, alternated, best of N each;
 2. the CPU a fresh process spends on its first operation on torch's meta device (what an imported KernelBench task's
-   empty_output did before 5ea25fc: it imports torch._dynamo) against the same operation on the CPU.
+   empty_output did before 5ea25fc: it imports torch._dynamo) against the same operation on the CPU;
+3. the CPU of the fork server's imports (tools/isolation/forkserver.py WARM) in a fresh process, with the garbage
+   collector on (before 4b65db9) and off (the server now), alternated (the seventh session).
 
     python scripts/judge_costs.py [--rounds N]
 """
@@ -45,6 +47,17 @@ def first_op_cpu_s(device: str) -> str:
     return r.stdout.strip() or r.stderr[-300:]
 
 
+WARM_CPU = ("import gc, importlib, sys, time; sys.path.insert(0, {repo!r}); {gc}"
+            "from tools.isolation.forkserver import WARM; t = time.process_time(); "
+            "[importlib.import_module(m) for m in WARM]; print(round(time.process_time() - t, 3))")
+
+
+def warm_cpu_s(collector: bool) -> str:
+    code = WARM_CPU.format(repo=str(REPO), gc="" if collector else "gc.disable(); ")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    return r.stdout.strip() or r.stderr[-300:]
+
+
 def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--rounds", type=int, default=7)
@@ -53,6 +66,12 @@ def main() -> int:
         print(f"compare, 2^20 float32 against float64, one thread, {name}: {ms:.1f} ms (best of {a.rounds})")
     for dev in ("meta", "cpu"):
         print(f"a fresh process's first operation on {dev}: CPU seconds, torch._dynamo imported: {first_op_cpu_s(dev)}")
+    runs: dict[str, list[str]] = {"on": [], "off": []}
+    for _ in range(3):
+        for name in runs:
+            runs[name].append(warm_cpu_s(name == "on"))
+    for name, got in runs.items():
+        print(f"the fork server's imports, the garbage collector {name}: CPU seconds {', '.join(got)}")
     return 0
 
 

@@ -92,13 +92,13 @@ def included_sources(task, src_dir: Path) -> set[str]:
     return out
 
 
-def pch_sources(task, src_dir: Path, editable: bool = True) -> list[str]:
+def pch_sources(task, src_dir: Path, editable: bool = True, inside: set[str] | None = None) -> list[str]:
     """The task's C++ sources compiled for every candidate (editable, or including an editable file) that a
     precompiled torch/extension.h would speed up (`editable` False: its other such sources, a split extension's
-    binding, which take one only if it is cached)."""
+    binding, which take one only if it is cached). `inside`: included_sources, where the caller has it."""
     if task.spec.form != "torch_extension":
         return []
-    out, inside = [], included_sources(task, src_dir)
+    out, inside = [], included_sources(task, src_dir) if inside is None else inside
     for rel in task.spec.sources:
         p = Path(src_dir) / rel
         if Path(rel).suffix not in CXX_SOURCES or not p.is_file() or rel in inside:

@@ -88,13 +88,14 @@ def cxx_flags_of(task: Task, src_dir: Path, nvcc: str | None) -> list[str]:
 
 def write_ninja(task: Task, build_dir: Path, src_dir: Path, tools: dict[str, str],
                 arch: str | None, prebuilt: dict[str, Path] | None = None,
-                pch: tuple[Path, list[str]] | None = None, split: dict | None = None
-                ) -> tuple[list[tuple[str, str]], list[str]]:
+                pch: tuple[Path, list[str]] | None = None, split: dict | None = None,
+                inside: set[str] | None = None) -> tuple[list[tuple[str, str]], list[str]]:
     """Write build.ninja; return [(source rel path, object path)] of the compile edges, and each
     compile and link command as a person would type it (for the review: which flags built this).
     `prebuilt` maps a source to an object built earlier (reusable_objects): linked, not compiled.
     `pch`: (the folder holding torch/extension.h.gch, the sources compiled with it) (tools.backends.pch).
-    `split`: a one-file CUDA extension's halves by source (tools.backends.cu_split.prepare), compiled apart."""
+    `split`: a one-file CUDA extension's halves by source (tools.backends.cu_split.prepare), compiled apart.
+    `inside`: the sources another source includes (tools.backends.pch.included_sources), where the caller has them."""
     prebuilt = prebuilt or {}
     cuda = task.backend.gpu
     form = task.backend.build_flags()      # what the kernel's form adds (torch's headers and libraries)
@@ -145,7 +146,7 @@ def write_ninja(task: Task, build_dir: Path, src_dir: Path, tools: dict[str, str
                      + [f"  ops = {_val(q(own))}"] * bool(own))
         edges.append((rel, obj))
 
-    inside = included_sources(task, src_dir)
+    inside = included_sources(task, src_dir) if inside is None else inside
     for rel in task.spec.sources:
         ext = Path(rel).suffix
         if ext not in CXX_EXT | CU_EXT or rel in inside:
@@ -204,15 +205,15 @@ def build(task: Task, build_dir: Path, src_dir: Path | None = None, timeout_s: f
     try:
         split, split_note = ({}, "") if whole else prepare_split(task, src_dir, build_dir)
         pch = None
-        eased = pch_sources(task, src_dir) + [f"{rel}.host.cpp" for rel, h in split.items() if h.pch]
-        fixed = pch_sources(task, src_dir, editable=False)     # the binding: only where one is cached
+        eased = pch_sources(task, src_dir, inside=inside) + [f"{rel}.host.cpp" for rel, h in split.items() if h.pch]
+        fixed = pch_sources(task, src_dir, editable=False, inside=inside)     # the binding: only where one is cached
         if eased or fixed:
             got = ensure_pch(tools["c++"], pch_flags(cxx_flags_of(task, src_dir, tools["nvcc"]), src_dir),  # type: ignore[arg-type]
                              timeout_s, make=bool(eased))
             pch = (got.include_dir, eased + fixed) if got.include_dir else None
             # the edge of a reused object names the header's folder: an earlier build linked only with the same one
             pch_note = f"\n== pch ==\n{got.note}" if eased or got.include_dir else ""
-        edges, commands = write_ninja(task, build_dir, src_dir, tools, arch, None, pch, split)  # type: ignore[arg-type]
+        edges, commands = write_ninja(task, build_dir, src_dir, tools, arch, None, pch, split, inside)  # type: ignore[arg-type]
         halves = {f"{r}.host.cpp": (obj_name(f"{r}.host.cpp"), h.host) for r, h in split.items()}
         if reuse:
             prebuilt = reusable_from(task, reuse, tools["ninja"], objects, src_dir, build_dir / "build.ninja") \
@@ -221,7 +222,7 @@ def build(task: Task, build_dir: Path, src_dir: Path | None = None, timeout_s: f
         cached = objcache.lookup(tools["ninja"], build_dir, src_dir,  # type: ignore[arg-type]
                                  {r: o for r, o in objects.items() if r not in prebuilt and r not in split})
         if prebuilt := prebuilt | cached:
-            edges, commands = write_ninja(task, build_dir, src_dir, tools, arch, prebuilt, pch, split)  # type: ignore[arg-type]
+            edges, commands = write_ninja(task, build_dir, src_dir, tools, arch, prebuilt, pch, split, inside)  # type: ignore[arg-type]
     except (OSError, ImportError, ValueError) as e:   # torch, its CUDA toolkit or a renamable TORCH_LIBRARY missing
         return result(BuildStatus.toolchain_missing, message=f"{task.backend.name}: {' '.join(str(e).split())}")
     if not edges and not prebuilt:   # every object linked from an earlier build of the same bytes is a build

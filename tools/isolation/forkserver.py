@@ -249,7 +249,7 @@ def serve(fd: int) -> int:
     import importlib
     import gc
     # no collection while the imports run: they make some 180,000 objects that live as long as the server, and
-    # the collector's passes over them are a fifth of the imports' CPU (1.10 -> 0.89 s, BENCHMARKS.md), paid by
+    # the collector's passes over them are a fifth of the imports' CPU (1.10 -> 0.89 s: scripts/judge_costs.py), paid by
     # every agent command that checks a candidate. Python's gc docs give this order for a parent that forks:
     # disable early, freeze before the forks, enable again
     gc.disable()
