@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import git
+from tenacity import Retrying, retry_if_exception, stop_after_delay, wait_fixed
 
 if TYPE_CHECKING:
     from agent.attempt import Attempt
@@ -54,6 +55,22 @@ def ensure_runs_ignored(repo: git.Repo, runs_dir: Path) -> bool:
     with open(exclude, "a") as f:
         f.write(f"\n# kernel-agent run folders\n/{rel.as_posix()}/\n")
     return True
+
+
+def _lock_busy(e: BaseException) -> bool:
+    """git refused because another git holds a lock file ("Unable to create '.../HEAD.lock': File exists")."""
+    return isinstance(e, git.GitCommandError) and ".lock" in str(e.stderr) and "File exists" in str(e.stderr)
+
+
+def _after_locks(call, *args, wait_s: float = 10.0):
+    """Run a git command that may follow a Ctrl-C: the terminal's SIGINT reaches the agent's own git child too, and
+    the agent's revert can start while that child is still exiting and holds the worktree's HEAD.lock or index.lock
+    (git removes its locks on SIGINT, a moment later). The lock is waited for, up to wait_s; one still there after that
+    is a stale lock (a SIGKILLed git's), which `agent resume` clears, and the error stands."""
+    for attempt in Retrying(retry=retry_if_exception(_lock_busy), stop=stop_after_delay(wait_s), wait=wait_fixed(0.05),
+                            reraise=True):
+        with attempt:
+            return call(*args)
 
 
 class RunGit:
@@ -123,18 +140,19 @@ class RunGit:
 
     def amend_message(self, message: str) -> str:
         with _env(AGENT_IDENTITY):
-            self.wt.git.commit("-q", "--amend", "--no-verify", "-m", message)
+            _after_locks(self.wt.git.commit, "-q", "--amend", "--no-verify", "-m", message)
         return self.head()
 
     def keep_ref(self, kind: str, iteration: int | str, sha: str) -> str:
         ref = f"refs/agent/{self.run_id}/{kind}/{iteration}"
-        self.repo.git.update_ref(ref, sha)
+        _after_locks(self.repo.git.update_ref, ref, sha)
         return ref
 
     def reset_to(self, sha: str) -> None:
         """Branch back to `sha` (the best); the worktree's files follow. Only the run's worktree moves."""
-        self.wt.git.reset("-q", "--hard", sha)
-        self.wt.git.clean("-q", "-fd")
+        wt = self.wt
+        _after_locks(wt.git.reset, "-q", "--hard", sha)
+        _after_locks(wt.git.clean, "-q", "-fd")
 
 
 
