@@ -71,6 +71,45 @@ def test_probe_reads_sizes_shapes_and_the_solution(tmp_path):
     assert "__global__" in d["solution"]["cuda_sources"]
 
 
+def _load_inline_flags(extra: list[str]) -> list[str]:
+    """What torch's own writer gives the C++ compiler for a CPU load_inline module, without its folders and the module's
+    name: asked of torch here, as KernelBench's build asks it."""
+    import shlex
+    import tempfile
+
+    from torch.utils import cpp_extension as ce
+    with tempfile.TemporaryDirectory() as d:
+        ce._write_ninja_file_to_build_library(path=f"{d}/build.ninja", name="m", sources=[f"{d}/main.cpp"],
+                                              extra_cflags=extra, extra_cuda_cflags=[], extra_sycl_cflags=[],
+                                              extra_ldflags=[], extra_include_paths=[], with_cuda=False,
+                                              with_sycl=False, is_standalone=False)
+        line = next(ln for ln in Path(d, "build.ninja").read_text().splitlines() if ln.startswith("cflags = "))
+    words = shlex.split(line[len("cflags = "):])
+    return [w for i, w in enumerate(words) if w != "-isystem" and (i == 0 or words[i - 1] != "-isystem")
+            and not w.startswith("-DTORCH_EXTENSION_NAME=")]
+
+
+@pytest.mark.parametrize("solution, extra", [("ew_cpu.py", []), ("ew_cpu_unroll.py", ["-O3"])])
+def test_an_imported_cpu_solution_is_compiled_with_the_flags_kernelbench_builds_it_with(tmp_path, solution, extra):
+    """What is timed is what KernelBench times: the imported task's C++ flags are load_inline's own (torch's -fPIC and
+    -std, no -O unless the solution's extra_cflags say so; no -march=native, no define torch's build does not pass),
+    then the solution's extra_cflags, compared flag for flag with what torch's writer gives the same solution. Before,
+    every imported solution was compiled with the agent's -O3 -march=native -std=c++17 and exported to a -O0 build."""
+    from tools.build.build import cxx_flags_of
+    from tools.task import load_task
+    root = _repo(tmp_path)
+    r = agent(root, "import", "kernelbench", str(DATA / "ew_problem.py"), "--solution", str(DATA / solution),
+              "--name", "ew", timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    task = load_task(root / "kernels" / "ew")
+    assert task.spec.build.defaults == "load_inline" and task.spec.build.flags == extra
+    ours = cxx_flags_of(task, task.root, None)
+    theirs = _load_inline_flags(extra)
+    assert [f for f in ours if not f.startswith("-DTORCH_EXTENSION_NAME=") and f != "-isystem"
+            and not Path(f).is_absolute() and not f.startswith("-I")] == theirs
+    assert "-march=native" not in ours and ours[-len(extra) or len(ours):] == extra
+
+
 def test_a_forward_that_reads_tensor_values_gets_one_line(tmp_path):
     """Shapes are tried on torch's meta device, where a forward that branches on a tensor's value cannot run: one line
     says so (not a traceback, not a misleading 'fails at its sizes')."""

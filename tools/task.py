@@ -82,6 +82,9 @@ class TaskSpec(Strict):
     def _consistent(self) -> "TaskSpec":
         if self.extension is not None and self.form != "torch_extension":
             raise ValueError('[extension] is for form = "torch_extension"')
+        if self.build.defaults == "load_inline" and self.form != "torch_extension":
+            raise ValueError('build.defaults = "load_inline" is for form = "torch_extension" (torch\'s flags for torch\'s '
+                             'extensions)')
         for f in self.editable:
             if f not in self.sources:
                 raise ValueError(f"editable file {f!r} is not among the sources {self.sources}")

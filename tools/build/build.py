@@ -77,13 +77,36 @@ def folder_free(cxx: str, src_dir: Path, build_dir: Path) -> list[str]:
 
 
 def cxx_flags_of(task: Task, src_dir: Path, nvcc: str | None) -> list[str]:
-    """The C++ compiler's flags for the task's .cpp files (and a precompiled header's, tools.backends.pch)."""
+    """The C++ compiler's flags for the task's .cpp files (and a precompiled header's, tools.backends.pch): the defaults
+    (the agent's, or torch's load_inline's: build.defaults), the task's folder, the form's, then build.flags."""
     flags = list(task.spec.build.flags)
     cuda = task.backend.gpu
-    out = CXX_FLAGS + ["-I" + str(src_dir)] + task.backend.build_flags().cxx \
+    form = task.backend.build_flags().cxx
+    base = CXX_FLAGS
+    if task.spec.build.defaults == "load_inline":   # as KernelBench builds the solution: torch's own flags, not ours
+        from tools.backends.torchpaths import torch_jit_cflags
+        base = torch_jit_cflags()
+        # torch's defines are its own (a define its build does not pass, the ABI's, would change what the headers
+        # mean, and a precompiled header made with it would not serve KernelBench's build of the export)
+        form = [f for f in form if not f.startswith("-D") or f.startswith("-DTORCH_EXTENSION_NAME=")]
+    out = base + ["-I" + str(src_dir)] + form \
         + (flags if not cuda else [f for f in flags if _forwardable(f)])
     home = cuda_home(nvcc)
     return out + (["-I" + str(home / "include")] if cuda and home else [])
+
+
+def cached_pch(task: Task, src_dir: Path) -> Path | None:
+    """The folder of the precompiled torch/extension.h the machine's cache holds for this task's C++ flags (made by an
+    earlier build of it; never made here), or None: for a build of the same file outside tools.build (the KernelBench
+    export's, by torch's load_inline, tools.kernelbench.evalkb), which finds it through CPATH."""
+    cxx = find_cxx()
+    if cxx is None or not pch_sources(task, src_dir):
+        return None
+    try:
+        got = ensure_pch(cxx, pch_flags(cxx_flags_of(task, src_dir, None), src_dir), 1.0, make=False)
+    except (OSError, ImportError, ValueError):
+        return None
+    return got.include_dir
 
 
 def write_ninja(task: Task, build_dir: Path, src_dir: Path, tools: dict[str, str],

@@ -131,6 +131,13 @@ def task_toml(name: str, probe: dict, src: dict, files: dict) -> str:
         "[parity]",
         "hidden_shapes = 0              # the problem defines no other sizes; the listed odd and small ones stand in",
         ""]
+    if not files["kernel"].endswith(".cu"):     # a CPU solution: built with the flags KernelBench's build gives it
+        lines += ["# built as load_inline builds the solution (torch's own flags, then its extra_cflags), so that what is",
+                  "# timed here is what KernelBench times",
+                  "[build]",
+                  'defaults = "load_inline"',
+                  f"flags = {json.dumps(list(src.get('extra_cflags') or []))}",
+                  ""]
     return "\n".join(lines)
 
 
@@ -148,8 +155,8 @@ def write_task(into: Path, name: str, probe: dict, problem: Path, solution: Path
     # a CPU solution that writes its own PYBIND11_MODULE is one file; otherwise the binding is a file of its own
     files = {"kernel": f"kernel.{ext}", "entry": entry,
              "sources": ["binding.cpp", f"kernel.{ext}"] if sol["functions"] or cuda else [f"kernel.{ext}"]}
-    texts = {"task.toml": task_toml(name, probe,
-                                    {"problem": str(problem), "solution": str(solution) if solution else None}, files),
+    texts = {"task.toml": task_toml(name, probe, {"problem": str(problem), "solution": str(solution) if solution else None,
+                                                  "extra_cflags": sol.get("extra_cflags")}, files),
              files["kernel"]: kernel(sol, cuda),
              META: json.dumps({"kernel": files["kernel"], "argument": "cuda_sources" if cuda else "cpp_sources",
                                "functions": sol["functions"], "problem": str(problem), "solution": where}, indent=1)}
