@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import git
-from tenacity import Retrying, retry_if_exception, stop_after_delay, wait_fixed
 
 if TYPE_CHECKING:
     from agent.attempt import Attempt
@@ -62,15 +61,48 @@ def _lock_busy(e: BaseException) -> bool:
     return isinstance(e, git.GitCommandError) and ".lock" in str(e.stderr) and "File exists" in str(e.stderr)
 
 
-def _after_locks(call, *args, wait_s: float = 10.0):
-    """Run a git command that may follow a Ctrl-C: the terminal's SIGINT reaches the agent's own git child too, and
-    the agent's revert can start while that child is still exiting and holds the worktree's HEAD.lock or index.lock
-    (git removes its locks on SIGINT, a moment later). The lock is waited for, up to wait_s; one still there after that
-    is a stale lock (a SIGKILLed git's), which `agent resume` clears, and the error stands."""
-    for attempt in Retrying(retry=retry_if_exception(_lock_busy), stop=stop_after_delay(wait_s), wait=wait_fixed(0.05),
-                            reraise=True):
-        with attempt:
+def _git_child_running() -> bool:
+    """A git command among this process's children that is still running (not a zombie): one a Ctrl-C interrupted may
+    still be exiting. GitPython's long-lived `git cat-file --batch` readers take no lock and do not count."""
+    kids: list[str] = []
+    for t in Path("/proc/self/task").glob("*/children"):
+        try:
+            kids += t.read_text().split()
+        except OSError:
+            continue
+    for pid in kids:
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if state != "Z" and Path(cmd[0].decode(errors="replace")).name == "git" and b"cat-file" not in cmd:
+            return True
+    return False
+
+
+def _after_locks(call, *args, clear=None, wait_s: float = 10.0):
+    """Run a git command that may follow a Ctrl-C. A terminal's SIGINT reaches the agent's own git child too, and the
+    revert after it can start while that child still holds the worktree's index.lock or HEAD.lock: waited for while a
+    git child of this process is running, up to wait_s. A lock no running git of this process holds is stale (the
+    interrupted git's, left behind: test_kill_safety's SIGINT case found index.lock still there 10 s on, once in some
+    17 runs); the run's lock (runlog.hold_run) keeps every other agent out of its worktree, so `clear` (the run's
+    clear_stale_locks, what `agent resume` does) removes it and the command runs again, once."""
+    import time
+    deadline, cleared = time.monotonic() + wait_s, False
+    while True:
+        try:
             return call(*args)
+        except git.GitCommandError as e:
+            if not _lock_busy(e):
+                raise
+            if _git_child_running() and time.monotonic() < deadline:
+                time.sleep(0.05)
+            elif clear is not None and not cleared and not _git_child_running():
+                clear()
+                cleared = True
+            else:
+                raise
 
 
 class RunGit:
@@ -140,19 +172,19 @@ class RunGit:
 
     def amend_message(self, message: str) -> str:
         with _env(AGENT_IDENTITY):
-            _after_locks(self.wt.git.commit, "-q", "--amend", "--no-verify", "-m", message)
+            _after_locks(self.wt.git.commit, "-q", "--amend", "--no-verify", "-m", message, clear=self.clear_stale_locks)
         return self.head()
 
     def keep_ref(self, kind: str, iteration: int | str, sha: str) -> str:
         ref = f"refs/agent/{self.run_id}/{kind}/{iteration}"
-        _after_locks(self.repo.git.update_ref, ref, sha)
+        _after_locks(self.repo.git.update_ref, ref, sha, clear=self.clear_stale_locks)
         return ref
 
     def reset_to(self, sha: str) -> None:
         """Branch back to `sha` (the best); the worktree's files follow. Only the run's worktree moves."""
         wt = self.wt
-        _after_locks(wt.git.reset, "-q", "--hard", sha)
-        _after_locks(wt.git.clean, "-q", "-fd")
+        _after_locks(wt.git.reset, "-q", "--hard", sha, clear=self.clear_stale_locks)
+        _after_locks(wt.git.clean, "-q", "-fd", clear=self.clear_stale_locks)
 
 
 
