@@ -159,7 +159,7 @@ def test_import_optimize_export_and_the_export_matches_in_a_fresh_process(tmp_pa
     heuristic (1 iteration: the knob moved), its best exported as a ModelNew file that a fresh process builds and finds
     equal to Model. Over 60 s on 2 cores, and it cannot share: three builds of the solution's file, which includes
     torch's headers (check, the run's initial kernel, the candidate; about 11 s each with the precompiled header),
-    and the export's own build in a fresh process (torch's load_inline, about 17 s)."""
+    and the export's own build in a fresh process (torch's load_inline, about 8 s with the run's precompiled header)."""
     root = _repo(tmp_path)
     r = agent(root, "import", "kernelbench", str(DATA / "ew_problem.py"), "--solution", str(DATA / "ew_cpu_unroll.py"),
               "--name", "ew", "--knob", "UNROLL=1,2,4,8", timeout=300)
@@ -327,8 +327,8 @@ def test_a_model_takes_the_scaffold_from_there(tmp_path):
     with that loop unrolled by 8 and the tail dropped, a model's accident, refused by parity on the odd shape whether
     or not iteration 1 was kept; the best is exported and checked. Over 60 s on 2 cores, and it cannot share: four
     builds of a file that includes torch's headers (the initial kernel and two candidates, about 11 s each with the
-    precompiled header) and the export's own build in a fresh process (about 17 s, torch's load_inline as
-    KernelBench builds it), each of this test's own sources."""
+    precompiled header) and the export's own build in a fresh process (about 8 s with the run's precompiled header,
+    torch's load_inline as KernelBench builds it), each of this test's own sources."""
     from tests.fake_openai import FakeOpenAI
     from tests.userrepo import configure_llm
     root = _repo(tmp_path)
