@@ -79,7 +79,13 @@ def built(tmp_path_factory, torch_pch):
     tmp = tmp_path_factory.mktemp("ext")
     src = _copy(tmp)
     task = load_task(src)
-    res = build(task, tmp / "build", src_dir=src)
+    # an object cache of its own, as each test has (tests/conftest.py own_object_cache): a module fixture is made before
+    # that function-scoped one, so it would take the run's shared cache, where the other worker's build of the same
+    # binding may already be; then this build links it from there, and the edit test's rebuild (its own empty cache)
+    # compiles the binding it expects kept: 3 steps, not 2, depending on the other worker's timing
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("AGENT_OBJECT_CACHE", str(tmp / "objects"))
+        res = build(task, tmp / "build", src_dir=src)
     assert res.status == BuildStatus.ok, res.message
     lib = tmp / "honest.so"          # the build folder's library is rebuilt by the edit test
     shutil.copy(res.lib_path, lib)

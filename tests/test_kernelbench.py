@@ -89,7 +89,7 @@ def _load_inline_flags(extra: list[str]) -> list[str]:
             and not w.startswith("-DTORCH_EXTENSION_NAME=")]
 
 
-@pytest.mark.parametrize("solution, extra", [("ew_cpu.py", []), ("ew_cpu_unroll.py", ["-O3"])])
+@pytest.mark.parametrize("solution, extra", [("ew_cpu.py", []), ("ew_cpu_unroll.py", ["-O3", "-march=native"])])
 def test_an_imported_cpu_solution_is_compiled_with_the_flags_kernelbench_builds_it_with(tmp_path, solution, extra):
     """What is timed is what KernelBench times: the imported task's C++ flags are load_inline's own (torch's -fPIC and
     -std, no -O unless the solution's extra_cflags say so; no -march=native, no define torch's build does not pass),
@@ -107,7 +107,11 @@ def test_an_imported_cpu_solution_is_compiled_with_the_flags_kernelbench_builds_
     theirs = _load_inline_flags(extra)
     assert [f for f in ours if not f.startswith("-DTORCH_EXTENSION_NAME=") and f != "-isystem"
             and not Path(f).is_absolute() and not f.startswith("-I")] == theirs
-    assert "-march=native" not in ours and ours[-len(extra) or len(ours):] == extra
+    assert ("-march=native" in ours) == bool(extra) and ours[-len(extra) or len(ours):] == extra
+    if extra:   # the flags a torch extension of the agent's own gets: one precompiled torch/extension.h for both
+        from tools.backends.pch import pch_flags
+        ext = load_task(Path(__file__).resolve().parents[1] / "kernels" / "matmul_ext_cpu")
+        assert pch_flags(cxx_flags_of(ext, ext.root, None), ext.root) == pch_flags(ours, task.root)
 
 
 def test_a_forward_that_reads_tensor_values_gets_one_line(tmp_path):

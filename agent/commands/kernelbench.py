@@ -159,11 +159,17 @@ def _pch_of(task_dir: Path) -> Path | None:
     """The precompiled torch/extension.h the run's builds made, for the export's own build: a task built as load_inline
     builds it (build.defaults) has the same flags, so gcc takes torch's headers from it (about 6 s, not 14, on 2
     cores); where the flags differ gcc ignores it and reads the headers (the build is the same either way)."""
-    from tools.build.build import cached_pch
+    from tools.backends.pch import ensure, pch_flags, pch_sources
+    from tools.backends.toolchain import find_cxx
+    from tools.build.build import cxx_flags_of
     from tools.task import TaskError, load_task
     try:
-        return cached_pch(load_task(task_dir), task_dir)
-    except (TaskError, OSError):
+        task, cxx = load_task(task_dir), find_cxx()
+        if cxx is None or not pch_sources(task, task_dir):
+            return None
+        # from the machine's cache only (an earlier build of the task made it): never made here
+        return ensure(cxx, pch_flags(cxx_flags_of(task, task_dir, None), task_dir), 1.0, make=False).include_dir
+    except (TaskError, OSError, ImportError, ValueError):
         return None
 
 

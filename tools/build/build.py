@@ -30,6 +30,7 @@ from tools.task import Task, TaskError, load_task
 CXX_EXT = {".cpp", ".cc", ".cxx", ".c"}
 CU_EXT = {".cu"}
 CXX_FLAGS = ["-O3", "-march=native", "-fPIC", "-std=c++17"]
+TORCH_OPT = ["-O3", "-march=native"]
 # Device code at -O3; the host side of a .cu file is the launcher, where gcc's -O3 buys nothing and
 # costs about 0.4 s of every rebuild (measured: host compile 1.09 s at -O3, 0.65 s at -O1). A task can
 # raise it with build.flags = ["-Xcompiler", "-O3"].
@@ -77,36 +78,31 @@ def folder_free(cxx: str, src_dir: Path, build_dir: Path) -> list[str]:
 
 
 def cxx_flags_of(task: Task, src_dir: Path, nvcc: str | None) -> list[str]:
-    """The C++ compiler's flags for the task's .cpp files (and a precompiled header's, tools.backends.pch): the defaults
-    (the agent's, or torch's load_inline's: build.defaults), the task's folder, the form's, then build.flags."""
+    """The C++ compiler's flags for the task's .cpp files (and a precompiled header's, tools.backends.pch). A ctypes
+    task: the agent's defaults, the task's folder, then build.flags. A torch extension: torch's own (what its
+    load_inline passes: its defines, -fPIC, its -std; tools.backends.torchpaths), the task's folder, the form's
+    (torch's folders, the module's name), the agent's -O3 -march=native unless build.defaults = "load_inline" (an
+    imported KernelBench solution: its extra_cflags in build.flags), then build.flags: one precompiled
+    torch/extension.h serves both kinds and the KernelBench export's own build. Where torch's writer cannot be asked,
+    the agent's flags (load_inline's: an error saying so)."""
     flags = list(task.spec.build.flags)
     cuda = task.backend.gpu
     form = task.backend.build_flags().cxx
-    base = CXX_FLAGS
-    if task.spec.build.defaults == "load_inline":   # as KernelBench builds the solution: torch's own flags, not ours
+    base, opt = CXX_FLAGS, []
+    if task.spec.form == "torch_extension":
         from tools.backends.torchpaths import torch_jit_cflags
-        base = torch_jit_cflags()
-        # torch's defines are its own (a define its build does not pass, the ABI's, would change what the headers
-        # mean, and a precompiled header made with it would not serve KernelBench's build of the export)
-        form = [f for f in form if not f.startswith("-D") or f.startswith("-DTORCH_EXTENSION_NAME=")]
-    out = base + ["-I" + str(src_dir)] + form \
+        try:
+            base, opt = torch_jit_cflags(), ([] if task.spec.build.defaults == "load_inline" else TORCH_OPT)
+            form = [f for f in form if not f.startswith("-D") or f.startswith("-DTORCH_EXTENSION_NAME=")]
+        except ValueError:
+            if task.spec.build.defaults == "load_inline":
+                raise
+    # torch's defines are its own where its flags are (a define its build does not pass, the ABI's, changes what
+    # the headers mean, and a precompiled header made with it would not serve KernelBench's build of the export)
+    out = base + ["-I" + str(src_dir)] + form + opt \
         + (flags if not cuda else [f for f in flags if _forwardable(f)])
     home = cuda_home(nvcc)
     return out + (["-I" + str(home / "include")] if cuda and home else [])
-
-
-def cached_pch(task: Task, src_dir: Path) -> Path | None:
-    """The folder of the precompiled torch/extension.h the machine's cache holds for this task's C++ flags (made by an
-    earlier build of it; never made here), or None: for a build of the same file outside tools.build (the KernelBench
-    export's, by torch's load_inline, tools.kernelbench.evalkb), which finds it through CPATH."""
-    cxx = find_cxx()
-    if cxx is None or not pch_sources(task, src_dir):
-        return None
-    try:
-        got = ensure_pch(cxx, pch_flags(cxx_flags_of(task, src_dir, None), src_dir), 1.0, make=False)
-    except (OSError, ImportError, ValueError):
-        return None
-    return got.include_dir
 
 
 def write_ninja(task: Task, build_dir: Path, src_dir: Path, tools: dict[str, str],

@@ -150,11 +150,11 @@ def scaffold(mod, problem: Path, init: list, cuda: bool) -> dict:
         lines += [f"AGENT_CUDA_SOURCE = {literal(cu)}", ""]
     lines += [f"agent_ext = load_inline(name=\"agent_scaffold_{problem.stem}\", cpp_sources=AGENT_CPP_SOURCE,"
               + (" cuda_sources=AGENT_CUDA_SOURCE," if cu else "")
-              + ' functions=["forward"], extra_cflags=["-O3"], verbose=False)', "", "",
+              + ' functions=["forward"], extra_cflags=["-O3", "-march=native"], verbose=False)', "", "",
               "class ModelNew(Model):",
               "    def forward(self, *inputs):",
               "        p, b = dict(self.named_parameters()), dict(self.named_buffers())",
               f"        return agent_ext.forward({', '.join(call)})", ""]
     return {"name": f"agent_scaffold_{problem.stem}", "cpp_sources": cpp, "cuda_sources": cu, "functions": ["forward"],
-            "extra_cflags": ["-O3"], "extra_cuda_cflags": [], "extra_ldflags": [], "extra_include_paths": [],
+            "extra_cflags": ["-O3", "-march=native"], "extra_cuda_cflags": [], "extra_ldflags": [], "extra_include_paths": [],
             "model_new": "\n".join(lines)}

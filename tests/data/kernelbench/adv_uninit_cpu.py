@@ -21,7 +21,7 @@ fma_module = load_inline(
     name="kb_test_adv_uninit_cpu",
     cpp_sources=fma_cpp_source,
     functions=["fma_forward"],
-    extra_cflags=["-O3"],
+    extra_cflags=["-O3", "-march=native"],
     verbose=False,
 )
 

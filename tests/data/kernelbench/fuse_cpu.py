@@ -42,7 +42,7 @@ linear_relu_module = load_inline(
     name="kb_test_fuse_cpu",
     cpp_sources=linear_relu_cpp_source,
     functions=["linear_relu_forward"],
-    extra_cflags=["-O3"],
+    extra_cflags=["-O3", "-march=native"],
     verbose=False,
 )
 

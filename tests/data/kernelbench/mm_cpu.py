@@ -37,7 +37,7 @@ matmul_module = load_inline(
     name="kb_test_mm_cpu",
     cpp_sources=matmul_cpp_source,
     functions=["matmul_forward"],
-    extra_cflags=["-O3"],
+    extra_cflags=["-O3", "-march=native"],
     verbose=False,
 )
 

@@ -34,7 +34,7 @@ row_rms_module = load_inline(
     name="kb_test_rowred_cpu",
     cpp_sources=row_rms_cpp_source,
     functions=["row_rms_forward"],
-    extra_cflags=["-O3"],
+    extra_cflags=["-O3", "-march=native"],
     verbose=False,
 )
 
