@@ -96,9 +96,10 @@ def _after_locks(call, *args, clear=None, wait_s: float = 10.0):
         except git.GitCommandError as e:
             if not _lock_busy(e):
                 raise
-            if _git_child_running() and time.monotonic() < deadline:
+            running = _git_child_running()
+            if running and time.monotonic() < deadline:
                 time.sleep(0.05)
-            elif clear is not None and not cleared and not _git_child_running():
+            elif clear is not None and not cleared and not running:
                 clear()
                 cleared = True
             else:

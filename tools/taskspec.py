@@ -47,9 +47,10 @@ class Knob(Strict):
 
 class BuildSpec(Strict):
     flags: list[str] = []          # extra compiler flags (after the defaults)
-    # the C++ compiler's defaults before `flags`: the agent's (-O3 -march=native -fPIC -std=c++17), or the ones
-    # torch.utils.cpp_extension.load_inline passes (its -fPIC and -std, no -O), which an imported KernelBench CPU
-    # solution is built and timed with by KernelBench (`flags` then holds its extra_cflags)
+    # the C++ compiler's defaults before `flags`: the agent's (a torch extension's: torch's own flags then -O3
+    # -march=native; tools.build.build.cxx_flags_of), or only the ones torch.utils.cpp_extension.load_inline passes
+    # (its -fPIC and -std, no -O), which an imported KernelBench CPU solution is built and timed with by KernelBench
+    # (`flags` then holds its extra_cflags)
     defaults: Literal["agent", "load_inline"] = "agent"
     arch: str | None = None        # e.g. "sm_90"; None: the GPU's own, else sm_90 for compile-only
     timeout_s: float = 120.0

@@ -30,7 +30,7 @@ from tools.task import Task, TaskError, load_task
 CXX_EXT = {".cpp", ".cc", ".cxx", ".c"}
 CU_EXT = {".cu"}
 CXX_FLAGS = ["-O3", "-march=native", "-fPIC", "-std=c++17"]
-TORCH_OPT = ["-O3", "-march=native"]
+TORCH_OPT = ["-O3", "-march=native"]     # a torch extension's, after torch's own flags (cxx_flags_of)
 # Device code at -O3; the host side of a .cu file is the launcher, where gcc's -O3 buys nothing and
 # costs about 0.4 s of every rebuild (measured: host compile 1.09 s at -O3, 0.65 s at -O1). A task can
 # raise it with build.flags = ["-Xcompiler", "-O3"].
@@ -93,12 +93,12 @@ def cxx_flags_of(task: Task, src_dir: Path, nvcc: str | None) -> list[str]:
         from tools.backends.torchpaths import torch_jit_cflags
         try:
             base, opt = torch_jit_cflags(), ([] if task.spec.build.defaults == "load_inline" else TORCH_OPT)
+            # torch's defines are its own (a define its build does not pass, the ABI's, changes what the headers
+            # mean, and a precompiled header made with it would not serve KernelBench's build of the export)
             form = [f for f in form if not f.startswith("-D") or f.startswith("-DTORCH_EXTENSION_NAME=")]
         except ValueError:
             if task.spec.build.defaults == "load_inline":
                 raise
-    # torch's defines are its own where its flags are (a define its build does not pass, the ABI's, changes what
-    # the headers mean, and a precompiled header made with it would not serve KernelBench's build of the export)
     out = base + ["-I" + str(src_dir)] + form + opt \
         + (flags if not cuda else [f for f in flags if _forwardable(f)])
     home = cuda_home(nvcc)
