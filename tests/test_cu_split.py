@@ -191,18 +191,24 @@ def test_the_kernels_half_compiles_alone_through_the_build_graph_with_the_users_
     assert proc.returncode != 0 and f"scale.cu({line}): error" in proc.stdout and "undefined_name" in proc.stdout
 
 
+def _pch(torch_pch, halves: dict) -> tuple[Path, list[str]] | None:
+    """write_ninja's `pch` as a build gives it: the run's header folder and the torch halves that start with it."""
+    return (Path(torch_pch), [f"{rel}.host.cpp" for rel, h in halves.items() if h.pch]) if torch_pch else None
+
+
 @pytest.fixture(scope="module")
-def both_halves(tmp_path_factory):
-    """The fixture's split compiled once (the torch half is 20-30 s of torch's headers): both halves with
-    the C++ compiler and nvcc (a CPU torch lacks ATen/cuda's headers: the stream comes from the runtime
-    instead here). Returns the build folder, its objects and ninja's answer."""
+def both_halves(tmp_path_factory, torch_pch):
+    """The fixture's split compiled once: both halves with the C++ compiler and nvcc (a CPU torch lacks ATen/cuda's
+    headers: the stream comes from the runtime instead here), the torch half with the run's precompiled
+    torch/extension.h as a build serves it (16 s of torch's headers without it, 8 s with it). Returns the build
+    folder, its objects and ninja's answer."""
     tmp = tmp_path_factory.mktemp("halves")
     task = load_task(_task_copy(tmp, _cpu_torch_variant()))
     out = tmp / "build"
     out.mkdir()
     halves, _ = prepare(task, task.root, out)
     tools = {"ninja": find_ninja(), "c++": find_cxx(), "nvcc": find_nvcc()}
-    edges, _ = write_ninja(task, out, task.root, tools, resolve_arch(task), None, None, halves)
+    edges, _ = write_ninja(task, out, task.root, tools, resolve_arch(task), None, _pch(torch_pch, halves), halves)
     objs = [o for _, o in edges]
     proc = subprocess.run([tools["ninja"], "-C", str(out), *objs], capture_output=True, text=True, timeout=900)
     return out, objs, proc
@@ -286,7 +292,8 @@ def test_a_header_of_the_users_that_asks_for_nvcc_stops_the_split(tmp_path):
 @pytest.mark.slow
 @pytest.mark.nvcc
 @needs_nvcc
-def test_another_build_links_the_torch_half_an_earlier_build_compiled_from_the_same_code(both_halves, tmp_path):
+def test_another_build_links_the_torch_half_an_earlier_build_compiled_from_the_same_code(both_halves, tmp_path,
+                                                                                        torch_pch):
     """A sweep's configuration or a run after `agent check` builds in a folder of its own from a source
     folder of its own: it links the earlier torch half where the code is the same (a kernel edit, lines
     moved), and compiles its own where a macro the torch code reads changed."""
@@ -298,7 +305,7 @@ def test_another_build_links_the_torch_half_an_earlier_build_compiled_from_the_s
         task = load_task(task_dir)
         out.mkdir(exist_ok=True)
         halves, _ = prepare(task, task.root, out)
-        write_ninja(task, out, task.root, tools, resolve_arch(task), None, None, halves)
+        write_ninja(task, out, task.root, tools, resolve_arch(task), None, _pch(torch_pch, halves), halves)
         return {"scale.cu.host.cpp": ("obj/scale.cu.host.cpp.o", halves["scale.cu"].host)}
 
     first, _, proc = both_halves          # the earlier build: the fixture's, compiled once for this module

@@ -173,8 +173,10 @@ def test_a_configuration_that_forges_the_comparison_is_judged_outside_its_proces
 
 @pytest.mark.slow
 def test_a_hang_costs_one_library_and_the_rest_of_the_batch_runs(tmp_path):
-    head = "#if BLOCK_M == 8\n    { volatile int spin = 1; while (spin) {} }\n#endif\n"
-    d = planted_task(tmp_path, head=head)
+    # a hang that blocks (a kernel waiting on what never comes): the watchdog's seconds without a core spinning
+    # beside the other test worker for 20 s; a spinning hang is the loop's (test_fault_costs, cpu_faults/hang.cpp)
+    head = "#if BLOCK_M == 8\n    for (;;) pause();\n#endif\n"
+    d = planted_task(tmp_path, head=head, prelude="#include <unistd.h>\n")
     task = load_task(d)
     libs = []
     for n, bm in enumerate([8, 16, 32]):

@@ -21,7 +21,7 @@ from tests.userrepo import agent, git, make_user_repo, snapshot
 
 BUILD_TIMEOUT_S = 6      # the compile-timeout fault needs minutes; an honest build takes 0.1-0.5 s (matmul.cpp)
 # The infinite loop is killed at parity's budget (the run's, measured at setup: 4 x the initial kernel's 0.5 s +
-# 15 s, capped at this). An honest parity of this task takes 0.2-0.5 s (the records of a whole suite run,
+# 6 s, capped at this). An honest parity of this task takes 0.2-0.5 s (the records of a whole suite run,
 # 2026-11-29) and an honest bench under 10 s on 2 busy cores; the task's defaults (180 s + 300 s) would make the
 # hang cost eight minutes to show the same, and every second of the cap is a second the hang spins a core.
 PARITY_TIMEOUT_S = 8
