@@ -59,3 +59,60 @@ def _forked_host(tmp: str) -> None:
         os.close(secret_w)
     assert host.proc.returncode is not None       # reaped: no zombie left behind
     print("ok")
+
+
+def _descendants_named(needle: bytes) -> list[int]:
+    """This process's descendants whose command line holds `needle`."""
+    me, found = os.getpid(), []
+    for d in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{d}/cmdline", "rb") as f:
+                if needle not in f.read():
+                    continue
+            pid = int(d)
+            while pid > 1 and pid != me:
+                with open(f"/proc/{pid}/stat") as f:
+                    pid = int(f.read().rsplit(")", 1)[1].split()[1])
+            if pid == me:
+                found.append(int(d))
+        except (OSError, ValueError, IndexError):
+            pass
+    return found
+
+
+def test_a_batch_child_forks_its_host_too(tmp_path):
+    """The sweep's batch child (tools/judge/_batch_child.py) makes its host as the judge does, forked from itself, not
+    a second Python that imports torch again: its watchdog thread, started before the host, made every batch start
+    its host afresh (1.3-1.6 s of CPU a batch; a whole test run started about 40). Watched from outside: no process
+    running `-m tools.judge.host` under this one while the batch runs, and both libraries judged."""
+    import threading
+    import time
+
+    from tests.test_sweep import planted_task
+    from tools.build.build import build
+    from tools.judge import batch
+    from tools.results import BatchStatus
+    from tools.task import load_task
+    task = load_task(planted_task(tmp_path))
+    libs = []
+    for n in range(2):
+        b = build(task, tmp_path / f"b{n}")
+        assert b.status.value == "ok", b.message
+        libs.append(b.lib_path)
+    fresh: set[int] = set()
+    done = threading.Event()
+
+    def watch() -> None:
+        while not done.is_set():
+            fresh.update(_descendants_named(b"tools.judge.host"))
+            time.sleep(0.02)
+    t = threading.Thread(target=watch, daemon=True)
+    t.start()
+    try:
+        rounds = list(batch.evaluate(task, libs, libs[0], batch=2, limit_s=120))
+    finally:
+        done.set()
+        t.join()
+    settled = dict(r for rnd in rounds for r in rnd)
+    assert sorted(settled) == [0, 1] and all(r.status == BatchStatus.ok for r in settled.values()), settled
+    assert fresh == set(), f"a host started afresh under the batch child: {sorted(fresh)}"
