@@ -62,20 +62,15 @@ def _forked_host(tmp: str) -> None:
 
 
 def _descendants_named(needle: bytes) -> list[int]:
-    """This process's descendants whose command line holds `needle`."""
-    me, found = os.getpid(), []
-    for d in filter(str.isdigit, os.listdir("/proc")):
+    """This process's live descendants (tools.isolation.proctree) whose command line holds `needle`."""
+    from tools.isolation.proctree import tree_of
+    found = []
+    for pid in tree_of(os.getpid()):
         try:
-            with open(f"/proc/{d}/cmdline", "rb") as f:
-                if needle not in f.read():
-                    continue
-            pid = int(d)
-            while pid > 1 and pid != me:
-                with open(f"/proc/{pid}/stat") as f:
-                    pid = int(f.read().rsplit(")", 1)[1].split()[1])
-            if pid == me:
-                found.append(int(d))
-        except (OSError, ValueError, IndexError):
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if needle in f.read():
+                    found.append(pid)
+        except OSError:
             pass
     return found
 

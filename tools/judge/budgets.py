@@ -9,8 +9,8 @@ stage's fixed part (the reference, the comparisons) does not grow. FLOOR_S cover
 on a loaded machine: a stage's clock starts at its mark, once the child has started and loaded the library, so the
 child's own start is not in it. Measured over three full test runs on a busy 2-core machine (about 1,900 stages of
 honest candidates, 2026-11-30), the most a stage ran past FACTOR x the initial kernel's seconds was 1.3 s; 6 s is four
-times that (it was 15 s: a hung candidate cost 9 s more than it had to). The bench's rep counts follow the kernel's cost (its budget is milliseconds of
-reps), so a slower kernel's bench takes about as long as the initial one's.
+times that (it was 15 s: a hung candidate cost 9 s more than it had to). The bench's rep counts follow the kernel's
+cost (its budget is milliseconds of reps), so a slower kernel's bench takes about as long as the initial one's.
 
 The child says which stage it is in by a mark on stderr (tools.isolation.capture.STAGE_MARK, tools/judge/judge.py's
 mark()); StageClock reads them as they come (tools/isolation/capture.py's pump) and moves the deadline. Each stage
