@@ -135,3 +135,59 @@ def test_a_users_package_named_like_ours_in_the_agents_directory_is_not_imported
     got = json.loads(r.stdout.splitlines()[-1])
     assert got["status"] == "ok" and got["alive"], got
     assert json.loads(got["out"].splitlines()[0])["path0"] == str(work)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_a_warm_agent_forks_its_server_and_the_server_keeps_what_a_fresh_one_promises(tmp_path, threads):
+    """An agent that has imported torch and the judge's modules (a process that embeds the agent, or an agent forked
+    from a warm parent: tests/userrepo.py agent()) forks its server from itself instead of starting one that imports
+    them again; with a second thread running it cannot (a fork copies one thread), and starts one afresh. Either way
+    the server has a session of its own, its child is forked from it and runs with its own directory, and both die
+    with the agent."""
+    user = tmp_path / "user"
+    (user / "tools").mkdir(parents=True)     # the user's package named like ours, in the agent's directory
+    (user / "tools" / "__init__.py").write_text("raise ImportError('the user tools package was imported')\n")
+    work = tmp_path / "scratch"
+    work.mkdir()
+    script = textwrap.dedent(f"""
+        import importlib, json, os, sys, threading, time
+        sys.path.insert(0, {str(Path(__file__).resolve().parent.parent)!r})
+        from tools.isolation.forkserver import WARM, forkserver, warm_here
+        for m in WARM:
+            importlib.import_module(m)
+        if {threads} > 1:
+            threading.Thread(target=time.sleep, args=(300,), daemon=True).start()
+        from tools.isolation.sandbox import _finish, python_env
+        warm = warm_here()
+        s = forkserver(python_env())
+        env = {{"PATH": os.environ["PATH"], "PYTHONPATH": s.env["PYTHONPATH"]}}
+        p = s.spawn({PROBE!r}, ["x"], {str(work)!r}, env, False)
+        res = _finish(p, ["x"], time.monotonic(), 60, None)
+        q = s.spawn({PROBE!r}, ["sleep", "120"], {str(work)!r}, env, False)
+        print(json.dumps({{"warm": warm, "server": s.proc.pid, "child": q.pid, "status": res.status.value,
+                          "out": res.stdout}}), flush=True)
+        time.sleep(120)
+    """)
+    agent = subprocess.Popen([sys.executable, "-P", "-c", script], cwd=user, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+    try:
+        got = json.loads(agent.stdout.readline() or "{}")
+        assert got, agent.stderr.read() if agent.poll() is not None else "no answer"
+        server = got["server"]
+        assert got["warm"] == (threads == 1)
+        cmdline = Path(f"/proc/{server}/cmdline").read_bytes().split(b"\0")
+        assert (b"tools.isolation.forkserver" in cmdline) == (threads > 1), cmdline     # forked: the agent's own
+        stat = Path(f"/proc/{server}/stat").read_text().rsplit(")", 1)[1].split()
+        assert int(stat[1]) == agent.pid and int(stat[3]) == server                    # our child, its own session
+        assert got["status"] == "ok", got
+        facts = json.loads(got["out"].splitlines()[0])
+        assert facts["ppid"] == server and facts["path0"] == str(work) and facts["cwd"] == str(work)
+        assert len(facts["fds"]) <= 4 and not any("socket" in v for v in facts["links"].values()), facts["links"]
+        assert _alive(server) and _alive(got["child"])
+    finally:
+        agent.send_signal(signal.SIGKILL)
+        agent.wait()
+    deadline = time.monotonic() + 10
+    while (_alive(got["server"]) or _alive(got["child"])) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _alive(got["server"]) and not _alive(got["child"]), got

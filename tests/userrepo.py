@@ -76,9 +76,39 @@ def agent(cwd: Path, *args: str, timeout: float = 600, env: dict | None = None,
     for k in ("AGENT_BASE_URL", "AGENT_MODEL", "OPENAI_BASE_URL", "OPENAI_API_KEY", "AGENT_API_KEY"):
         full_env.pop(k, None)
     full_env.update(env or {})
-    # safe_path (-P): the working directory (the user's repository) not on sys.path, as for the installed `agent` script
-    return subprocess.run([sys.executable, *(["-P"] if safe_path else []), "-m", "agent", *args], cwd=cwd, env=full_env,
-                          capture_output=True, text=True, timeout=timeout)
+    argv = [sys.executable, *(["-P"] if safe_path else []), "-m", "agent", *args]
+    if safe_path or os.environ.get("AGENT_TEST_FRESH_CLI") == "1":
+        # safe_path (-P): the working directory (the user's repository) not on sys.path, as for the installed `agent`
+        # script: a fresh interpreter, which a fork cannot be
+        return subprocess.run(argv, cwd=cwd, env=full_env, capture_output=True, text=True, timeout=timeout)
+    child = _warm_parent(path).spawn("tests._agent_cli_child", list(args), str(cwd), full_env, stdin=False)
+    try:
+        out, err = child.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        child.kill()
+        child.communicate()
+        raise
+    assert not child.dropped, f"agent {' '.join(args)} printed more than the capture keeps"
+    return subprocess.CompletedProcess(argv, child.returncode, out, err)
+
+
+_WARM: dict[str, object] = {}
+
+
+def _warm_parent(path: str):
+    """The tests' warm parent (one per test process and PYTHONPATH): a fork server (tools/isolation/forkserver.py)
+    that has imported torch and the judge's modules once, and forks each `agent` command the tests run
+    (tests/_agent_cli_child.py). The command is the CLI's own main in a process of its own (its own session, working
+    directory, environment and pipes, killed at its timeout), as `python -m agent`; what it saves is the interpreter's
+    start and, where the command checks a candidate, its fork server's import of torch (its server is forked from
+    it: tools/isolation/forkserver.py warm_here), 2.3 s of CPU on the tenth session's machine, 139 times a run.
+    AGENT_TEST_FRESH_CLI=1 runs each command in a fresh interpreter instead; the kill tests and the README's own
+    command (.ci/run) start the installed CLI as users do."""
+    from tools.isolation.forkserver import ForkServer
+    server = _WARM.get(path)
+    if server is None or not server.alive():
+        server = _WARM[path] = ForkServer({"PYTHONPATH": path}, fresh=True)
+    return server
 
 
 def snapshot(root: Path) -> tuple[str, str, str, str, str]:

@@ -33,6 +33,7 @@ import sys
 import threading
 import time
 
+from tools.isolation.birth import become_child, die_with_parent, exit_with
 from tools.isolation.capture import Capture, pump
 from tools.isolation.proctree import end_adopted, subreaper
 
@@ -58,14 +59,20 @@ def forkserver(env: dict[str, str]) -> ForkServer | None:
 class ForkServer:
     """The agent's side of the server: spawn children, learn how they ended."""
 
-    def __init__(self, env: dict[str, str]) -> None:
+    def __init__(self, env: dict[str, str], fresh: bool = False) -> None:
+        """`fresh`: a new interpreter even where this process is warm (a parent whose state its children must not
+        inherit: the tests' own process)."""
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self.env = env
-        # -P: the agent's working directory (the user's repository) is not put on the server's path, where a
-        # package of the user's named like one of ours (a tools/ folder) would be imported in its place
-        self.proc = subprocess.Popen([sys.executable, "-P", "-m", "tools.isolation.forkserver", str(theirs.fileno())],
-                                     env={**os.environ, **self.env}, stdin=subprocess.DEVNULL,
-                                     pass_fds=[theirs.fileno()], preexec_fn=die_with_parent, start_new_session=True)
+        if not fresh and warm_here():
+            self.proc = _fork_server(theirs.fileno(), env)
+        else:
+            # -P: the agent's working directory (the user's repository) is not put on the server's path, where a
+            # package of the user's named like one of ours (a tools/ folder) would be imported in its place
+            self.proc = subprocess.Popen([sys.executable, "-P", "-m", "tools.isolation.forkserver",
+                                          str(theirs.fileno())], env={**os.environ, **self.env},
+                                         stdin=subprocess.DEVNULL, pass_fds=[theirs.fileno()],
+                                         preexec_fn=die_with_parent, start_new_session=True)
         theirs.close()
         self.sock, self.exits, self.lock, self.next_id = ours, {}, threading.Lock(), 0
 
@@ -120,6 +127,83 @@ class ForkServer:
                     if deadline is not None and time.monotonic() >= deadline:
                         return None
             return self.exits.pop(pid)
+
+
+def warm_here() -> bool:
+    """Whether this process can be the server's image itself: it has imported what the server imports (torch among
+    it: a process that embeds the agent, or an agent forked from a warm parent) and runs no thread of its own but
+    the main one (a fork copies the calling thread alone: a lock another thread held would stay held in the copy).
+    Besides the main thread, at most the one that importing torch starts, which waits on a futex from then on: a
+    fresh server has it too, and forks every judge beside it."""
+    if threading.active_count() != 1 or not all(name in sys.modules for name in WARM):
+        return False
+    try:
+        return len(os.listdir("/proc/self/task")) <= 2
+    except OSError:
+        return False
+
+
+class _ServerProc:
+    """What ForkServer uses of Popen (pid, poll), over a server forked from this process."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid, self.returncode = pid, None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            try:
+                pid, status = os.waitpid(self.pid, os.WNOHANG)
+            except ChildProcessError:
+                self.returncode = -signal.SIGKILL
+                return self.returncode
+            if pid:
+                self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+
+def _fork_server(fd: int, env: dict[str, str]) -> _ServerProc:
+    """The server forked from this warm process (warm_here) rather than started afresh: its imports are this
+    process's, so it pays none of the 0.9-2.3 s of CPU a fresh server spends importing torch (one per agent command
+    that checks a candidate: 139 of them, 315 s of the suite's CPU, the tenth session). It is set up as the fresh one
+    is: a session of its own, death with this process, stdin from /dev/null, no descriptor of ours but its end of
+    the socket, signals as a fresh interpreter has them, the agent's environment with `env` over it, and no working
+    directory on its path (-P's)."""
+    parent = os.getpid()
+    for stream in (sys.stdout, sys.stderr):     # nothing of ours left in a buffer the copy could write out
+        try:
+            stream.flush()
+        except (OSError, ValueError, AttributeError):
+            pass
+    pid = os.fork()
+    if pid:
+        return _ServerProc(pid)
+    code = 1
+    try:
+        os.setsid()
+        die_with_parent()
+        if os.getppid() != parent:
+            os._exit(137)
+        signal.pthread_sigmask(signal.SIG_SETMASK, [])
+        for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2, signal.SIGCHLD,
+                    signal.SIGALRM):
+            signal.signal(sig, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        null = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(null, 0)
+        for other in {int(f) for f in os.listdir("/proc/self/fd")} - {0, 1, 2, fd}:
+            try:
+                os.close(other)
+            except OSError:
+                pass
+        os.environ.update(env)
+        cwd = os.getcwd()
+        sys.path[:] = [p for p in sys.path if p not in ("", ".", cwd)]
+        code = serve(fd)
+    except BaseException:
+        import traceback
+        traceback.print_exc()
+    finally:
+        os._exit(code)
 
 
 class ForkedChild:
@@ -189,61 +273,6 @@ class ForkedChild:
             pass
 
 
-def die_with_parent() -> None:
-    """SIGKILL for this process when its parent dies (PR_SET_PDEATHSIG)."""
-    import ctypes
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)
-    except OSError:
-        pass
-
-
-def become_child(parent: int, fds: list[int], cwd: str, env: dict[str, str], *, replace_env: bool) -> None:
-    """In a process just forked from `parent`, before any of its own code: death with the parent (and
-    exit if it is already gone), SIGINT as by default, `fds` as its stdin, stdout (and stderr), every
-    other descriptor closed (nothing of the parent's: its answer channel, its sockets), `cwd`, `env`
-    (over the parent's, or instead of it), and sys's streams rebuilt over the new descriptors."""
-    die_with_parent()
-    if os.getppid() != parent:       # the parent died before the death signal was set
-        os._exit(137)
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-    for i, fd in enumerate(fds):
-        os.dup2(fd, i)
-    for fd in {int(f) for f in os.listdir("/proc/self/fd")} - {0, 1, 2}:
-        try:
-            os.close(fd)
-        except OSError:
-            pass
-    os.chdir(cwd)
-    if replace_env:
-        os.environ.clear()
-    os.environ.update(env)
-    import tempfile
-    tempfile.tempdir = None
-    sys.stdin = open(0, closefd=False)
-    sys.stdout = open(1, "w", closefd=False, buffering=1 if os.environ.get("PYTHONUNBUFFERED") else -1)
-    sys.stderr = open(2, "w", closefd=False, buffering=1)
-
-
-def exit_with(body) -> None:
-    """Run body() in a forked child and leave the process with its code: never returns into the code
-    the child was forked from (SystemExit's code, 1 for any other exception, with its traceback)."""
-    rc = 1
-    try:
-        rc = body()
-    except SystemExit as e:
-        rc = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
-    except BaseException:
-        import traceback
-        traceback.print_exc()
-    finally:
-        try:
-            sys.stdout.flush()
-            sys.stderr.flush()
-        finally:
-            os._exit(rc if isinstance(rc, int) else 0)
-
-
 # --- the server ---------------------------------------------------------------------------------
 def serve(fd: int) -> int:
     import importlib
@@ -252,7 +281,7 @@ def serve(fd: int) -> int:
     # the collector's passes over them are a fifth of the imports' CPU (1.10 -> 0.89 s: scripts/judge_costs.py), paid by
     # every agent command that checks a candidate. Python's gc docs give this order for a parent that forks:
     # disable early, freeze before the forks, enable again
-    gc.disable()
+    gc.disable()      # (in a server forked from a warm agent, _fork_server: every import below is already made)
     try:
         for name in WARM:
             importlib.import_module(name)

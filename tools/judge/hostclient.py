@@ -15,7 +15,7 @@ import time
 import weakref
 from pathlib import Path
 
-from tools.isolation.forkserver import die_with_parent
+from tools.isolation.birth import die_with_parent
 from tools.judge import devshare
 from tools.judge.host import digest
 from tools.judge import iofiles

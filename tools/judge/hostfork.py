@@ -11,7 +11,7 @@ import threading
 import time
 from pathlib import Path
 
-from tools.isolation.forkserver import become_child, exit_with
+from tools.isolation.birth import become_child, exit_with
 
 
 def fork_host(cwd: Path, env: dict[str, str]) -> Forked | None:
