@@ -244,11 +244,8 @@ def test_lines_added_to_a_kernel_do_not_rewrite_the_torch_half(tmp_path):
 
 def _check(repo: Path) -> str:
     """`agent check t` in `repo`, its output on one line (a wide terminal, so rich wraps nothing)."""
-    import os
-    import sys
-    path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
-    proc = subprocess.run([sys.executable, "-m", "agent", "check", "t"], capture_output=True, text=True, cwd=repo,
-                          env={**os.environ, "COLUMNS": "400", "PYTHONPATH": path}, timeout=600)
+    from tests.userrepo import agent
+    proc = agent(repo, "check", "t", timeout=600, env={"COLUMNS": "400"})
     assert "Traceback" not in proc.stderr, proc.stderr[-2000:]
     return " ".join((proc.stdout + proc.stderr).split())
 

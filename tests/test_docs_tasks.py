@@ -4,10 +4,8 @@ example task loads, builds and passes `agent check` as a user runs it."""
 
 import ast
 import json
-import os
 import re
 import subprocess
-import sys
 import tomllib
 import typing
 from pathlib import Path
@@ -15,6 +13,7 @@ from pathlib import Path
 import pytest
 from pydantic import BaseModel
 
+from tests.userrepo import agent
 from tools.task import TaskError, TaskSpec, load_task
 from tools.backends.toolchain import find_cxx, find_ninja
 
@@ -225,10 +224,8 @@ def test_the_example_loads(tmp_path):
 
 
 def _agent(*args: str) -> subprocess.CompletedProcess:
-    # as tests/test_doctor.py runs it: the repository first on PYTHONPATH, an existing one kept
-    path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
-    return subprocess.run([sys.executable, "-m", "agent", *args], capture_output=True, text=True, cwd=ROOT,
-                          env={**os.environ, "PYTHONPATH": path}, timeout=300)
+    # tests/userrepo.py's, as tests/test_doctor.py runs it
+    return agent(ROOT, *args, timeout=300)
 
 
 def _check(task_dir: Path, build_dir: Path, *extra: str) -> dict:

@@ -1,14 +1,13 @@
 """`agent doctor` and `agent check` as a user runs them: real subprocesses, real compilers."""
 
 import json
-import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from tests.userrepo import agent
 from tools.build.build import find_nvcc
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -16,12 +15,9 @@ FIX = Path(__file__).resolve().parent / "fixtures"
 
 
 def _agent(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    # the repository first; an existing PYTHONPATH kept (on the device the dependencies are installed with
-    # --target and found through it: without it this test's agent failed to import pydantic there)
-    path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
-    full = {**os.environ, "PYTHONPATH": path, **(env or {})}
-    return subprocess.run([sys.executable, "-m", "agent", *args], capture_output=True, text=True, cwd=ROOT,
-                          env=full, timeout=300)
+    # tests/userrepo.py's: the repository first on PYTHONPATH, an existing one kept (on the device the dependencies
+    # are installed with --target and found through it), the command forked from the tests' warm parent
+    return agent(ROOT, *args, timeout=300, env=env)
 
 
 def _gpu() -> bool:

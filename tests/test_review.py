@@ -9,11 +9,9 @@ stand-in), so they do not disturb each other.
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -22,6 +20,7 @@ from agent.cli import main
 from agent.review.cherrypick import CherryPickError, cherry_pick
 from agent.review.runs import load_run
 from agent.runlog import Decision
+from tests.userrepo import agent
 
 ROOT = Path(__file__).resolve().parent.parent
 TASK_REL = "kernels/matmul_cpu"
@@ -53,11 +52,8 @@ def run_repo(tmp_path_factory):
     git(repo, "config", "user.email", "user@example.com")
     git(repo, "add", "-A")
     git(repo, "commit", "-qm", "init")
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])), "AGENT_BASE_URL": "", "AGENT_MODEL": "",
-           "COLUMNS": "300"}
-    p = subprocess.run([sys.executable, "-m", "agent", "optimize", TASK_REL, "--iters", "3", "--target", "100x",
-                        "--proposer", "heuristic", "--run-id", RUN_ID, "--quiet"],
-                       cwd=repo, env=env, capture_output=True, text=True, timeout=400)
+    p = agent(repo, "optimize", TASK_REL, "--iters", "3", "--target", "100x", "--proposer", "heuristic", "--run-id",
+              RUN_ID, "--quiet", timeout=400, env={"COLUMNS": "300"})      # tests/userrepo.py's: no endpoint named
     assert p.returncode == 0, p.stdout + p.stderr
     (repo.parent / "optimize.out").write_text(p.stdout)      # the summary, for the figures test
     run = load_run(repo / "runs" / RUN_ID)

@@ -130,22 +130,19 @@ class ForkServer:
 
 
 def warm_here() -> bool:
-    """Whether this process can be the server's image itself: it has imported what the server imports (torch among
-    it: a process that embeds the agent, or an agent forked from a warm parent) and runs no thread of its own but
-    the main one (a fork copies the calling thread alone: a lock another thread held would stay held in the copy).
-    Besides the main thread, at most the one that importing torch starts, which waits on a futex from then on: a
-    fresh server has it too, and forks every judge beside it."""
-    if threading.active_count() != 1 or not all(name in sys.modules for name in WARM):
-        return False
+    """Whether this process can be the server's image: it has imported what the server imports (a process that
+    embeds the agent, or an agent forked from a warm parent) and runs no thread but the main one (a fork copies only
+    the caller: a lock another thread held stays held in the copy) and the one importing torch starts, idle on a
+    futex from then on, which a fresh server has too and forks every judge beside."""
     try:
-        return len(os.listdir("/proc/self/task")) <= 2
+        return (threading.active_count() == 1 and all(name in sys.modules for name in WARM)
+                and len(os.listdir("/proc/self/task")) <= 2)
     except OSError:
         return False
 
 
 class _ServerProc:
     """What ForkServer uses of Popen (pid, poll), over a server forked from this process."""
-
     def __init__(self, pid: int) -> None:
         self.pid, self.returncode = pid, None
 
@@ -162,20 +159,24 @@ class _ServerProc:
 
 
 def _fork_server(fd: int, env: dict[str, str]) -> _ServerProc:
-    """The server forked from this warm process (warm_here) rather than started afresh: its imports are this
-    process's, so it pays none of the 0.9-2.3 s of CPU a fresh server spends importing torch (one per agent command
-    that checks a candidate: 139 of them, 315 s of the suite's CPU, the tenth session). It is set up as the fresh one
-    is: a session of its own, death with this process, stdin from /dev/null, no descriptor of ours but its end of
-    the socket, signals as a fresh interpreter has them, the agent's environment with `env` over it, and no working
-    directory on its path (-P's)."""
+    """The server forked from this warm process (warm_here), not started afresh to import torch again (0.9-2.3 s of
+    CPU, once per agent command that checks a candidate: 315 s of a suite run, the tenth session); set up as the
+    fresh one: its own session, death with us, stdin from /dev/null, only its end of the socket, a fresh
+    interpreter's signals, our environment with `env` over it, no working directory on its path (-P's)."""
     parent = os.getpid()
     for stream in (sys.stdout, sys.stderr):     # nothing of ours left in a buffer the copy could write out
         try:
             stream.flush()
         except (OSError, ValueError, AttributeError):
             pass
+    # a signal to the agent's group (Ctrl-C) between the fork and the copy's setsid would run the agent's handlers
+    # in the copy: held across the fork, and in the copy dropped before its handlers are reset
+    ours = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2,
+            signal.SIGALRM)
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, ours)
     pid = os.fork()
     if pid:
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)
         return _ServerProc(pid)
     code = 1
     try:
@@ -183,9 +184,10 @@ def _fork_server(fd: int, env: dict[str, str]) -> _ServerProc:
         die_with_parent()
         if os.getppid() != parent:
             os._exit(137)
+        for sig in ours:
+            signal.signal(sig, signal.SIG_IGN)           # what is pending is dropped when unblocked
         signal.pthread_sigmask(signal.SIG_SETMASK, [])
-        for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2, signal.SIGCHLD,
-                    signal.SIGALRM):
+        for sig in (*ours, signal.SIGCHLD):
             signal.signal(sig, signal.SIG_DFL)
         signal.signal(signal.SIGINT, signal.default_int_handler)
         null = os.open(os.devnull, os.O_RDONLY)
