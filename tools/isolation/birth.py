@@ -17,22 +17,32 @@ def die_with_parent() -> None:
         pass
 
 
+def die_with(parent: int) -> None:
+    """Death with `parent` (PR_SET_PDEATHSIG), and exit now if it died before the death signal was set."""
+    die_with_parent()
+    if os.getppid() != parent:
+        os._exit(137)
+
+
+def close_all_but(keep: set[int]) -> None:
+    """Close every descriptor of this process but `keep` (nothing of the parent's: its sockets, its pipes)."""
+    for fd in {int(f) for f in os.listdir("/proc/self/fd")} - keep:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+
+
 def become_child(parent: int, fds: list[int], cwd: str, env: dict[str, str], *, replace_env: bool) -> None:
     """In a process just forked from `parent`, before any of its own code: death with the parent (and
     exit if it is already gone), SIGINT as by default, `fds` as its stdin, stdout (and stderr), every
     other descriptor closed (nothing of the parent's: its answer channel, its sockets), `cwd`, `env`
     (over the parent's, or instead of it), and sys's streams rebuilt over the new descriptors."""
-    die_with_parent()
-    if os.getppid() != parent:       # the parent died before the death signal was set
-        os._exit(137)
+    die_with(parent)
     signal.signal(signal.SIGINT, signal.SIG_DFL)
     for i, fd in enumerate(fds):
         os.dup2(fd, i)
-    for fd in {int(f) for f in os.listdir("/proc/self/fd")} - {0, 1, 2}:
-        try:
-            os.close(fd)
-        except OSError:
-            pass
+    close_all_but({0, 1, 2})
     os.chdir(cwd)
     if replace_env:
         os.environ.clear()

@@ -33,7 +33,7 @@ import sys
 import threading
 import time
 
-from tools.isolation.birth import become_child, die_with_parent, exit_with
+from tools.isolation.birth import become_child, close_all_but, die_with, die_with_parent, exit_with
 from tools.isolation.capture import Capture, pump
 from tools.isolation.proctree import end_adopted, subreaper
 
@@ -181,9 +181,7 @@ def _fork_server(fd: int, env: dict[str, str]) -> _ServerProc:
     code = 1
     try:
         os.setsid()
-        die_with_parent()
-        if os.getppid() != parent:
-            os._exit(137)
+        die_with(parent)
         for sig in ours:
             signal.signal(sig, signal.SIG_IGN)           # what is pending is dropped when unblocked
         signal.pthread_sigmask(signal.SIG_SETMASK, [])
@@ -192,11 +190,7 @@ def _fork_server(fd: int, env: dict[str, str]) -> _ServerProc:
         signal.signal(signal.SIGINT, signal.default_int_handler)
         null = os.open(os.devnull, os.O_RDONLY)
         os.dup2(null, 0)
-        for other in {int(f) for f in os.listdir("/proc/self/fd")} - {0, 1, 2, fd}:
-            try:
-                os.close(other)
-            except OSError:
-                pass
+        close_all_but({0, 1, 2, fd})
         os.environ.update(env)
         cwd = os.getcwd()
         sys.path[:] = [p for p in sys.path if p not in ("", ".", cwd)]
