@@ -37,6 +37,22 @@ def test_poison_is_told_apart_from_a_computed_nan():
     assert c["status"] == "nan_inf" and c["worst_index"] == [2, 1] and math.isnan(c["got"])
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16])
+def test_an_unwritten_element_is_unwritten_where_the_reference_is_nan_too(dtype):
+    """A NaN in the reference does not excuse an element the kernel never wrote: the poison is found by its own bits
+    (issue 62; before, `unwritten` was looked for only where the reference was finite, and any NaN matched a NaN). A
+    NaN the kernel computed there still agrees."""
+    exp = torch.tensor([1.0, float("nan"), 3.0, float("nan")], dtype=dtype)
+    got = torch.empty(4, dtype=dtype)
+    poison_(got)
+    got[0], got[2] = 1.0, 3.0
+    got[3] = float("nan")                     # computed: agrees with the reference's NaN
+    c = compare(got, exp, 1e-3, 1e-3)
+    assert c["status"] == "unwritten" and c["mismatches"] == 1 and c["worst_index"] == [1], c
+    got[1] = torch.tensor(0.0, dtype=dtype) / 0.0
+    assert compare(got, exp, 1e-3, 1e-3)["status"] == "ok"
+
+
 def test_compare_reports_the_worst_element_and_honours_the_reference_specials():
     exp = torch.tensor([1.0, 100.0, float("inf"), float("nan"), 0.0])
     got = exp.clone()

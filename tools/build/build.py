@@ -142,7 +142,9 @@ def write_ninja(task: Task, build_dir: Path, src_dir: Path, tools: dict[str, str
         link_flags = [f for f in flags if not f.startswith("-Xptxas")]
     else:
         link = ["$cxx", "-shared"] + (["-Wl,--no-undefined"] if form.no_undefined else [])
-        link_flags = [f for f in flags if not cuda or _forwardable(f)]
+        # gcc before 13 links crtfastmath.o into a shared library for these: FTZ/DAZ set in the caller's process at load
+        link_flags = [{"-Ofast": "-O3"}.get(f, f) for f in flags if (not cuda or _forwardable(f))
+                      and f not in ("-ffast-math", "-funsafe-math-optimizations")]
     lines += ["rule link", f"  command = {' '.join(link)} {_val(q(link_flags))} -o $out $in {_val(q(form.link))}",
               "  description = LINK $out"]
     edges, commands = [], []

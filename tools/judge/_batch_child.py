@@ -43,7 +43,7 @@ from pathlib import Path
 from tools.isolation.proctree import end_adopted, subreaper
 from tools.judge.hostclient import HostClient, HostFailed, Remote
 from tools.judge.hostruns import HostRuns
-from tools.judge.judge import wrote_files
+from tools.judge.judge import state_left, wrote_files
 from tools.judge.runner import private_stdout
 
 # failures after which the process is not trusted with the next library
@@ -139,6 +139,7 @@ def _one(task, mod, remote: Remote, lib_path: str, ctx: dict | None = None, time
     from tools.results import BenchStatus, ParityStatus
     t0 = time.monotonic()
     seed = secrets.randbits(31)
+    mark = len(remote.host.state_left)          # what the libraries before this one left is theirs
     failed = _load(remote, lib_path, t0, "parity")
     if failed is not None:
         return {**failed, "seed": seed}
@@ -147,7 +148,8 @@ def _one(task, mod, remote: Remote, lib_path: str, ctx: dict | None = None, time
         return rejected
     before = frozenset(remote.host.written())   # what the libraries before this one left in the host's directory
     parity = check(task, mod, "candidate", seed=seed, hidden=True, run=remote.run, run_kept=remote.run_kept)
-    if parity.status == ParityStatus.ok and (why := wrote_files(remote.host, task, before)) is not None:
+    if parity.status == ParityStatus.ok and (why := wrote_files(remote.host, task, before)
+                                             or state_left(remote.host, mark)) is not None:
         parity = parity.model_copy(update={"status": ParityStatus.side_effect, "message": why})
     row = {**launch, "seed": seed, "parity": parity.model_dump(mode="json", exclude={"checks"})}
     if parity.status != ParityStatus.ok:
@@ -158,7 +160,8 @@ def _one(task, mod, remote: Remote, lib_path: str, ctx: dict | None = None, time
         return {**row, "status": "ok", "stop": False, "seconds": time.monotonic() - t0}
     bench = measure(task, mod, None, shapes=[dict(task.spec.main)], with_reference=False,
                     runs_for=lambda shape: HostRuns(remote, shape, True))[0]
-    if bench.status.value == "ok" and (why := wrote_files(remote.host, task, before)) is not None:
+    if bench.status.value == "ok" and (why := wrote_files(remote.host, task, before)
+                                       or state_left(remote.host, mark)) is not None:
         bench = bench.model_copy(update={"status": BenchStatus.side_effect, "message": why})
     row["bench"] = bench.model_dump(mode="json")
     if bench.status.value != "ok":

@@ -85,6 +85,7 @@ class Host:
         self.libs: dict[str, object] = {}
         self.bufs: dict[str, object] = {}
         self.timed: dict | None = None
+        self.fp = None          # tools.judge.fpstate.Watch: the floating-point control state the host started with
 
     def device(self) -> str:
         return self.task.backend.torch_device
@@ -110,6 +111,8 @@ class Host:
         want = os.environ.get("AGENT_HOST_NOFORK", "1") == "1"
         why = nofork.install() if want else "off"
         got["nofork"] = int(why is None)
+        from tools.judge.fpstate import Watch
+        self.fp = Watch()       # after torch and the task module, before any candidate library
         return {"ok": True, "pid": os.getpid(), "threads": torch.get_num_threads(), "limits": got, "nofork_off": why,
                 "gpu": self.task.backend.gpu}
 
@@ -317,6 +320,7 @@ def main() -> int:
     out = private_stdout()
     host = Host()
     for line in sys.stdin:
+        op = None
         try:
             r = json.loads(line)
             op = r.get("op")
@@ -325,6 +329,11 @@ def main() -> int:
             ans = getattr(host, op)(r)
         except Exception as e:  # the kernel's or the task's error: an answer, the judge decides
             ans = {"ok": False, "error": f"{type(e).__name__}: {' '.join(str(e).split())[:400]}"}
+        # the floating-point state a library's load or a call left changed: named (the judge fails the candidate) and
+        # put back, whatever the request's own answer
+        if host.fp is not None and op != "init" and (left := host.fp.check(
+                "loading the library" if op == "load" else "the kernel's calls")) is not None:
+            ans["fp_state"] = left
         out.write(json.dumps(ans) + "\n")
         out.flush()
     return 0

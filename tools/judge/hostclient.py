@@ -55,6 +55,7 @@ class HostClient:
         self._send({"op": "init", "task": str(task_root), "io": self.dirs, "io_bound": self.bound})
         self.started = False
         self.info: dict = {}      # the host's answer to init: its pid, its CPU threads
+        self.state_left: list[str] = []     # the floating-point state the libraries' loads and calls left changed
 
     def _send(self, req: dict) -> None:
         try:
@@ -101,6 +102,8 @@ class HostClient:
                 raise HostFailed("error", f"the host could not load the task: {init.get('error')}")
         self._send(req)
         ans = self._answer()
+        if isinstance(ans.get("fp_state"), str):     # tools/judge/fpstate.py: the host has put it back
+            self.state_left.append(ans["fp_state"][:300])
         if ans.get("ok") is not True:
             raise RuntimeError(str(ans.get("error") or ans)[:500])
         return ans

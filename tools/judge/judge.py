@@ -75,6 +75,18 @@ def wrote_files(host: HostClient, task, before: frozenset = frozenset()) -> str 
             "[parity] allow_files = {\"NAME\" = \"why\"} allows one by name)")
 
 
+def state_left(host: HostClient, since: int = 0) -> str | None:
+    """Why the floating-point state the kernel left changed fails it (tools/judge/fpstate.py), or None: its own
+    outputs may be right, its caller's next float operations are not. `since`: the changes an earlier library of a
+    batch left are not this one's."""
+    left = host.state_left[since:]
+    if not left:
+        return None
+    return (f"the kernel left the thread's floating-point state changed: {left[0]}: every float operation its caller "
+            "does next sees it (a kernel may set flush-to-zero or a rounding mode for its own loop only if it puts the "
+            "state back before it returns)")
+
+
 def checked_parity(task, mod, remote: Remote, job: dict):
     """Parity in the host, then what the kernel wrote by then."""
     from tools.measure.parity import check
@@ -84,7 +96,7 @@ def checked_parity(task, mod, remote: Remote, job: dict):
     extent = job.get("parity_extent") or "full"
     if par.status == ParityStatus.ok and task.backend.gpu and extent != "quick" and not job.get("no_hidden"):
         par = wide(task, mod, remote, job, par)
-    if par.status == ParityStatus.ok and (why := wrote_files(remote.host, task)) is not None:
+    if par.status == ParityStatus.ok and (why := wrote_files(remote.host, task) or state_left(remote.host)) is not None:
         par = par.model_copy(update={"status": ParityStatus.side_effect, "message": why})
     elif par.status == ParityStatus.ok and remote.threads_left:   # named, not refused: a pool may be by design
         n = len(remote.threads_left)
@@ -113,7 +125,7 @@ def bench(task, mod, remote: Remote, job: dict, shapes: list[dict]) -> list[dict
     res = measure(task, mod, None, shapes=shapes, with_reference=not job.get("no_reference"),
                   runs_for=lambda shape: HostRuns(remote, shape, bool(job.get("baseline_lib"))),
                   keep_gain=float(gain) if isinstance(gain, (int, float)) else None)
-    if (why := wrote_files(remote.host, task)) is not None:
+    if (why := wrote_files(remote.host, task) or state_left(remote.host)) is not None:
         res = [r.model_copy(update={"status": BenchStatus.side_effect, "message": why}) if r.status == BenchStatus.ok
                else r for r in res]
     return [r.model_dump(mode="json") for r in res]
