@@ -186,14 +186,13 @@ class Evaluator:
 
     def confirm_bench(self, lib: Path, baseline: Path | None, a: Attempt) -> BenchResult:
         """The confirmation for a candidate about to be kept, in ONE fresh child: the parity the loop's first one
-        (parity_extent="quick") left out, the other seeds and the extremes of the task's [dims] (issue 39's probe
+        (parity_extent="quick") left out, the other seeds, the extremes of the task's [dims] and the value draws past
+        the sample (tools/measure/domains.py: every task has them, so there is always such a parity) (issue 39's probe
         budget, issue 44's cost of a rejected candidate: a candidate pays for them once, not on every iteration that
         loses at the bench), then the second bench against `baseline`. The child draws a root seed of its own: its
         listed shapes get seeds the first parity did not use, its hidden shapes are new ones (a full parity's worth of
         checks, not the first one's hidden shapes again). These checks join a.parity; their failure raises
         RangeParityFailed (the iteration's parity failure), the bench's BenchFailed."""
-        if not self.task.spec.dims and self.task.spec.parity.seeds < 2 and not self.task.backend.gpu:
-            return self.bench(lib, baseline, a.times)[0]
         tmp = Attempt(iteration=0, run_id="", started="", parent_sha="")
         try:   # on a GPU, compute-sanitizer memcheck after the range parity (tools/judge/sanitize.py)
             self.evaluate_candidate(lib, baseline, a.times, into=tmp, parity_extent="rest",

@@ -245,8 +245,10 @@ def test_the_example_and_every_value_of_its_knob_pass_agent_check(tmp_path):
     s = _check(write_example(tmp_path / "task"), tmp_path / "build", "--knobs", "each")
     assert s["build"]["status"] == "ok" and s["launch"]["status"] == "not_applicable"
     assert s["parity"]["status"] == "ok" and s["bench"][0]["status"] == "ok"
-    # the line the doc quotes: three listed shapes, two hidden, two distributions, two seeds
-    assert s["parity"]["message"].startswith("ok: 20 checks on 5 shapes x 2 distributions x 2 seeds")
+    # the line the doc quotes: three listed shapes, two hidden, two distributions, two seeds; two value shapes, each
+    # with the large and the tiny draw
+    assert s["parity"]["message"].startswith("ok: 24 checks on 7 shapes (2 distributions x 2 seeds each, one seed on "
+                                              "the 2 range and value shapes)"), s["parity"]["message"]
     assert s["bench"][0]["shape"] == {"n": 1048576}
     assert s["knobs"]["committed"] == {"UNROLL": 1}
     assert s["knobs"]["configurations"] == 3 and s["knobs"]["passed"] == 3 and s["knobs"]["failures"] == []

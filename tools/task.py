@@ -23,7 +23,7 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 
 from tools.expr import compile_expr, eval_expr
 from tools.taskspec import (BenchSpec, BuildSpec, DimRange, ExtensionSpec, Knob, LaunchSpec, ScanSpec,  # noqa: F401
-                            MetricsSpec, ParitySpec, SignatureSpec, Tolerance, Strict)
+                            InputSpec, MetricsSpec, ParitySpec, SignatureSpec, Tolerance, Strict)
 from tools.task_messages import shape_keys_differ, validation_message
 
 Shape = dict[str, int | bool]
@@ -68,6 +68,7 @@ class TaskSpec(Strict):
     scan: ScanSpec = ScanSpec()     # the source scan's rules the task allows (tools/build/scan.py)
     bench: BenchSpec = BenchSpec()
     dims: dict[str, DimRange] = {}   # each dimension's allowed range (parity draws its extremes: tools/measure/ranges.py)
+    inputs: list[InputSpec] = []     # the values each input may hold past the sample (tools/measure/domains.py)
     signature: SignatureSpec | None = None   # the extern "C" function a generated task.py calls (tools/signature.py)
 
     @field_validator("shapes")

@@ -1,5 +1,6 @@
 """task.toml's sections below the task itself (tools/task.py's TaskSpec): tolerances, knobs, the build, the
-launch check, parity, the bench, an extension's entry, the FLOP/byte formulas and the dimensions' ranges."""
+launch check, parity, the bench, an extension's entry, the FLOP/byte formulas, the dimensions' ranges and the
+inputs' values."""
 
 from __future__ import annotations
 
@@ -137,6 +138,17 @@ class DimRange(Strict):
         if self.min > self.max:
             raise ValueError(f"min {self.min} is above max {self.max}")
         return self
+
+
+class InputSpec(Strict):
+    """[[inputs]]: the values one of make_inputs' inputs (in its order) may hold, which parity draws past the sample
+    before a keep (issue 62, tools/measure/domains.py): `max` the largest magnitude callers pass (default: up to
+    where the reference stays finite), `specials` the non-finite values it is defined on (softmax: "-inf", masking),
+    `values = false` for an input that is not a value (an index or a mask held as floats: left as drawn)."""
+    name: str = ""
+    max: float | None = Field(default=None, gt=0)
+    specials: list[Literal["-inf", "inf", "nan"]] = []
+    values: bool = True
 
 
 class ArgSpec(Strict):

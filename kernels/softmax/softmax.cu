@@ -109,7 +109,7 @@ softmax_kernel(const __half* __restrict__ x, __half* __restrict__ y, int M, int 
     float m = -INFINITY, s = 0.f;                // s = sum over this thread's elements of exp(x - m)
     for_row(xr, n, gl, [&](float v) {
         if (v > m) { s = s * __expf(m - v) + 1.f; m = v; }   // m = -inf: s * 0 + 1
-        else s += __expf(v - m);
+        else if (v != -INFINITY) s += __expf(v - m);          // -inf while m is -inf: exp(-inf + inf) is NaN
     });
     const float m_row = group_max(m, red[0]);
     const float s_row = group_sum(m == -INFINITY ? 0.f : s * __expf(m - m_row), red[1]);

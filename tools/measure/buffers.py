@@ -102,6 +102,15 @@ class Buffers:
             return n + int(after.nonzero()[0])
         return None
 
+    def out_of_bounds(self, slots, label: str, dist: str, numel: int) -> dict | None:
+        """parity's verdict on a write into the guards of these output slots, or None."""
+        for slot in slots:
+            hit = self.guard_hit(slot)
+            if hit is not None:
+                return {"status": "out_of_bounds", "message": f"{label} dist={dist}: the kernel wrote outside its "
+                        f"output tensor (element offset {hit}; the output has {numel} elements)"}
+        return None
+
     def change_inputs(self, fresh: tuple, rng, count: int) -> int:
         """Change `count` values of each floating-point input in place, at random places, to the values
         `fresh` (another draw of the same distribution) holds there: a caller who updates part of an input

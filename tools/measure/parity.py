@@ -5,6 +5,7 @@ Adversarial by construction; a fast wrong kernel must not pass:
   extremes of the task's [dims] ranges (tools/measure/ranges.py: tails, index products past 2^16, each
   dimension at its largest), each with the first distribution and one seed;
 - every input distribution, several fresh seeds per call (each shape and distribution its own draw of each);
+- before a keep, values past the sample: large, tiny, declared specials (tools/measure/domains.py, issue 62);
 - outputs poisoned with a NaN carrying a payload (integers: a sentinel) before each call, so an
   element left unwritten is told apart from one the kernel computed as NaN; 64 KiB of poisoned
   guard on each side of the output catches writes past its ends;
@@ -34,6 +35,7 @@ from typing import Any
 
 from tools.measure.buffers import STATES, Buffers, check_seed  # noqa: F401  (STATES: the states, for the tests)
 from tools.measure.compare import bits_equal, compare, describe, disagree, error_budget, tolerance_for
+from tools.measure.domains import draw, draws, is_values, scaled_atol, value_shapes
 from tools.measure.ranges import reduction_extreme, range_shapes
 from tools.results import ParityResult, ParityStatus, ShapeCheck
 from tools.isolation.sandbox import ProcStatus, run_python_json
@@ -100,7 +102,7 @@ def check(task: Task, mod, lib, *, seed: int, hidden: bool = True, run=None, run
     parity with that status. `extent` (issue 39's probe budget, issue 44's cost of a rejected candidate): "full"
     every shape on every seed; "quick" the listed and hidden shapes on the first seed, what every candidate of the
     loop pays; "rest" what quick left out, run once on a candidate about to be kept: the other seeds and the
-    extremes of the task's [dims] (quick + rest = full); "range" those extremes alone."""
+    extremes of the task's [dims] and the value draws (quick + rest = full); "range" those extremes alone."""
     import torch
     t0 = time.monotonic()
     spec = task.spec
@@ -118,11 +120,12 @@ def check(task: Task, mod, lib, *, seed: int, hidden: bool = True, run=None, run
         shapes += [(dict(s), "hidden ") for s in extra]
     ranges = random.Random(rng.getrandbits(32))
     listed = [tuple(sorted(s.items())) for s, _ in shapes]   # a range shape equal to one is not checked again
+    values = [(s, "values ") for s in value_shapes(shapes)] if hidden and extent in ("full", "rest") else []
     if extent == "rest" and len(seeds) < 2:
         shapes = []     # one seed: quick checked the listed and hidden shapes on all of them
     if hidden and extent != "quick":   # the extremes of the task's [dims] (tools/measure/ranges.py), new every run
         extra = [(s, "range ") for s, _ in range_shapes(spec, mod, ranges) if tuple(sorted(s.items())) not in listed]
-        shapes = extra if extent == "range" else shapes + extra
+        shapes = extra if extent == "range" else shapes + extra + values   # (tools/measure/domains.py: issue 62)
     if not shapes:
         left = "; one seed, checked already" if extent == "rest" else ""
         return ParityResult(status=ParityStatus.ok, message=f"ok: no range shapes (task.toml declares no [dims]){left}",
@@ -137,10 +140,12 @@ def check(task: Task, mod, lib, *, seed: int, hidden: bool = True, run=None, run
         # iteration paid 0.5-0.7 s for all of them on the CPU task: BENCHMARKS.md); at a reduction's extreme
         # every distribution, since precision is about the values (an fp16 partial overflows on one, drops the
         # small terms of another: tests/fixtures/cuda_cheats/softmax/)
-        dists = spec.distributions if kind != "range " or reduction_extreme(spec, shape) else spec.distributions[:1]
+        dists = draws(spec) if kind == "values " else spec.distributions if kind != "range " or reduction_extreme(
+            spec, shape) else spec.distributions[:1]
         for dist in dists:
             # a range shape on one seed; a listed or hidden one on the first in quick, the others in rest
-            for s in seeds[:1] if kind == "range " or extent == "quick" else seeds[1:] if extent == "rest" else seeds:
+            for s in seeds[:1] if kind in ("range ", "values ") or extent == "quick" else seeds[1:] if extent == "rest" \
+                    else seeds:
                 t1, s = time.monotonic(), check_seed(s, shape, dist)
                 try:
                     c = _one(task, mod, lib, shape, label, dist, s, device, bufs, sync, run or mod.run,
@@ -169,27 +174,28 @@ def check(task: Task, mod, lib, *, seed: int, hidden: bool = True, run=None, run
         more = f" (+{len(bad) - 1} more failing shapes)" if len(bad) > 1 else ""
         return ParityResult(status=first.status, message=first.message + more, checks=checks,
                             seconds=time.monotonic() - t0)
-    worst = max(checks, key=lambda c: c.max_rel_err or 0.0)
+    sample = [c for c in checks if not is_values(c.dist)] or checks   # the errors on the sample: the value draws' scale
+    worst = max(sample, key=lambda c: c.max_rel_err or 0.0)
     ratios = [c.err_ratio for c in checks if c.err_ratio is not None]
     budget = f"; RMS error at most {max(ratios):.2g}x the error budget's yardstick" if ratios else ""
     n_seeds = {"quick": 1, "rest": len(seeds) - 1}.get(extent, len(seeds))
     each = f"{len(spec.distributions)} distributions x {n_seeds} seed{'s' * (n_seeds != 1)}" + (
         f" (the other {len(seeds) - 1} before a keep)" if extent == "quick" and len(seeds) > 1 else "")
-    n_range = sum(kind == "range " for _, kind in shapes)
+    n_range = sum(kind in ("range ", "values ") for _, kind in shapes)
     each = ("(one seed each)" if n_range == len(shapes) else
-            f"({each} each, one seed on the {n_range} range shapes)" if n_range else f"x {each}")
+            f"({each} each, one seed on the {n_range} range and value shapes)" if n_range else f"x {each}")
     msg = (f"ok: {len(checks)} checks on {len(shapes)} shapes {each}; worst max abs err "
-           f"{max(c.max_abs_err or 0 for c in checks):.3g}, max rel err {worst.max_rel_err or 0:.3g} ({worst.label}){budget}")
+           f"{max(c.max_abs_err or 0 for c in sample):.3g}, max rel err {worst.max_rel_err or 0:.3g} ({worst.label}){budget}")
     return ParityResult(status=ParityStatus.ok, message=msg, checks=checks, seconds=time.monotonic() - t0)
 
 
 def _one(task, mod, lib, shape, label, dist, seed, device, bufs: Buffers, sync, run, run_kept) -> dict[str, Any]:
-    inputs = bufs.adopt(make_inputs(mod, shape, seed, device, dist))
+    inputs = bufs.adopt(draw(task.spec, mod, shape, seed, device, dist))
     clones = tuple(x.clone() if hasattr(x, "clone") else x for x in inputs)
     s1, s2 = bufs.order()
     out1 = bufs.out(s1, mod.empty_output(shape, *inputs))
     atol, rtol = tolerance_for(task, out1)
-    base = {"tol": (atol, rtol)}
+    base = {"tol": [atol, rtol]}
     sync()
     run(lib, shape, out1, *inputs)
     sync()
@@ -197,6 +203,8 @@ def _one(task, mod, lib, shape, label, dist, seed, device, bufs: Buffers, sync, 
         return {**base, "status": "input_mutated",
                 "message": f"{label} dist={dist}: the kernel changed its inputs (they must be read-only)"}
     exp = mod.reference(shape, *inputs)   # allocates and frees: leftovers are useless to the candidate
+    if is_values(dist):                   # atol scaled with the output, as the draw scaled the inputs (domains.py)
+        atol = base["tol"][0] = scaled_atol(exp, atol, rtol)
     sync()
     out2 = bufs.out(s2, mod.empty_output(shape, *inputs))
     run(lib, shape, out2, *inputs)
@@ -204,7 +212,7 @@ def _one(task, mod, lib, shape, label, dist, seed, device, bufs: Buffers, sync, 
     if not all(bits_equal(a, b) for a, b in zip(inputs, clones)):
         return {**base, "status": "input_mutated",
                 "message": f"{label} dist={dist}: the kernel changed its inputs on its second call"}
-    if (oob := _out_of_bounds(bufs, (0, 1), label, dist, out1.numel())) is not None:
+    if (oob := bufs.out_of_bounds((0, 1), label, dist, out1.numel())) is not None:
         return {**base, **oob}
     c1 = compare(out1, exp, atol, rtol)
     if c1["status"] != "ok":
@@ -220,7 +228,9 @@ def _one(task, mod, lib, shape, label, dist, seed, device, bufs: Buffers, sync, 
                 "worst_index": d["worst_index"], "expected": d["first"], "got": d["second"],
                 "message": f"{label} dist={dist}: two calls on the same inputs disagree in {d['mismatches']} "
                            f"elements beyond tolerance; at {d['worst_index']}: {d['first']:.6g} vs {d['second']:.6g}"}
-    if (why := error_budget(task, mod, shape, inputs, out1, exp)) is not None and why["status"] != "ok":
+    # precision and caches on the sample, not on the domain's edges (tools/measure/domains.py)
+    why = None if is_values(dist) else error_budget(task, mod, shape, inputs, out1, exp)
+    if why is not None and why["status"] != "ok":
         return {**base, **c1, **why, "message": f"{label} dist={dist}: {why['message']}"}
     ratio = why["err_ratio"] if why else None
     if run_kept is not None:
@@ -231,7 +241,7 @@ def _one(task, mod, lib, shape, label, dist, seed, device, bufs: Buffers, sync, 
         held = bufs.fill_state(out3)
         run_kept(lib, shape, out3, *inputs)
         sync()
-        if (oob := _out_of_bounds(bufs, (s2,), label, dist, out3.numel())) is not None:
+        if (oob := bufs.out_of_bounds((s2,), label, dist, out3.numel())) is not None:
             return {**base, **oob}
         c3 = compare(out3, exp, atol, rtol)
         if c3["status"] != "ok":
@@ -239,7 +249,7 @@ def _one(task, mod, lib, shape, label, dist, seed, device, bufs: Buffers, sync, 
             return {**base, **c3, "status": "output_state", "message": f"into an output that held {held} before "
                     f"the call, the result was wrong ({c3['status']}): {line}: it must not depend on what the "
                     "output holds"}
-        if (why := _changed_repeat(task, mod, lib, (shape, label, dist, seed, device), bufs, (s2, out3), exp,
+        if not is_values(dist) and (why := _changed_repeat(task, mod, lib, (shape, label, dist, seed, device), bufs, (s2, out3), exp,
                                    run_kept, sync)):
             return {**base, **why}
     bufs.stale = exp
@@ -266,7 +276,7 @@ def _changed_repeat(task, mod, lib, where: tuple, bufs: Buffers, slot_out: tuple
         return None   # no change of a few values shows in this output: nothing to tell a stale answer by
     run_kept(lib, shape, out, *bufs.inputs)
     sync()
-    if (oob := _out_of_bounds(bufs, (slot,), label, dist, out.numel())) is not None:
+    if (oob := bufs.out_of_bounds((slot,), label, dist, out.numel())) is not None:
         return oob
     c = compare(out, new, atol, rtol)
     if c["status"] == "ok":
@@ -276,15 +286,6 @@ def _changed_repeat(task, mod, lib, where: tuple, bufs: Buffers, slot_out: tuple
             f"{'s' * (n != 1)} changed in place, into the output of the call before, the result was wrong "
             f"({c['status']}): {line}: it answered for the inputs before the change (a cache keyed on part "
             "of the inputs: their pointers or a sample of their values)"}
-
-
-def _out_of_bounds(bufs: Buffers, slots, label: str, dist: str, numel: int) -> dict | None:
-    for slot in slots:
-        hit = bufs.guard_hit(slot)
-        if hit is not None:
-            return {"status": "out_of_bounds", "message": f"{label} dist={dist}: the kernel wrote outside its output "
-                    f"tensor (element offset {hit}; the output has {numel} elements)"}
-    return None
 
 
 def build_if_needed(task: Task, lib: str | None) -> Path:   # the CLIs' (parity, bench, profile) own build
@@ -310,7 +311,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-hidden", action="store_true", help="skip the hidden shapes")
     ap.add_argument("--extent", choices=EXTENTS, default="full", help="full: every shape on every seed; quick: the "
                     "listed and hidden ones on the first seed (what the loop checks first); rest: what quick left out "
-                    "(the other seeds, the extremes of task.toml's [dims]); range: those extremes alone")
+                    "(the other seeds, the extremes of [dims], the value draws); range: the extremes alone")
     ap.add_argument("--timeout", type=float, help="seconds (default: task.toml parity.timeout_s)")
     ap.add_argument("--json", action="store_true", help="print the ParityResult as JSON")
     a = ap.parse_args(argv)
