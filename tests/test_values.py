@@ -135,3 +135,28 @@ def test_through_the_loop_the_adversaries_are_refused_and_the_honest_kernel_kept
         assert rec.outcome.value == "parity_failed" and rec.decision.value == "reverted", where
         assert f"dist={dist}" in rec.reason and "values " in rec.reason, where
     assert recs[-1].outcome.value == "kept", (recs[-1].outcome, recs[-1].reason)
+
+
+def _drawn(x) -> str:
+    """Which draw an input holds, by its values: -inf (specials), magnitudes past 1e6 (large), exact zeros (tiny: a
+    normal sample holds none), else the task's sample."""
+    return ("values:specials" if bool(torch.isneginf(x).any()) else "values:large" if float(x.abs().max()) > 1e6
+            else "values:tiny" if bool((x == 0).any()) else "sample")
+
+
+def test_each_value_draw_fails_when_its_call_is_replaced_by_a_no_op(tmp_path):
+    """Ghost replay of the value draws: with the kernel's calls on one draw replaced by a no-op, that draw's check
+    fails (its output holds the poison), so no draw passes without the kernel having computed it; with the real calls
+    the same parity passes. In process (tools.measure.parity.check), the honest kernel."""
+    from tools.measure.parity import check
+    task, lib = _task(tmp_path, "honest")
+    mod = task.module()
+    handle = task.backend.load(str(lib))
+    assert check(task, mod, handle, seed=9, run=mod.run, run_kept=mod.run).status == ParityStatus.ok
+    for ghost in draws(task.spec):
+        def run(lib_, shape, out, x, ghost=ghost):
+            if _drawn(x) != ghost:
+                mod.run(lib_, shape, out, x)
+        res = check(task, mod, handle, seed=9, run=run, run_kept=None)
+        bad = [c for c in res.checks if not c.ok]
+        assert res.status == ParityStatus.unwritten and bad and bad[0].dist == ghost, (ghost, res.message)
