@@ -252,8 +252,12 @@ def kept_message(run_id: str, a: "Attempt", vs_initial: "Figure | None") -> str:
             f"({vs_initial.source if vs_initial else 'not measured'}).",
             f"Parity: {len(parity.checks)} checks, max abs error {max_err:.3g}.",
             f"Predicted: {p.predicted.metric} {p.predicted.direction}, {p.predicted.speedup:g}x."]
+    # a sanitizer the user let the keep go without (AGENT_ALLOW_UNCHECKED, tools/judge/judge.py `unchecked`): named
+    gone = [m.tool for m in (parity.memcheck, parity.racecheck) if m is not None and m.status in ("skipped", "error")]
     return commit_message(f"agent: {p.summary()}", body,
-                          {**_trailers(run_id, a.iteration), "Speedup": f"{ci.median:.3f}x (95% CI {ci.low:.3f}-{ci.high:.3f})"})
+                          {**_trailers(run_id, a.iteration), "Speedup": f"{ci.median:.3f}x (95% CI {ci.low:.3f}-{ci.high:.3f})",
+                           **({"Unchecked": f"{', '.join(gone)} (did not run; kept as AGENT_ALLOW_UNCHECKED allows)"}
+                              if gone else {})})
 
 
 def _fig(f: "Figure | None") -> str:

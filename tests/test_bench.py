@@ -192,7 +192,7 @@ def test_candidate_checks_share_one_child_and_a_crash_is_charged_to_its_stage(tm
     base = compile_lib(source("correct"), tmp_path / "base.so")
     launch, par, bench, _ = check(task, lib, base)
     assert launch is None   # no launch context: a CPU task
-    assert par.status == ParityStatus.ok and len(par.checks) == 16, par.message     # 12, and 4 of values (issue 62)
+    assert par.status == ParityStatus.ok and len(par.checks) == 20, par.message     # 12, 4 of values, 4 views (issue 62)
     assert bench is not None and bench[0].status == BenchStatus.ok, bench
     assert bench[0].speedup_vs_baseline.rounds == 4 and bench[0].timing("reference") is None
     # a crash during the bench: parity is reported passed, the bench crashed

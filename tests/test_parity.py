@@ -79,13 +79,16 @@ def test_correct_kernel_passes_every_shape_with_hidden_shapes_and_errors_reporte
     res = run_parity(task, lib, seed=1234)
     assert res.status == ParityStatus.ok, res.message
     # 2 listed + 1 hidden shape, x 2 distributions x 2 seeds; then the values past the sample (issue 62) on the
-    # smallest listed shape and the hidden one, one seed each: large, tiny (the task declares no specials)
-    assert len(res.checks) == 16 and all(c.ok for c in res.checks)
+    # smallest listed shape and the hidden one, one seed each: large, tiny (the task declares no specials); and the
+    # views off the allocator's alignment on the same two shapes (tools/measure/views.py)
+    assert len(res.checks) == 20 and all(c.ok for c in res.checks)
     values = [c for c in res.checks if c.label.startswith("values ")]
     assert len(values) == 4 and {c.dist for c in values} == {"values:large", "values:tiny"}
-    assert {c.dist for c in res.checks if c not in values} == {"normal", "uniform"}
-    assert len({c.seed for c in res.checks}) == 16   # each check's inputs their own draw (buffers.check_seed)
-    hidden = [c for c in res.checks if c.hidden and c not in values]
+    views = [c for c in res.checks if c.label.startswith("misaligned ")]
+    assert len(views) == 4 and {c.dist for c in views} == {"offset:same", "offset:apart"}
+    assert {c.dist for c in res.checks if c not in values + views} == {"normal", "uniform"}
+    assert len({c.seed for c in res.checks}) == 20   # each check's inputs their own draw (buffers.check_seed)
+    hidden = [c for c in res.checks if c.hidden and c not in values + views]
     assert len(hidden) == 4 and all(c.label.startswith("hidden ") for c in hidden)
     assert all(c.max_abs_err is not None and c.max_abs_err < 1e-4 and c.numel > 0 for c in res.checks
                if c not in values)                                    # (values: at magnitudes near 1e30)
@@ -112,8 +115,9 @@ def test_the_loops_quick_parity_and_the_rest_before_a_keep_split_the_full_parity
     toml.write_text(toml.read_text().replace("seeds = 2", "seeds = 1"))
     from tools.task import load_task
     one = load_task(task.root)
-    rest = run_parity(one, lib, seed=1234, extent="rest")      # the value draws alone (issue 62)
-    assert rest.status == ParityStatus.ok and rest.checks and all(c.label.startswith("values ") for c in rest.checks)
+    rest = run_parity(one, lib, seed=1234, extent="rest")      # the value draws and the views alone (issue 62)
+    assert rest.status == ParityStatus.ok and rest.checks and all(c.label.split(" ")[0] in ("values", "misaligned")
+                                                                  for c in rest.checks)
     assert len(run_parity(one, lib, seed=1234, extent="quick").checks) == 6
 
 
@@ -163,8 +167,9 @@ def test_off_by_one_is_a_mismatch_naming_shape_index_expected_and_got(tmp_path):
     assert f"{bad.worst_index}" in res.message and f"{bad.expected:.6g}" in res.message
     assert f"{bad.got:.6g}" in res.message and bad.max_abs_err > 1e-3 and bad.mismatches > 0
     # one failing check per shape: the first failure stops that shape, the next shape still runs (the value draws'
-    # shape too: the smallest listed one, issue 62)
-    assert [c.label for c in res.checks] == ["M=16,N=24,K=8", "M=33,N=17,K=29", "values M=16,N=24,K=8"]
+    # shape and the views' too: the smallest listed one, issue 62)
+    assert [c.label for c in res.checks] == ["M=16,N=24,K=8", "M=33,N=17,K=29", "values M=16,N=24,K=8",
+                                             "misaligned M=16,N=24,K=8"]
 
 
 @pytest.mark.slow

@@ -90,6 +90,52 @@ def test_a_machine_without_the_sanitizer_says_so(tmp_path, monkeypatch):
     assert res["status"] == "skipped" and "compute-sanitizer is not on this machine" in res["message"]
 
 
+def test_a_check_that_did_not_run_is_not_a_pass(tmp_path, monkeypatch):
+    """Issue 62: a sanitizer missing (here AGENT_SANITIZER names no executable) fails the parity before a keep as
+    `unchecked`, named, unless the user allows the keep without it by name; then the message, the record's, says
+    so, and so does the kept commit's trailer. The judge's own path (tools/judge/judge.py sanitized), on the CPU."""
+    from agent.gitops import kept_message
+    from tools.judge.judge import sanitized
+    from tools.results import ParityResult, ParityStatus, SanitizerResult
+    monkeypatch.setenv("AGENT_SANITIZER", str(tmp_path / "no-such-sanitizer"))
+    monkeypatch.setenv("AGENT_SCRATCH", str(tmp_path))
+    assert sanitize.find_sanitizer() is None
+    task = load_task(ROOT / "kernels" / "softmax")
+    ok = ParityResult(status=ParityStatus.ok, message="ok: 12 checks")
+    job = {"lib": "unused", "seed": 3}
+    res = sanitized(task, task.module(), job, ok, ("memcheck", "racecheck"))
+    assert res.status == ParityStatus.unchecked, res.message
+    assert "memcheck skipped: compute-sanitizer is not on this machine" in res.message
+    assert "kept only after memcheck,racecheck ran clean" in res.message and "AGENT_ALLOW_UNCHECKED=" in res.message
+    half = sanitized(task, task.module(), {**job, "allow_unchecked": ["memcheck"]}, ok, ("memcheck", "racecheck"))
+    assert half.status == ParityStatus.unchecked and "after racecheck ran clean" in half.message, half.message
+    allowed = sanitized(task, task.module(), {**job, "allow_unchecked": ["memcheck", "racecheck"]}, ok,
+                        ("memcheck", "racecheck"))
+    assert allowed.status == ParityStatus.ok and allowed.message.startswith("ok: 12 checks"), allowed.message
+    assert allowed.memcheck.status == "skipped" and "AGENT_ALLOW_UNCHECKED allows memcheck" in allowed.memcheck.message
+    monkeypatch.setenv("AGENT_ALLOW_UNCHECKED", "racecheck, memcheck bogus")
+    assert sanitize.allowed_unchecked() == ["racecheck", "memcheck"]
+    # the kept commit names what did not run (and nothing where all ran)
+    a = _kept(allowed)
+    assert "Unchecked: memcheck, racecheck (did not run" in kept_message("r", a, None)
+    clean = allowed.model_copy(update={"memcheck": SanitizerResult(tool="memcheck", status="ok", seconds=1.0),
+                                       "racecheck": None})
+    assert "Unchecked" not in kept_message("r", _kept(clean), None)
+
+
+def _kept(parity):
+    """A kept attempt as the loop records one (a proposal, a bench with its ratio and candidate timing), this parity."""
+    from agent.attempt import Attempt
+    from agent.proposal import Edit, PredictedEffect, Proposal
+    from tools.results import BenchResult, BenchStatus, SpeedupCI, TimingStats
+    prop = Proposal(hypothesis="VEC 8", predicted=PredictedEffect(metric="time.median_ms", direction="down", speedup=1.2),
+                    edits=[Edit(file="softmax.cu", search="#define VEC 1 ", replace="#define VEC 8 ")])
+    bench = BenchResult(status=BenchStatus.ok, shape={"M": 4, "N": 8}, speedup_vs_baseline=SpeedupCI(
+        median=1.3, low=1.2, high=1.4, rounds=8), timings=[TimingStats(label="candidate", median_ms=0.1, p10_ms=0.09,
+                                                                  p90_ms=0.11, mean_ms=0.1, reps=50)])
+    return Attempt(iteration=1, run_id="r", started="t", parent_sha="p", proposal=prop, parity=parity, bench=bench)
+
+
 def _gpu() -> bool:
     try:
         import torch

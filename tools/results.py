@@ -127,6 +127,7 @@ class ParityStatus(str, Enum):
     imprecise = "imprecise"                # error past [parity] error_budget x the reference implementation's own
     invalid_access = "invalid_access"      # compute-sanitizer memcheck: a read or write outside every allocation
     race = "race"                          # compute-sanitizer racecheck: shared memory read and written with no barrier between
+    unchecked = "unchecked"                # a before-a-keep check (compute-sanitizer) could not run: no pass without it
     crashed = "crashed"
     timeout = "timeout"
     error = "error"                        # the harness could not run (bad lib, missing symbol, ...)

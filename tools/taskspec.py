@@ -94,6 +94,16 @@ class ParitySpec(Strict):
     # the candidate's error against the reference (the truth, in a higher precision) at most this many times the
     # error of timing_reference (the same computation in the working precision) against it: fewer bits lost
     error_budget: float | None = Field(default=None, gt=1)
+    # the bytes every input's and the output's address is a multiple of, where the kernel needs more than the
+    # element's own (0): parity's misaligned views hold it (tools/measure/views.py, issue 62), the prompt says it
+    align: int = Field(default=0, ge=0, le=4096)
+
+    @field_validator("align")
+    @classmethod
+    def _power_of_two(cls, v: int) -> int:
+        if v & (v - 1):
+            raise ValueError(f"align = {v}: a power of two (bytes), or 0 for the element's own alignment")
+        return v
 
 
 class BenchSpec(Strict):
@@ -144,11 +154,15 @@ class InputSpec(Strict):
     """[[inputs]]: the values one of make_inputs' inputs (in its order) may hold, which parity draws past the sample
     before a keep (issue 62, tools/measure/domains.py): `max` the largest magnitude callers pass (default: up to
     where the reference stays finite), `specials` the non-finite values it is defined on (softmax: "-inf", masking),
-    `values = false` for an input that is not a value (an index or a mask held as floats: left as drawn)."""
+    `values = false` for an input that is not a value (an index or a mask held as floats: left as drawn); `align`
+    the bytes its address is a multiple of, where it is more than [parity] align (tools/measure/views.py)."""
     name: str = ""
     max: float | None = Field(default=None, gt=0)
     specials: list[Literal["-inf", "inf", "nan"]] = []
     values: bool = True
+    align: int = Field(default=0, ge=0, le=4096)
+
+    _power_of_two = field_validator("align")(ParitySpec._power_of_two.__func__)
 
 
 class ArgSpec(Strict):

@@ -74,7 +74,9 @@ def tolerance(task: Task) -> str:
 
 HARNESS = ("The harness: every call gets an output whose every element was poisoned before it (write them all) and "
            "inputs it must not change; it is also called into an output that already holds an earlier answer, and "
-           "again after one input element changed. Shapes range over task.toml's [dims] (rows of 1-17, odd widths, "
+           "again after one input element changed. Before a keep the inputs and the output are also views at offsets "
+           "of {align} past a 64-byte boundary, each its own (a caller's slice): no pointer is aligned beyond "
+           "{unit}. Shapes range over task.toml's [dims] (rows of 1-17, odd widths, "
            "the longest reductions{wide}), beside hidden shapes you are not shown. Two threads may call at once on "
            "their own buffers{streams}: no static or global state. Before the build a scan refuses what no kernel "
            "needs (the environment, files, threads, processes, streams of its own, mutable static state, clocks, "
@@ -86,9 +88,19 @@ def machine_facts(task: Task) -> str:
     gpu = task.backend.gpu
     lines = gpu_facts(task) if gpu else cpu_facts()
     lines += [toolchain(task), tolerance(task),
-              HARNESS.format(wide=", and on a GPU one shape past 2^31 elements" if gpu else "",
+              HARNESS.format(**alignment(task), wide=", and on a GPU one shape past 2^31 elements" if gpu else "",
                              streams=", each on a CUDA stream of its own (launch on the stream you are given)"
                              if gpu else "",
                              sanitizer="; before a keep it runs under compute-sanitizer memcheck and racecheck"
                              if gpu else "")]
     return "\n".join(f"- {ln}" for ln in lines)
+
+
+def alignment(task: Task) -> dict[str, str]:
+    """What parity's misaligned views (tools/measure/views.py) hold the kernel's pointers to, for the prompt."""
+    declared = {i.name or f"input {n}": i.align for n, i in enumerate(task.spec.inputs) if i.align > task.spec.parity.align}
+    every = task.spec.parity.align
+    unit = f"{every} bytes (task.toml's [parity] align)" if every else "its element's size"
+    more = "".join(f"; {name}: {a} bytes" for name, a in declared.items())
+    return {"align": f"whole multiples of {every} bytes" if every else "1 to 16 bytes' worth of whole elements",
+            "unit": unit + more}

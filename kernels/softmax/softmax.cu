@@ -123,8 +123,10 @@ softmax_kernel(const __half* __restrict__ x, __half* __restrict__ y, int M, int 
 #endif
     const float inv = 1.f / s_row;
 
-    // Write pass: the same head / vector / tail split as the reads (x and y share their alignment).
-    const RowSplit sp = split_row(xr, n);
+    // Write pass: the same head / vector / tail split for x and y where they share their alignment; a caller's
+    // views need not (x[1:] beside a fresh y): then every element on its own, no vector touches a misaligned address.
+    const bool same_phase = ((uintptr_t)xr - (uintptr_t)yr) % (2 * VEC) == 0;
+    const RowSplit sp = same_phase ? split_row(xr, n) : RowSplit{n, 0, n};
     for (int i = gl; i < sp.head; i += GROUP) yr[i] = __float2half(__expf(__half2float(xr[i]) - m_row) * inv);
     const VecType<VEC>::T* xv = reinterpret_cast<const VecType<VEC>::T*>(xr + sp.head);
     VecType<VEC>::T* yv = reinterpret_cast<VecType<VEC>::T*>(yr + sp.head);
@@ -154,11 +156,12 @@ extern "C" int softmax_plan(int M, int N, int flags, int* out, int cap) {
     return 1;
 }
 
-// Returns a cudaError_t (0 = success); launches on `stream`. x and y must be 16-byte aligned.
+// Returns a cudaError_t (0 = success); launches on `stream`. x and y may start at any element (a caller's
+// view, x[1:]): each row's head is found from its own address; the write pass vectorizes only where x and y share
+// their phase.
 extern "C" int softmax_run(const void* x, void* y, int M, int N, int flags, cudaStream_t stream) {
     int plan[7];
     if (softmax_plan(M, N, flags, plan, 1) != 1) return (int)cudaErrorInvalidValue;
-    if (((uintptr_t)x | (uintptr_t)y) % 16 != 0) return (int)cudaErrorMisalignedAddress;
     softmax_kernel<<<dim3(plan[0], plan[1], plan[2]), dim3(plan[3], plan[4], plan[5]), plan[6], stream>>>(
         static_cast<const __half*>(x), static_cast<__half*>(y), M, N);
     return (int)cudaGetLastError();

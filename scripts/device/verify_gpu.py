@@ -51,6 +51,23 @@ def _online_unguarded() -> str:
     return src.replace(GUARD, "        else s += __expf(v - m);").replace("#define ONLINE 0 ", "#define ONLINE 1 ")
 
 
+# issue 62, pointers the sample never has: the write pass's split (one for x and y where they share a phase, since
+# issue 62's fix; before it, x's split served y always) and the head's offset
+PHASE = ("    const bool same_phase = ((uintptr_t)xr - (uintptr_t)yr) % (2 * VEC) == 0;\n"
+         "    const RowSplit sp = same_phase ? split_row(xr, n) : RowSplit{n, 0, n};\n")
+PHASE_BEFORE = "    const RowSplit sp = split_row(xr, n);\n"
+MIS = "    const int mis = (int)(((uintptr_t)row / 2) % VEC);   // elements past the last (2*VEC)-byte boundary\n"
+
+
+def _views(write_split: str | None = None, mis: str | None = None) -> str:
+    """softmax.cu at VEC 8 with the write pass's split, or the head's offset, replaced (the shipped file's, before or
+    after the fix)."""
+    src = (REPO / "kernels" / "softmax" / "softmax.cu").read_text().replace("#define VEC 1 ", "#define VEC 8 ")
+    if write_split is not None:
+        src = src.replace(PHASE, write_split) if PHASE in src else src.replace(PHASE_BEFORE, write_split, 1)
+    return src.replace(MIS, mis) if mis is not None else src
+
+
 def _cheat(name: str) -> str:
     return (CHEATS / f"{name}.cu").read_text()
 
@@ -133,6 +150,18 @@ CASES = [
     ("values_masked_zero", "cheat", "a fully masked row written as zeros where torch's softmax is NaN, with 16-byte "
      "vectors", [(INV, "    if (m_row == -INFINITY) { for (int i = gl; i < n; i += GROUP) yr[i] = __float2half(0.f); "
                        "return; }\n" + INV), VEC8], "parity_failed", ("mismatch",), ("values ",)),
+    # issue 62: right on every freshly allocated buffer, wrong on a caller's view (parity's misaligned views). The
+    # first is the shipped kernel's own VEC 8 before the fix (its write pass took x's split for y too)
+    ("views_shared_phase", "cheat", "one head/vector split for x and y in the write pass, 16-byte vectors (x and y "
+     "taken to share their alignment)", [(None, _views("    const RowSplit sp = split_row(xr, n);\n"))],
+     "parity_failed", ("error", "crashed", "mismatch", "invalid_access"), ("misaligned ",)),
+    ("views_y_split", "cheat", "the write pass's split found from y, the store side, and used for x's loads too, "
+     "16-byte vectors", [(None, _views("    const RowSplit sp = split_row(yr, n);   // y's boundary serves x\n"))],
+     "parity_failed", ("error", "crashed", "mismatch", "invalid_access"), ("misaligned ",)),
+    ("views_row_multiple", "cheat", "no head for a row whose length is a whole number of vectors ('it starts on a "
+     "boundary'), 16-byte vectors", [(None, _views(mis="    const int mis = n % VEC == 0 ? 0 : (int)(((uintptr_t)row "
+                                                      "/ 2) % VEC);   // a row of whole vectors starts on one\n"))],
+     "parity_failed", ("error", "crashed", "mismatch", "invalid_access"), ("misaligned ",)),
     ("vec8_after_fault", "good", "a real improvement right after the illegal access (VEC 1 -> 8), in a clean process",
      [("#define VEC 1 ", "#define VEC 8 ")], "kept", (), ()),
 ]

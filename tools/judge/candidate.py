@@ -12,6 +12,7 @@ from typing import NamedTuple
 from tools.measure.bench import failed_bench
 from tools.measure.parity import child_failure, child_status
 from tools.judge.budgets import StageClock
+from tools.judge.sanitize import allowed_unchecked
 from tools.results import BenchResult, LaunchResult, LaunchStatus, ParityResult, ParityStatus, StageBudget
 from tools.isolation.sandbox import STAGE_MARK, Prestarted, ProcStatus, child_json, prestart_python
 from tools.task import Task
@@ -81,6 +82,7 @@ def run_candidate(task: Task, lib_path: Path, baseline_lib: Path | None, *, seed
     job = {"lib": str(Path(lib_path).resolve()), "seed": seed, "shapes": shapes, "launch_context": launch_context,
            "baseline_lib": str(Path(baseline_lib).resolve()) if baseline_lib is not None else None,
            "no_reference": not with_reference, "parity_extent": parity_extent, "memcheck": memcheck,
+           "allow_unchecked": allowed_unchecked(),
            "keep_gain": keep_gain}
     timeout = task.spec.parity.timeout_s + task.spec.bench.timeout_s
     if memcheck and task.backend.gpu:

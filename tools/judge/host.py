@@ -133,30 +133,33 @@ class Host:
     def _file(self, key: str) -> str:
         return path_of(self.io, key, self.io_bound)
 
+    def _buffer(self, d: dict, numel: int):
+        """The buffer `d` names (key, dtype, misalign: bytes past a 64-byte boundary, parity's misaligned views), made
+        or kept at that size, dtype and offset."""
+        import torch
+
+        from tools.measure.views import empty_at, misalignment
+        dtype, off = getattr(torch, d["dtype"]), int(d.get("misalign") or 0)
+        have = self.bufs.get(d["key"])
+        if have is None or have.numel() != numel or have.dtype != dtype or misalignment(have) != off:
+            have = self.bufs[d["key"]] = empty_at(torch, numel, dtype, self.device(), off) if off else \
+                torch.empty(numel, dtype=dtype, device=self.device())
+        return have
+
     def _put(self, d: dict) -> None:
         import torch
-        dtype = getattr(torch, d["dtype"])
         f = self._file(d["key"])
-        numel = os.path.getsize(f) // torch.empty(0, dtype=dtype).element_size()
-        have = self.bufs.get(d["key"])
-        if have is None or have.numel() != numel or have.dtype != dtype:
-            have = self.bufs[d["key"]] = torch.empty(numel, dtype=dtype, device=self.device())
-        load_into(have, f)
+        load_into(self._buffer(d, os.path.getsize(f) // torch.empty(0, dtype=getattr(torch, d["dtype"])).element_size()), f)
 
     def share(self, r: dict) -> dict:
         """Buffers the judge will fill itself through CUDA IPC (tools/judge/devshare.py): each made here (or kept, at
         its size and dtype) and its handle answered; those the driver cannot share are left for files."""
-        import torch
-
         from tools.judge import devshare
         shared = {}
         for d in r["bufs"]:
             if not d["key"].replace("-", "").isalnum():
                 raise ValueError(f"bad buffer key {d['key']!r}")
-            dtype, numel = getattr(torch, d["dtype"]), int(d["numel"])
-            have = self.bufs.get(d["key"])
-            if have is None or have.numel() != numel or have.dtype != dtype:
-                have = self.bufs[d["key"]] = torch.empty(numel, dtype=dtype, device=self.device())
+            have = self._buffer(d, int(d["numel"]))
             if (s := devshare.export(have)) is not None:
                 shared[d["key"]] = s
         self.sync()

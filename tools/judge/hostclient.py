@@ -11,7 +11,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 import weakref
 from pathlib import Path
 
@@ -22,6 +21,7 @@ from tools.judge import iofiles
 from tools.judge.iofiles import load_into, memory_dir, path_of, save
 from tools.judge.hostfork import fork_host
 from tools.isolation.scratch import Scratch
+from tools.measure.views import misalignment
 
 MAX_ANSWER = 16 << 20
 
@@ -197,7 +197,9 @@ class Remote:
             key = self._key(t, kind)
             if key not in todo and not self._held(key, t):
                 todo[key] = t
-        gpu = [{"key": k, "dtype": str(t.dtype).removeprefix("torch."), "numel": t.numel()}
+        # a view off the allocator's alignment (parity's misaligned checks, tools/measure/views.py) is made at the
+        # same offset past a 64-byte boundary there: the pointer the kernel gets is as misaligned as the judge's
+        gpu = [{"key": k, "dtype": str(t.dtype).removeprefix("torch."), "numel": t.numel(), "misalign": misalignment(t)}
                for k, t in todo.items() if self.ipc and getattr(t, "is_cuda", False)]
         shared = self.host.ask({"op": "share", "bufs": gpu}).get("shared") if gpu else {}
         descs = []
@@ -206,7 +208,7 @@ class Remote:
                 self._mapped(self.mapped.copy_from, t, shared[key])
             else:
                 save(t, self._file(key))
-                descs.append({"key": key, "dtype": str(t.dtype).removeprefix("torch.")})
+                descs.append({"key": key, "dtype": str(t.dtype).removeprefix("torch."), "misalign": misalignment(t)})
             self.synced[key] = (weakref.ref(t), t._version)
         if len(descs) < len(todo):
             __import__("torch").cuda.synchronize()   # the bytes are in the host's buffers before it is asked to run

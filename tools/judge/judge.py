@@ -193,8 +193,26 @@ def sanitized(task, mod, job: dict, par, checks: tuple[str, ...] = ("memcheck",)
             status = ParityStatus.invalid_access if r.tool == "memcheck" else ParityStatus.race
             return par.model_copy(update={**update, "status": status, "message": r.message,
                                           "seconds": par.seconds + took})
-    return par.model_copy(update={**update, "message": "; ".join([par.message, *(r.message for r in results)]),
-                                  "seconds": par.seconds + took})
+    return unchecked(par.model_copy(update={**update, "seconds": par.seconds + took}), results,
+                     job.get("allow_unchecked") or [])
+
+
+def unchecked(par, results: list, allowed: list[str]):
+    """A check that did not run is not a pass (issue 62): a sanitizer missing ("skipped") or that could not start
+    ("error") fails parity `unchecked`, unless the user allowed a keep without it by name (AGENT_ALLOW_UNCHECKED), and
+    then its message says so (the record keeps it; the kept commit's trailer names it: agent/gitops.py)."""
+    from tools.judge.sanitize import ALLOW_ENV
+    from tools.results import ParityStatus
+    missing = [r for r in results if r.status in ("skipped", "error")]
+    for r in missing:
+        r.message += (f" (kept without it: {ALLOW_ENV} allows {r.tool})" if r.tool in allowed else "")
+    refused = [r for r in missing if r.tool not in allowed]
+    if refused:
+        names = ",".join(r.tool for r in refused)
+        return par.model_copy(update={"status": ParityStatus.unchecked, "message": "; ".join(r.message for r in refused)
+                                      + f": a kernel is kept only after {names} ran clean on it ({ALLOW_ENV}={names} "
+                                      "keeps it without, and the record and the commit say so)"})
+    return par.model_copy(update={"message": "; ".join([par.message, *(r.message for r in results)])})
 
 
 def run(mode: str, task, mod, host: HostClient, job: dict, shapes: list[dict]) -> dict:

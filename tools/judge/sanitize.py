@@ -44,8 +44,19 @@ RACE_SHAPES = 4            # racecheck's calls (8 took attention's scalar path 2
 RACE_ELEMENTS = 1 << 20    # racecheck's largest shape
 
 
+ALLOW_ENV = "AGENT_ALLOW_UNCHECKED"     # the checks a user lets a kept kernel go without: "memcheck,racecheck"
+
+
+def allowed_unchecked() -> list[str]:
+    """The sanitizer checks the user allows a keep without, where they cannot run (AGENT_ALLOW_UNCHECKED)."""
+    return [w for w in os.environ.get(ALLOW_ENV, "").replace(",", " ").split() if w in ("memcheck", "racecheck")]
+
+
 def find_sanitizer() -> str | None:
-    """compute-sanitizer on PATH, else under $CUDA_HOME or /usr/local/cuda; None where the machine has none."""
+    """AGENT_SANITIZER where set (that tool, or None where it is not an executable); else compute-sanitizer on PATH,
+    else under $CUDA_HOME or /usr/local/cuda; None where the machine has none."""
+    if (named := os.environ.get("AGENT_SANITIZER")):
+        return named if os.access(named, os.X_OK) and os.path.isfile(named) else None
     found = shutil.which("compute-sanitizer")
     if found:
         return found
@@ -136,7 +147,8 @@ def memcheck(task, mod, job: dict, root: Path, seed: int, check: str = "memcheck
     tool = find_sanitizer()
     if tool is None:
         return {"tool": check, "status": "skipped", "seconds": 0.0,
-                "message": f"{check} skipped: compute-sanitizer is not on this machine (PATH, $CUDA_HOME/bin)"}
+                "message": f"{check} skipped: compute-sanitizer is not on this machine (AGENT_SANITIZER, PATH, "
+                           "$CUDA_HOME/bin)"}
     log = Path(root) / f"{check}-{os.getpid()}-{seed}.log"
     todo = shapes(task.spec, mod, random.Random(seed)) if check == "memcheck" else \
         shapes(task.spec, mod, random.Random(seed), RACE_SHAPES, RACE_ELEMENTS)

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import random
 
-from tools.measure.compare import poison_, poisoned_mask
+from tools.measure.compare import compare, describe, poison_, poisoned_mask, tolerance_for
+from tools.measure.domains import draw
+from tools.measure.views import misalignment
 
 GUARD_BYTES = 64 * 1024
 
@@ -35,6 +37,7 @@ class Buffers:
         self.last = 1                       # the slot the latest call wrote
         self.calls = 0                      # checks so far: the output state rotates with them
         self.stale = None                   # the previous check's expected output (another call's result)
+        self.misalign = None                # a misaligned check's offsets (tools/measure/views.Offsets), or None
 
     def order(self) -> tuple[int, int]:
         """Slots for this seed's two calls: the first reuses the buffer the previous call wrote (with new
@@ -45,9 +48,12 @@ class Buffers:
 
     def adopt(self, fresh: tuple) -> tuple:
         t = self.torch
+        if self.misalign is not None:       # views at the check's offsets (tools/measure/views.py)
+            fresh = self.misalign.inputs(t, fresh)
         if self.inputs is not None and len(fresh) == len(self.inputs) and all(
                 isinstance(o, t.Tensor) and isinstance(n, t.Tensor) and o.shape == n.shape and o.dtype == n.dtype
-                and o.stride() == n.stride() and o.device == n.device for o, n in zip(self.inputs, fresh)):
+                and o.stride() == n.stride() and o.device == n.device and misalignment(o) == misalignment(n)
+                for o, n in zip(self.inputs, fresh)):
             for o, n in zip(self.inputs, fresh):
                 o.copy_(n)
             return self.inputs
@@ -57,9 +63,11 @@ class Buffers:
     def out(self, slot: int, template):
         t = self.torch
         have = self.outs.get(slot)
-        if have is None or have[1].shape != template.shape or have[1].dtype != template.dtype:
+        # a misaligned check's output starts `shift` elements past the allocator's alignment: a guard that much longer
+        g = max(1, GUARD_BYTES // template.element_size()) + (
+            self.misalign.output(template) if self.misalign is not None else 0) if template.is_contiguous() else 0
+        if have is None or have[1].shape != template.shape or have[1].dtype != template.dtype or have[2] != g:
             if template.is_contiguous():
-                g = max(1, GUARD_BYTES // template.element_size())
                 flat = t.empty(template.numel() + 2 * g, dtype=template.dtype, device=template.device)
                 view = flat[g:g + template.numel()].view(template.shape)
             else:
@@ -126,3 +134,34 @@ class Buffers:
             changed += int((flat[idx] != new).sum())
             flat[idx] = new
         return changed
+
+
+def changed_repeat(task, mod, lib, where: tuple, bufs: Buffers, slot_out: tuple, exp, run_kept, sync) -> dict | None:
+    """The changed-repeat call (issue 39): the same buffers as the call before, a few input values changed in
+    place, into the output that holds the previous call's result. A cache keyed on part of the inputs (their
+    pointers, their ends, a sample of their values: a memo, a packed copy of a weight) serves the old answer
+    here. Where the reference itself does not tell the change apart (within tolerance), a larger one is tried."""
+    shape, label, dist, seed, device = where
+    slot, out = slot_out
+    rng = random.Random(seed ^ 0x5EED)
+    fresh = draw(task.spec, mod, shape, rng.getrandbits(31), device, dist)
+    atol, rtol = tolerance_for(task, out)
+    for count in (1, 16):
+        n = bufs.change_inputs(fresh, rng, count)
+        new = mod.reference(shape, *bufs.inputs)
+        if n and compare(new, exp, atol, rtol)["status"] != "ok":
+            break
+    else:
+        return None   # no change of a few values shows in this output: nothing to tell a stale answer by
+    run_kept(lib, shape, out, *bufs.inputs)
+    sync()
+    if (oob := bufs.out_of_bounds((slot,), label, dist, out.numel())) is not None:
+        return oob
+    c = compare(out, new, atol, rtol)
+    if c["status"] == "ok":
+        return None
+    line = describe(label, dist, c, atol, rtol)
+    return {**c, "status": "stale_input", "message": f"called again on the same buffers with {n} input value"
+            f"{'s' * (n != 1)} changed in place, into the output of the call before, the result was wrong "
+            f"({c['status']}): {line}: it answered for the inputs before the change (a cache keyed on part "
+            "of the inputs: their pointers or a sample of their values)"}

@@ -55,8 +55,8 @@ def value_shapes(shapes: list[tuple[dict, str]]) -> list[dict]:
 def draw(spec, mod, shape: dict, seed: int, device: str, dist: str) -> tuple:
     """make_inputs' answer for a distribution of the task's; for a values draw, the sample (the task's first
     distribution) moved to that draw's values."""
-    if not is_values(dist):
-        return make_inputs(mod, shape, seed, device, dist)
+    if not is_values(dist):   # a misaligned check (tools/measure/views.py) draws the sample: its views are the point
+        return make_inputs(mod, shape, seed, device, spec.distributions[0] if dist.startswith("offset:") else dist)
     import torch
     base = make_inputs(mod, shape, seed, device, spec.distributions[0])
     decl = [spec.inputs[i] if i < len(spec.inputs) else _NONE for i in range(len(base))]
