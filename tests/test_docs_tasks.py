@@ -246,9 +246,9 @@ def test_the_example_and_every_value_of_its_knob_pass_agent_check(tmp_path):
     assert s["build"]["status"] == "ok" and s["launch"]["status"] == "not_applicable"
     assert s["parity"]["status"] == "ok" and s["bench"][0]["status"] == "ok"
     # the line the doc quotes: three listed shapes, two hidden, two distributions, two seeds; two value shapes, each
-    # with the large and the tiny draw
-    assert s["parity"]["message"].startswith("ok: 24 checks on 7 shapes (2 distributions x 2 seeds each, one seed on "
-                                              "the 2 range and value shapes)"), s["parity"]["message"]
+    # with the large and the tiny draw; two view shapes, each with its pointers at one offset and at offsets apart
+    assert s["parity"]["message"].startswith("ok: 28 checks on 9 shapes (2 distributions x 2 seeds each, one seed on "
+                                              "the 4 range, value and view shapes)"), s["parity"]["message"]
     assert s["bench"][0]["shape"] == {"n": 1048576}
     assert s["knobs"]["committed"] == {"UNROLL": 1}
     assert s["knobs"]["configurations"] == 3 and s["knobs"]["passed"] == 3 and s["knobs"]["failures"] == []

@@ -30,6 +30,21 @@ def test_the_changes_are_named_in_words():
     assert describe(start, {**start, "x87": 0x0F7F}) == "x87 control word 0x037f -> 0x0f7f"
 
 
+def test_the_gpus_device_wide_settings_are_named_in_words_and_absent_without_a_context():
+    """tools/judge/devstate.py: the words a changed limit, cache preference or scheduling gets; here (no GPU context)
+    nothing is read and nothing is named. The adversaries that change them run on the device
+    (scripts/device/verify_gpu.py state_*)."""
+    from tools.judge import devstate
+    before = {"limit6": 0, "limit2": 8 << 20, "cache": 0, "sched": 0}
+    assert devstate.describe(before, dict(before)) is None
+    said = devstate.describe(before, {**before, "limit6": 32 << 20, "cache": 2, "sched": 1})
+    assert said == ("the cache preference no preference -> prefer L1, the persisting L2 cache size 0 -> 33554432 bytes, "
+                    "the context's scheduling auto -> spin"), said
+    assert 0 not in devstate.LIMITS       # the driver raises the stack size itself: not the kernel's doing
+    if devstate.snapshot() is None:       # a CPU machine, or no current context
+        assert devstate.Watch().check("the kernel's calls") is None
+
+
 @pytest.mark.parametrize("kernel, words", [
     ("ftz_left", "flush-to-zero (FTZ) set, denormals-are-zero (DAZ) set"),
     ("round_left", "SSE rounding to nearest -> toward zero"),

@@ -162,6 +162,22 @@ CASES = [
      "boundary'), 16-byte vectors", [(None, _views(mis="    const int mis = n % VEC == 0 ? 0 : (int)(((uintptr_t)row "
                                                       "/ 2) % VEC);   // a row of whole vectors starts on one\n"))],
      "parity_failed", ("error", "crashed", "mismatch", "invalid_access"), ("misaligned ",)),
+    # issue 62: right outputs, a device-wide setting left changed for the caller's other kernels (tools/judge/devstate.py)
+    # (set at each call, the driver call made it slower than the best, 0.93x on an H200: set once here)
+    ("state_l2_persist", "cheat", "the persisting L2 set-aside raised to 32 MiB once, at the first call ('keep x's "
+     "rows in L2 between the passes'), never put back, 16-byte vectors",
+     [(RUN_HEAD, RUN_HEAD + "    static const bool l2 = cudaDeviceSetLimit(cudaLimitPersistingL2CacheSize, (size_t)32 "
+                            "<< 20) == cudaSuccess;   // x's rows stay in L2 between the passes\n    (void)l2;\n"), VEC8],
+     "parity_failed", ("side_effect",), ("device-wide settings",)),
+    ("state_prefer_l1", "cheat", "the device's cache preference set to L1 ('32 B of shared memory: the rest to L1'), "
+     "never put back, 16-byte vectors",
+     [(RUN_HEAD, RUN_HEAD + "    cudaDeviceSetCacheConfig(cudaFuncCachePreferL1);   // 32 B of shared memory: the "
+                            "rest to L1\n"), VEC8],
+     "parity_failed", ("side_effect",), ("device-wide settings",)),
+    ("state_spin_sync", "cheat", "the context's scheduling set to spin ('lower synchronization latency'), never put "
+     "back, 16-byte vectors",
+     [(RUN_HEAD, RUN_HEAD + "    cudaSetDeviceFlags(cudaDeviceScheduleSpin);   // lower synchronization latency\n"),
+      VEC8], "parity_failed", ("side_effect",), ("device-wide settings",)),
     ("vec8_after_fault", "good", "a real improvement right after the illegal access (VEC 1 -> 8), in a clean process",
      [("#define VEC 1 ", "#define VEC 8 ")], "kept", (), ()),
 ]

@@ -12,6 +12,8 @@ Entry points:
   /dev/shm can hold them).
 - batch (with _batch_child): parity and bench of many libraries, a batch per throwaway child (the sweep,
   `agent check --knobs`).
+- what a kernel leaves behind, read in the host: fpstate (the floating-point control state), threads (threads still on
+  a CPU after its calls), devstate (a GPU context's device-wide settings); sanitize: compute-sanitizer's checks.
 - _plan_child: the launch check's child (the plan, the profiler's trace); runner: the private stdout
   the processes that load candidate code share.
 

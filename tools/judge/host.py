@@ -29,6 +29,7 @@ Requests (each answered {"ok": true, ...} or {"ok": false, "error": "..."}):
     drop  {keys}                               forget these buffers, their memory given back
     cost  {arm} / time {arm, n, offset, refresh} tools.backends.clocks' rep cost / n timed reps (ms each),
                                                values traded before each (tools.measure.rounds.Refresh)
+    idle  {}                                   the threads on a CPU while nothing is called (tools/judge/threads.py)
 
 A buffer is named by a key (the same key, the same memory: a kernel that caches on its pointers sees
 its pointers again); its bytes travel in KEY.bin, written by the judge or by this process and removed by its
@@ -44,6 +45,7 @@ import os
 import sys
 
 from tools.judge.iofiles import load_into, path_of, save
+from tools.judge.threads import names
 from tools.judge.runner import private_stdout
 
 
@@ -54,21 +56,6 @@ def digest(t) -> int:
     b = t.detach().contiguous().view(-1).view(torch.uint8)
     w = b.view(torch.int32) if b.numel() % 4 == 0 else b
     return int(w.sum(dtype=torch.int64))
-
-
-def _threads() -> dict[str, str]:
-    """This process's threads now: id -> name (/proc/self/task; empty where there is none)."""
-    out = {}
-    try:
-        for tid in os.listdir("/proc/self/task"):
-            try:
-                with open(f"/proc/self/task/{tid}/comm") as f:
-                    out[tid] = f.read().strip()
-            except OSError:
-                continue
-    except OSError:
-        pass
-    return out
 
 
 def _same_bits(a, b) -> bool:
@@ -86,6 +73,7 @@ class Host:
         self.bufs: dict[str, object] = {}
         self.timed: dict | None = None
         self.fp = None          # tools.judge.fpstate.Watch: the floating-point control state the host started with
+        self.dev = None         # tools.judge.devstate.Watch: a GPU context's device-wide settings, likewise
 
     def device(self) -> str:
         return self.task.backend.torch_device
@@ -113,6 +101,9 @@ class Host:
         got["nofork"] = int(why is None)
         from tools.judge.fpstate import Watch
         self.fp = Watch()       # after torch and the task module, before any candidate library
+        if self.task.backend.gpu:   # the context's device-wide settings, now that it is up (tools/judge/devstate.py)
+            from tools.judge import devstate
+            self.dev = devstate.Watch()
         return {"ok": True, "pid": os.getpid(), "threads": torch.get_num_threads(), "limits": got, "nofork_off": why,
                 "gpu": self.task.backend.gpu}
 
@@ -208,7 +199,7 @@ class Host:
         from tools.measure.probes import StreamSpan
         span = StreamSpan(self.task.backend.gpu and r.get("threads") != 2)
         self.sync()
-        threads_before = _threads()
+        threads_before = names()
         t0, late = time.perf_counter(), []
         if r.get("threads") == 2:
             late = self._two_threads(todo)
@@ -221,7 +212,7 @@ class Host:
         t2 = time.perf_counter()
         changed = sorted(k for k in keys if not _same_bits(before[k], self.bufs[k]))
         shared = self._give(list(r.get("get", [])) + changed, bool(r.get("ipc")))
-        left = {tid: name for tid, name in _threads().items() if tid not in threads_before}
+        left = {tid: name for tid, name in names().items() if tid not in threads_before}
         return {"ok": True, "issue_ms": (t1 - t0) * 1e3, "total_ms": (t2 - t0) * 1e3, "changed": changed,
                 "stream_ms": span.ms(), "shared": shared,
                 "threads_left": sorted(left.values())[:8], "late": late}
@@ -292,6 +283,11 @@ class Host:
             torch.cuda.empty_cache()    # make_inputs' temporaries (fp32 draws) back to the device
         return {"ok": True, "digests": digests}
 
+    def idle(self, r: dict) -> dict:
+        """The threads still on a CPU while nothing calls the kernel (tools/judge/threads.py)."""
+        from tools.judge.threads import running
+        return {"ok": True, "running": running()}
+
     def poison(self, r: dict) -> dict:
         """The judge's SpotCheck: these output buffers poisoned before a timed burst."""
         for d in r["outs"]:
@@ -316,7 +312,7 @@ class Host:
             return {"ok": True, "ms": self.timed["clock"].run(fn, int(r["n"]), offset=int(r["offset"]), before=before)}
 
 
-OPS = ("init", "load", "plan", "share", "call", "arms", "refill", "poison", "cost", "time", "drop")
+OPS = ("init", "load", "plan", "share", "call", "arms", "refill", "poison", "cost", "time", "drop", "idle")
 
 
 def main() -> int:
@@ -334,9 +330,11 @@ def main() -> int:
             ans = {"ok": False, "error": f"{type(e).__name__}: {' '.join(str(e).split())[:400]}"}
         # the floating-point state a library's load or a call left changed: named (the judge fails the candidate) and
         # put back, whatever the request's own answer
-        if host.fp is not None and op != "init" and (left := host.fp.check(
-                "loading the library" if op == "load" else "the kernel's calls")) is not None:
+        what = "loading the library" if op == "load" else "the kernel's calls"
+        if host.fp is not None and op != "init" and (left := host.fp.check(what)) is not None:
             ans["fp_state"] = left
+        if host.dev is not None and op != "init" and (left := host.dev.check(what)) is not None:
+            ans["device_state"] = left
         out.write(json.dumps(ans) + "\n")
         out.flush()
     return 0

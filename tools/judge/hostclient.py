@@ -55,7 +55,7 @@ class HostClient:
         self._send({"op": "init", "task": str(task_root), "io": self.dirs, "io_bound": self.bound})
         self.started = False
         self.info: dict = {}      # the host's answer to init: its pid, its CPU threads
-        self.state_left: list[str] = []     # the floating-point state the libraries' loads and calls left changed
+        self.state_left: list[str] = []     # the state the libraries' loads and calls left changed, a line each
 
     def _send(self, req: dict) -> None:
         try:
@@ -103,7 +103,15 @@ class HostClient:
         self._send(req)
         ans = self._answer()
         if isinstance(ans.get("fp_state"), str):     # tools/judge/fpstate.py: the host has put it back
-            self.state_left.append(ans["fp_state"][:300])
+            self.state_left.append("the kernel left the thread's floating-point state changed: "
+                                   f"{ans['fp_state'][:300]}: every float operation its caller does next sees it (a "
+                                   "kernel may set flush-to-zero or a rounding mode for its own loop only if it puts "
+                                   "the state back before it returns)")
+        if isinstance(ans.get("device_state"), str):     # tools/judge/devstate.py: likewise
+            self.state_left.append("the kernel left the GPU's device-wide settings changed: "
+                                   f"{ans['device_state'][:300]}: every other kernel of its caller's process runs "
+                                   "under them (set a kernel's own attributes, or put the device's back before "
+                                   "returning)")
         if ans.get("ok") is not True:
             raise RuntimeError(str(ans.get("error") or ans)[:500])
         return ans

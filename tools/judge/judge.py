@@ -76,15 +76,20 @@ def wrote_files(host: HostClient, task, before: frozenset = frozenset()) -> str 
 
 
 def state_left(host: HostClient, since: int = 0) -> str | None:
-    """Why the floating-point state the kernel left changed fails it (tools/judge/fpstate.py), or None: its own
-    outputs may be right, its caller's next float operations are not. `since`: the changes an earlier library of a
+    """Why the state the kernel left changed fails it (the floating-point state, tools/judge/fpstate.py; a GPU's
+    device-wide settings, tools/judge/devstate.py), or None: its own outputs may be right, its caller's next
+    operations are not. `since`: the changes an earlier library of a
     batch left are not this one's."""
     left = host.state_left[since:]
-    if not left:
-        return None
-    return (f"the kernel left the thread's floating-point state changed: {left[0]}: every float operation its caller "
-            "does next sees it (a kernel may set flush-to-zero or a rounding mode for its own loop only if it puts the "
-            "state back before it returns)")
+    return left[0] if left else None
+
+
+def still_running(host: HostClient) -> str | None:
+    """Before a keep: why a thread the kernel left on a CPU while nothing calls it fails it (tools/judge/threads.py),
+    or None. 0.2 s of the host's time."""
+    from tools.judge.threads import describe
+    busy = host.ask({"op": "idle"}).get("running")
+    return describe(busy) if isinstance(busy, list) and busy and isinstance(busy[0], dict) else None
 
 
 def checked_parity(task, mod, remote: Remote, job: dict):
@@ -96,7 +101,8 @@ def checked_parity(task, mod, remote: Remote, job: dict):
     extent = job.get("parity_extent") or "full"
     if par.status == ParityStatus.ok and task.backend.gpu and extent != "quick" and not job.get("no_hidden"):
         par = wide(task, mod, remote, job, par)
-    if par.status == ParityStatus.ok and (why := wrote_files(remote.host, task) or state_left(remote.host)) is not None:
+    if par.status == ParityStatus.ok and (why := wrote_files(remote.host, task) or state_left(remote.host)
+                                          or (still_running(remote.host) if extent != "quick" else None)) is not None:
         par = par.model_copy(update={"status": ParityStatus.side_effect, "message": why})
     elif par.status == ParityStatus.ok and remote.threads_left:   # named, not refused: a pool may be by design
         n = len(remote.threads_left)

@@ -189,7 +189,7 @@ def check(task: Task, mod, lib, *, seed: int, hidden: bool = True, run=None, run
         f" (the other {len(seeds) - 1} before a keep)" if extent == "quick" and len(seeds) > 1 else "")
     n_range = sum(kind in ONE_SEED for _, kind in shapes)
     each = ("(one seed each)" if n_range == len(shapes) else
-            f"({each} each, one seed on the {n_range} range and value shapes)" if n_range else f"x {each}")
+            f"({each} each, one seed on the {n_range} range, value and view shapes)" if n_range else f"x {each}")
     msg = (f"ok: {len(checks)} checks on {len(shapes)} shapes {each}; worst max abs err "
            f"{max(c.max_abs_err or 0 for c in sample):.3g}, max rel err {worst.max_rel_err or 0:.3g} ({worst.label}){budget}")
     return ParityResult(status=ParityStatus.ok, message=msg, checks=checks, seconds=time.monotonic() - t0)
