@@ -50,6 +50,9 @@ def test_the_draws_reach_the_edge_and_hold_the_declared_specials(tmp_path):
     assert bool(torch.isnan(mod.reference(shape, s)[1]).all())       # torch: a fully masked row is NaN
     bare, _ = _task(tmp_path / "bare", "honest", inputs="")
     assert draws(bare.spec) == ["values:large", "values:tiny"]         # no specials undeclared
+    from agent.llm.machine import machine_facts                         # and the prompt says what is drawn
+    assert "non-finite inputs task.toml declares (x: -inf)" in machine_facts(task)
+    assert "declares (none)" in machine_facts(bare)
     assert value_shapes([({"M": 16, "N": 24}, ""), ({"M": 33, "N": 17}, ""), ({"M": 9, "N": 9}, "hidden ")]) == \
         [{"M": 16, "N": 24}, {"M": 9, "N": 9}]
 
@@ -103,12 +106,34 @@ def values_repo(root: Path, inputs: str = MASKING) -> Path:
     return root
 
 
-def values_proposals(names: list[str]) -> list[dict]:
+def values_proposals(names: list[str], folder: Path = HERE) -> list[dict]:
+    """Whole-file rewrites of softmax.cpp, one per kernel of `folder`, its first comment line the hypothesis."""
     from agent.proposal import Edit, PredictedEffect, Proposal
     pred = PredictedEffect(metric="time.median_ms", direction="down", speedup=2.0)
-    return [Proposal(hypothesis=f"[{n}] {(HERE / f'{n}.cpp').read_text().splitlines()[0].lstrip('/ ')}",
-                     predicted=pred, edits=[Edit(file="softmax.cpp", content=(HERE / f"{n}.cpp").read_text())]
+    return [Proposal(hypothesis=f"[{n}] {(folder / f'{n}.cpp').read_text().splitlines()[0].lstrip('/ ')}",
+                     predicted=pred, edits=[Edit(file="softmax.cpp", content=(folder / f"{n}.cpp").read_text())]
                      ).model_dump() for n in names]
+
+
+def refused_then_kept(root: Path, names: list[str], folder: Path, cases: list[tuple[str, str]], label: str) -> None:
+    """One replay loop run of `names` (the `cases` first, each (kernel, the draw that must refuse it), then an honest
+    one): each case refused at parity by its draw, labelled `label`; the last kept."""
+    import json
+
+    from agent.runlog import read_iterations
+    from tests.userrepo import agent
+    props = root.parent / f"{label.strip()}.json"
+    props.write_text(json.dumps(values_proposals(names, folder)))
+    r = agent(root, "optimize", "kernels/softmax_cpu", "--proposer", "replay", "--replay", str(props), "--iters",
+              str(len(names)), "--target", "100x", "--quiet", "--run-id", label.strip(), timeout=900)
+    assert r.returncode == 0, r.stderr[-3000:] + r.stdout[-2000:]
+    recs = read_iterations(root / "runs" / label.strip())
+    assert [x.iteration for x in recs] == list(range(1, len(names) + 1))
+    for (name, dist), rec in zip(cases, recs):
+        where = f"{name}: {rec.outcome.value} / {rec.reason}"
+        assert rec.outcome.value == "parity_failed" and rec.decision.value == "reverted", where
+        assert f"dist={dist}" in rec.reason and label in rec.reason, where
+    assert recs[-1].outcome.value == "kept", (recs[-1].outcome, recs[-1].reason)
 
 
 @pytest.mark.slow
@@ -117,24 +142,8 @@ def test_through_the_loop_the_adversaries_are_refused_and_the_honest_kernel_kept
     kernel (float exp against long double), through one real loop run: each passes the loop's quick parity (the sample)
     and is refused by the value draws of the parity before a keep; the honest one is kept. Over 60 s on 2 cores and it
     cannot share: five builds and the parity and bench of each, the initial kernel's setup."""
-    import json
-
-    from agent.runlog import read_iterations
-    from tests.userrepo import agent
     root = values_repo(tmp_path / "user")
-    names = [n for n, _ in LOOP_CASES] + ["honest"]
-    props = tmp_path / "values.json"
-    props.write_text(json.dumps(values_proposals(names)))
-    r = agent(root, "optimize", "kernels/softmax_cpu", "--proposer", "replay", "--replay", str(props), "--iters",
-              str(len(names)), "--target", "100x", "--quiet", "--run-id", "values", timeout=900)
-    assert r.returncode == 0, r.stderr[-3000:] + r.stdout[-2000:]
-    recs = read_iterations(root / "runs" / "values")
-    assert [x.iteration for x in recs] == list(range(1, len(names) + 1))
-    for (name, dist), rec in zip(LOOP_CASES, recs):
-        where = f"{name}: {rec.outcome.value} / {rec.reason}"
-        assert rec.outcome.value == "parity_failed" and rec.decision.value == "reverted", where
-        assert f"dist={dist}" in rec.reason and "values " in rec.reason, where
-    assert recs[-1].outcome.value == "kept", (recs[-1].outcome, recs[-1].reason)
+    refused_then_kept(root, [n for n, _ in LOOP_CASES] + ["honest"], HERE, LOOP_CASES, "values ")
 
 
 def _drawn(x) -> str:

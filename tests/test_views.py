@@ -128,27 +128,7 @@ def test_through_the_loop_the_views_refuse_the_adversaries_and_keep_the_honest_k
     initial kernel (float exp against long double), through one real loop run: each passes the loop's quick parity and
     is refused by the misaligned views of the parity before a keep; the honest one is kept. Over 60 s on 2 cores and
     it cannot share: four builds and the parity and bench of each, the initial kernel's setup."""
-    import json
-
-    from agent.proposal import Edit, PredictedEffect, Proposal
-    from agent.runlog import read_iterations
-    from tests.test_values import values_repo
-    from tests.userrepo import agent
-    root = values_repo(tmp_path / "user", inputs="")
+    from tests.test_values import refused_then_kept, values_repo
     cases = [("peel_by_index", "offset:same"), ("round_down", "offset:same"), ("out_phase", "offset:apart")]
-    names = [n for n, _ in cases] + ["honest_head"]
-    pred = PredictedEffect(metric="time.median_ms", direction="down", speedup=2.0)
-    props = [Proposal(hypothesis=f"[{n}] {(FIX / 'views' / f'{n}.cpp').read_text().splitlines()[0].lstrip('/ ')}",
-                      predicted=pred, edits=[Edit(file="softmax.cpp", content=(FIX / "views" / f"{n}.cpp").read_text())]
-                      ).model_dump() for n in names]
-    (tmp_path / "views.json").write_text(json.dumps(props))
-    r = agent(root, "optimize", "kernels/softmax_cpu", "--proposer", "replay", "--replay", str(tmp_path / "views.json"),
-              "--iters", str(len(names)), "--target", "100x", "--quiet", "--run-id", "views", timeout=900)
-    assert r.returncode == 0, r.stderr[-3000:] + r.stdout[-2000:]
-    recs = read_iterations(root / "runs" / "views")
-    assert [x.iteration for x in recs] == list(range(1, len(names) + 1))
-    for (name, dist), rec in zip(cases, recs):
-        where = f"{name}: {rec.outcome.value} / {rec.reason}"
-        assert rec.outcome.value == "parity_failed" and rec.decision.value == "reverted", where
-        assert f"dist={dist}" in rec.reason and "misaligned " in rec.reason, where
-    assert recs[-1].outcome.value == "kept", (recs[-1].outcome, recs[-1].reason)
+    refused_then_kept(values_repo(tmp_path / "user", inputs=""), [n for n, _ in cases] + ["honest_head"],
+                      FIX / "views", cases, "misaligned ")

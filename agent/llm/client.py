@@ -20,7 +20,8 @@ try:   # the HTTP client openai is built on: httpx2 from openai 3 on, httpx befo
     import httpx2 as httpx
 except ImportError:   # pragma: no cover (the older openai)
     import httpx
-from tenacity import Retrying, retry_if_exception, stop_after_attempt, stop_after_delay, wait_random_exponential
+from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_random_exponential
+from tenacity.stop import stop_base
 
 from agent.llm.costs import call_cost, estimate_tokens, no_price_note
 from agent.llm.errors import ErrorKind, LLMError, from_exception, is_retryable
@@ -125,6 +126,16 @@ def retry_after(exc: BaseException | None) -> float | None:
         return None
 
 
+class _Past(stop_base):
+    """tenacity's stop at a moment on time.monotonic()'s clock: the call's deadline."""
+
+    def __init__(self, end: float):
+        self.end = end
+
+    def __call__(self, retry_state) -> bool:
+        return time.monotonic() >= self.end
+
+
 class _Wait:
     """tenacity's wait: the server's Retry-After where it sends one (capped at retry_after_max_s; a 429 that asked for
     20 s was retried 0.6 s later), else exponential backoff with jitter; never past the call's deadline."""
@@ -211,7 +222,9 @@ class LLMClient:
         self._transport.end = end
         spent = (f"{s.deadline_s:.0f} s spent" if end < run_end else
                  "the run's time budget (--budget-seconds) ran out during the call")
-        retrying = Retrying(stop=stop_after_attempt(s.max_attempts) | stop_after_delay(max(0.0, end - time.monotonic())),
+        # the deadline as a moment, not a delay from tenacity's own start (a few ms later on a loaded machine: an
+        # attempt the deadline ended was then followed by a wait of 0 s and an attempt that could not start)
+        retrying = Retrying(stop=stop_after_attempt(s.max_attempts) | _Past(end),
                             wait=_Wait(s, end),
                             retry=retry_if_exception(is_retryable), reraise=True,
                             before_sleep=lambda st: log.warning(

@@ -87,13 +87,22 @@ HARNESS = ("The harness: every call gets an output whose every element was poiso
 def machine_facts(task: Task) -> str:
     gpu = task.backend.gpu
     lines = gpu_facts(task) if gpu else cpu_facts()
-    lines += [toolchain(task), tolerance(task),
+    lines += [toolchain(task), tolerance(task), values(task),
               HARNESS.format(**alignment(task), wide=", and on a GPU one shape past 2^31 elements" if gpu else "",
                              streams=", each on a CUDA stream of its own (launch on the stream you are given)"
                              if gpu else "",
                              sanitizer="; before a keep it runs under compute-sanitizer memcheck and racecheck"
                              if gpu else "")]
     return "\n".join(f"- {ln}" for ln in lines)
+
+
+def values(task: Task) -> str:
+    """The values parity draws before a keep (tools/measure/domains.py), the task's declarations named."""
+    declared = "; ".join(f"{i.name or f'input {n}'}: {', '.join(i.specials)}" for n, i in enumerate(task.spec.inputs)
+                         if i.specials) or "none"
+    return ("Values before a keep: beside the task's distributions, magnitudes up to near where the reference "
+            "overflows, zeros of both signs and subnormals, and the non-finite inputs task.toml declares "
+            f"({declared}); the output must hold NaN and inf exactly where the reference's does")
 
 
 def alignment(task: Task) -> dict[str, str]:

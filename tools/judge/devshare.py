@@ -46,7 +46,7 @@ def enabled() -> bool:
     return os.environ.get("AGENT_HOST_IPC", "1") != "0"
 
 
-def _driver() -> ctypes.CDLL | None:
+def driver() -> ctypes.CDLL | None:
     global _cuda
     if _cuda is None:
         try:
@@ -65,7 +65,7 @@ def _range(cu: ctypes.CDLL, ptr: int) -> tuple[int, int] | None:
 
 def export(t) -> dict | None:
     """On the host: {handle, offset, nbytes} for the contiguous CUDA tensor t, or None where it cannot be shared."""
-    cu = _driver() if enabled() and t.is_cuda and t.is_contiguous() else None
+    cu = driver() if enabled() and t.is_cuda and t.is_contiguous() else None
     if cu is None:
         return None
     h = _Handle()
@@ -102,7 +102,7 @@ class Mapped:
         """The host's bytes `shared` names, as a uint8 tensor here over the mapped allocation; ValueError where the
         answer is malformed, does not match t's size, or names bytes outside the allocation."""
         import torch
-        cu = _driver()
+        cu = driver()
         handle, offset, nbytes = shared.get("handle"), shared.get("offset"), shared.get("nbytes")
         if not t.is_cuda:
             raise ValueError("it shared device memory for a buffer the judge holds in host memory")
@@ -132,7 +132,7 @@ class Mapped:
 
     def close(self) -> None:
         """Unmap all (after the copies are done: the caller synchronized); the host's memory is its own again."""
-        cu = _driver()
+        cu = driver()
         for base, _ in self.open.values():
             if cu is not None:
                 cu.cuIpcCloseMemHandle(ctypes.c_uint64(base))

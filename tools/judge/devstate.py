@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import ctypes
 
+from tools.judge.devshare import driver as _driver   # libcuda, loaded once
+
 # CUlimit: what each is, by value (cuda.h). Not the stack size per thread (0): the driver raises it itself for a kernel
 # that needs more (its documented behaviour), and never lowers it again
 LIMITS = {1: "the printf FIFO size", 2: "the device malloc heap size",
@@ -26,17 +28,6 @@ LIMITS = {1: "the printf FIFO size", 2: "the device malloc heap size",
           5: "the L2 fetch granularity", 6: "the persisting L2 cache size"}
 CACHE = {0: "no preference", 1: "prefer shared memory", 2: "prefer L1", 3: "equal L1 and shared memory"}
 SCHED = {0: "auto", 1: "spin", 2: "yield", 4: "blocking sync"}
-_cuda: ctypes.CDLL | None = None
-
-
-def _driver() -> ctypes.CDLL | None:
-    global _cuda
-    if _cuda is None:
-        try:
-            _cuda = ctypes.CDLL("libcuda.so.1")
-        except OSError:
-            return None
-    return _cuda
 
 
 def snapshot() -> dict[str, int] | None:
