@@ -44,6 +44,7 @@ def _us(text: str) -> float:
     return float(value) * (1e3 if unit == "ms" else 1.0)
 
 
+@pytest.mark.slow        # a whole run, from agent check to the kept commit
 def test_every_figure_against_the_reference_agrees_from_check_to_the_commit(tmp_path):
     root = make_user_repo(tmp_path / "user")
     r = agent(root, "check", "kernels/matmul_cpu", "--json")

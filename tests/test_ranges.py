@@ -9,6 +9,7 @@ import pytest
 
 from tests.fixtures.cheats.cheats import source as cheat_source
 from tests.fixtures.cpu_faults.faults import compile_lib, make_task
+from tests.userrepo import one_fast
 from tools.measure.ranges import INDEX_CAP, range_shapes
 from tools.task import TaskError, load_task, shape_size
 
@@ -52,7 +53,7 @@ def test_the_extremes_cover_tails_each_largest_dimension_and_index_products_past
     assert range_shapes(plain.spec, plain.module(), random.Random(3)) == []
 
 
-@pytest.mark.parametrize("name", ["idx16_c", "strip8_overlap", "blocks8"])   # past 2^16, a tail, M at 4096
+@pytest.mark.parametrize("name", one_fast("idx16_c", "strip8_overlap", "blocks8"))   # past 2^16, a tail, M at 4096
 def test_a_kernel_wrong_only_outside_the_listed_shapes_fails_on_a_range_shape(tmp_path, name):
     """Both directions: without [dims] parity passes the kernel (every listed shape is right); with it,
     parity fails it on a shape labelled `range`; the honest kernel passes both."""

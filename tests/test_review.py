@@ -290,6 +290,7 @@ extern "C" void matmul(const float* __restrict__ A, const float* __restrict__ B,
 '''
 
 
+@pytest.mark.slow        # two gates, each building and measuring a checkout: 11-13 s on 2 cores
 def test_gate_passes_on_the_recorded_best_and_fails_on_a_planted_regression(run_repo, cli, tmp_path):
     run = load_run(run_repo / "runs" / RUN_ID)
     wt = user_checkout(run_repo, tmp_path, "user-gate", start=run.state.best_sha)

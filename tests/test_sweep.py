@@ -49,6 +49,7 @@ def _by_knobs(res: SweepResult) -> dict[tuple, SweepPoint]:
 
 
 # not slow: the fast tier's one pass through agent/sweep.py, tools/judge/batch.py and the batch child
+@pytest.mark.slow        # a whole sweep (screen, measure, verify): 13-15 s on 2 cores
 def test_sample_is_measured_and_the_best_verified(tmp_path):
     task = load_task(planted_task(tmp_path))
     out = tmp_path / "sweep"

@@ -11,6 +11,7 @@ import threading
 import pytest
 
 from tools.judge import threads
+from tests.userrepo import one_fast
 
 pytestmark = pytest.mark.skipif(shutil.which("g++") is None or not threads.names(), reason="needs g++ and /proc")
 
@@ -38,7 +39,7 @@ def test_a_spinning_thread_is_seen_and_a_waiting_one_is_not():
     assert threads.describe([{"tid": "x"}]).startswith("a thread the kernel started")   # the host's word, read with care
 
 
-@pytest.mark.parametrize("name", ["spin_pool", "clock_keeper", "background_check"])
+@pytest.mark.parametrize("name", one_fast("spin_pool", "clock_keeper", "background_check"))
 def test_a_kernel_whose_thread_keeps_running_fails_before_a_keep(tmp_path, name):
     from tests.fixtures.cheats.cheats import source
     from tests.fixtures.cpu_faults.faults import compile_lib, make_task

@@ -13,6 +13,13 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 
 
+def one_fast(*values):
+    """A parametrized family's cases with the first in the fast tier and the rest marked slow: the fast tier runs each
+    mechanism once between commits (README.md, Tests), the full suite every case (CI)."""
+    import pytest
+    return [pytest.param(v, marks=() if i == 0 else pytest.mark.slow) for i, v in enumerate(values)]
+
+
 def git(cwd: Path, *args: str) -> str:
     env = {**os.environ, "GIT_AUTHOR_NAME": "user", "GIT_AUTHOR_EMAIL": "user@example.com",
            "GIT_COMMITTER_NAME": "user", "GIT_COMMITTER_EMAIL": "user@example.com"}
