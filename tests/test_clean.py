@@ -18,7 +18,7 @@ from agent.proposal import Edit, PredictedEffect, Proposal
 from agent.runlog import read_state
 from tests.userrepo import agent, git, make_user_repo, snapshot
 
-# the module's fixture makes three runs of the loop (14-15 s on 2 cores): every test here drives runs, as the slow tier's do
+# the module's fixture makes three runs of the loop (14-15 s on 2 cores): every test here drives runs, as slow tests do
 pytestmark = pytest.mark.slow
 
 TASK = "kernels/matmul_cpu"

@@ -387,7 +387,8 @@ def test_a_users_single_file_extension_in_their_own_repo_is_checked_and_optimize
     deps = subprocess.run([find_ninja(), "-C", str(checked), "-t", "deps", obj_name("mymm.cpp")],
                           capture_output=True, text=True, timeout=60).stdout
     assert "(VALID)" in deps and "mymm.cpp" in deps and len(deps.splitlines()) < 8, deps
-    assert all(Path(ln.strip()).is_relative_to(cache_root() / "pch") for ln in deps.splitlines() if "torch/" in ln), deps
+    pch_root = cache_root() / "pch"
+    assert all(Path(ln.strip()).is_relative_to(pch_root) for ln in deps.splitlines() if "torch/" in ln), deps
 
     # two iterations: the first move (LOOP_ORDER, the heuristic's first role on a CPU) is kept, the second
     # builds on the kept commit; each recompiles torch's headers (from the .gch), so more buy no behaviour

@@ -1,7 +1,8 @@
 """Issue 62, pointers the sample never has: parity's misaligned views (tools/measure/views.py) on the CPU softmax of
-tests/fixtures/values, with the kernels of tests/fixtures/views: each right on freshly allocated buffers (the
-quick parity every candidate gets passes) and wrong on a caller's view that starts a few bytes past the allocator's
-alignment. The honest neighbours (a head peeled per pointer; an index-peeled kernel under a declared alignment) pass.
+tests/fixtures/values, with the kernels of tests/fixtures/views (views.py writes each adversary from the honest file):
+each right on freshly allocated buffers (the quick parity every candidate gets passes) and wrong on a caller's view
+that starts a few bytes past the allocator's alignment. The honest neighbours (a head peeled per pointer; an
+index-peeled kernel under a declared alignment) pass.
 Real g++, the judge and its kernel host: the host makes its buffers at the judge's offsets."""
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.fixtures.views import views
 from tools.measure.parity import check, run_parity
 from tools.measure.views import Offsets, at, choices, draws, empty_at, misalignment
 from tools.results import ParityStatus
@@ -30,7 +32,7 @@ def _task(tmp: Path, kernel: str, inputs: str = "", align: int = 0):
     shutil.copy(FIX / "values" / "task.py", root / "task.py")
     text = (FIX / "values" / "task.toml").read_text().replace("{inputs}", inputs)
     (root / "task.toml").write_text(text.replace("[parity]\n", f"[parity]\nalign = {align}\n") if align else text)
-    shutil.copy(FIX / "views" / f"{kernel}.cpp", root / "softmax.cpp")
+    (root / "softmax.cpp").write_text(views.source(kernel))
     lib = tmp / f"lib{kernel}.so"
     if not lib.exists():
         subprocess.run(["g++", "-O3", "-march=native", "-shared", "-fPIC", "-o", str(lib), str(root / "softmax.cpp")],
@@ -130,5 +132,6 @@ def test_through_the_loop_the_views_refuse_the_adversaries_and_keep_the_honest_k
     it cannot share: four builds and the parity and bench of each, the initial kernel's setup."""
     from tests.test_values import refused_then_kept, values_repo
     cases = [("peel_by_index", "offset:same"), ("round_down", "offset:same"), ("out_phase", "offset:apart")]
-    refused_then_kept(values_repo(tmp_path / "user", inputs=""), [n for n, _ in cases] + ["honest_head"],
-                      FIX / "views", cases, "misaligned ")
+    names = [n for n, _ in cases] + ["honest_head"]
+    refused_then_kept(values_repo(tmp_path / "user", inputs=""), names, views.write(tmp_path / "views", names), cases,
+                      "misaligned ")
