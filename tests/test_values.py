@@ -169,3 +169,17 @@ def test_each_value_draw_fails_when_its_call_is_replaced_by_a_no_op(tmp_path):
         res = check(task, mod, handle, seed=9, run=run, run_kept=None)
         bad = [c for c in res.checks if not c.ok]
         assert res.status == ParityStatus.unwritten and bad and bad[0].dist == ghost, (ghost, res.message)
+
+
+def test_a_float64_sample_of_small_values_draws_large_values_and_raises_nothing():
+    """The edge found for a float64 input whose sample's largest magnitude is small (one element on a 1 x 1 shape:
+    under 1/6 one seed in eight): float64's max/2 over it is an infinity, and the draw raised OverflowError (CI,
+    tests/test_init.py's row reduction, 2026-11-30); past 2^1023 the scale itself overflowed a Python float."""
+    from types import SimpleNamespace
+    for small in (0.1, 1e-20):
+        mod = SimpleNamespace(make_inputs=lambda shape, seed, device, dist, v=small: (torch.full((1, 1), v,
+                                                                                       dtype=torch.float64),),
+                              reference=lambda shape, a: a.sum(dim=1) * 0.25)
+        spec = SimpleNamespace(inputs=[], distributions=["normal"])
+        (x,) = draw(spec, mod, {"M": 1, "N": 1}, 3, "cpu", "values:large")
+        assert bool(torch.isfinite(x).all()) and float(x.abs().max()) > 1e200, (small, x)

@@ -93,7 +93,8 @@ def _scaled(base: tuple, floats: list[int], k: int) -> tuple:
     #4267) beside rows of both signs (an exp without its max overflows). Shifted one way only: rows moved up and down
     both would make a reduction across rows cancel (a matmul's honest fp32 sum then differs from the truth by more
     than its tolerance, as torch's own would)."""
-    return tuple(_shift(x * (2.0 ** k)) if i in floats else x for i, x in enumerate(base))
+    # in two powers of two: a float64 input's 2^k can pass a Python float's range (2^1023) where each half does not
+    return tuple(_shift(x * 2.0 ** (k // 2) * 2.0 ** (k - k // 2)) if i in floats else x for i, x in enumerate(base))
 
 
 def _shift(x):
@@ -121,9 +122,10 @@ def _large(mod, shape: dict, base: tuple, floats: list[int], decl: list[InputSpe
     import torch
     if not floats:
         return base
-    # a shifted row reaches 3x the sample's largest magnitude
-    kmax = min(math.floor(math.log2((decl[i].max or torch.finfo(base[i].dtype).max / 2)
-                                    / max(3 * float(base[i].abs().max()), 1e-30))) for i in floats)
+    # a shifted row reaches 3x the sample's largest magnitude; the logs subtracted, not the magnitudes divided: a
+    # float64 sample's largest under 1/6 gave finfo.max/2 over it an infinity (OverflowError in floor)
+    kmax = min(math.floor(math.log2(decl[i].max or torch.finfo(base[i].dtype).max / 2)
+                          - math.log2(max(3 * float(base[i].abs().max()), 1e-30))) for i in floats)
     if kmax < 0:        # the declared max is under 3x the sample's: nothing to draw past it
         return base
     call = getattr(mod, "timing_reference", None) or mod.reference
