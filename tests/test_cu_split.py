@@ -196,9 +196,9 @@ def _pch(torch_pch, halves: dict) -> tuple[Path, list[str]] | None:
     return (Path(torch_pch), [f"{rel}.host.cpp" for rel, h in halves.items() if h.pch]) if torch_pch else None
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")      # not module: see tests/test_extension.py's `built`; the tests read it
 def both_halves(tmp_path_factory, torch_pch):
-    """The fixture's split compiled once: both halves with the C++ compiler and nvcc (a CPU torch lacks ATen/cuda's
+    """The fixture's split compiled once a worker: both halves with the C++ compiler and nvcc (a CPU torch lacks ATen/cuda's
     headers: the stream comes from the runtime instead here), the torch half with the run's precompiled
     torch/extension.h as a build serves it (16 s of torch's headers without it, 8 s with it). Returns the build
     folder, its objects and ninja's answer."""
@@ -305,7 +305,7 @@ def test_another_build_links_the_torch_half_an_earlier_build_compiled_from_the_s
         write_ninja(task, out, task.root, tools, resolve_arch(task), None, _pch(torch_pch, halves), halves)
         return {"scale.cu.host.cpp": ("obj/scale.cu.host.cpp.o", halves["scale.cu"].host)}
 
-    first, _, proc = both_halves          # the earlier build: the fixture's, compiled once for this module
+    first, _, proc = both_halves          # the earlier build: the fixture's, compiled once for this worker
     assert proc.returncode == 0, proc.stdout[-3000:]
     want = {"scale.cu.host.cpp": (first / "obj" / "scale.cu.host.cpp.o").resolve()}
     for i, (edit, reused) in enumerate([(lambda t: t, True),

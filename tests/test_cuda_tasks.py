@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.userrepo import one_fast
 from tools.task import knob_pattern, load_task
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -190,10 +191,10 @@ def test_attention_default_compiles_without_spills_and_plans(attn_default):
 
 @pytest.mark.nvcc
 @nvcc
-@pytest.mark.parametrize("overrides", [
+@pytest.mark.parametrize("overrides", one_fast(
     {"KV_SPLITS": 4, "SMEM_PAD": 2},
     {"USE_TENSOR_CORES": 1, "SMEM_PAD": 8, "BLOCK_M": 128, "BLOCK_N": 128, "NUM_WARPS": 8, "KV_SPLITS": 2},
-])
+))
 def test_attention_variants_compile_and_plan(overrides, tmp_path):
     t = load_task(ATTN)
     k = {**t.spec.default_knobs(), **overrides}
@@ -211,7 +212,7 @@ def test_attention_variants_compile_and_plan(overrides, tmp_path):
 
 @pytest.mark.nvcc
 @nvcc
-@pytest.mark.parametrize("overrides", [{}, {"THREADS": 256, "ROWS_PER_CTA": 16, "VEC": 8, "ONLINE": 1}])
+@pytest.mark.parametrize("overrides", one_fast({}, {"THREADS": 256, "ROWS_PER_CTA": 16, "VEC": 8, "ONLINE": 1}))
 def test_softmax_compiles_and_plans(overrides, tmp_path):
     t = load_task(SOFTMAX)
     k = {**t.spec.default_knobs(), **overrides}

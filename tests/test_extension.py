@@ -72,14 +72,17 @@ def test_torchs_headers_in_an_editable_file_get_a_note_a_split_extension_none(tm
     assert note.startswith("binding.cpp is editable and includes torch's headers") and "matmul.cpp" not in note
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def built(tmp_path_factory, torch_pch):
-    """The shipped split extension built once (binding.cpp is the slow file; it takes the run's cached
-    precompiled header, tests/conftest.py)."""
+    """The shipped split extension built once a worker (binding.cpp is the slow file, 27-30 s on 2 cores; it takes
+    the run's cached precompiled header, tests/conftest.py). Session-scoped, not module-scoped: the full suite's
+    order (tests/conftest.py, the slow tests first in each worker's share) and work stealing put other files' tests
+    between this file's, and pytest tears a module fixture down at each such switch: it was built three times in one
+    run. The tests read it; the edit test's rebuild in its folder leaves the binding object as it was."""
     tmp = tmp_path_factory.mktemp("ext")
     src = _copy(tmp)
     task = load_task(src)
-    # an object cache of its own, as each test has (tests/conftest.py own_object_cache): a module fixture is made before
+    # an object cache of its own, as each test has (tests/conftest.py own_object_cache): a session fixture is made before
     # that function-scoped one, so it would take the run's shared cache, where the other worker's build of the same
     # binding may already be; then this build links it from there, and the edit test's rebuild (its own empty cache)
     # compiles the binding it expects kept: 3 steps, not 2, depending on the other worker's timing

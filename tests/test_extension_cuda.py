@@ -22,6 +22,8 @@ from tools.build.build import build, parse_ptxas, resolve_arch, write_ninja
 from tools.task import knob_pattern, load_task
 from tools.backends.toolchain import find_cxx, find_ninja, find_nvcc
 
+from tests.userrepo import one_fast
+
 ROOT = Path(__file__).resolve().parent.parent
 SHIPPED = ROOT / "kernels" / "attention_ext"
 needs_nvcc = pytest.mark.skipif(find_nvcc() is None or find_ninja() is None, reason="nvcc or ninja not found")
@@ -62,8 +64,8 @@ def test_a_cpu_torch_says_it_cannot_build_a_cuda_extension(tmp_path):
 
 @pytest.mark.nvcc
 @needs_nvcc
-@pytest.mark.parametrize("knobs", [{}, {"KV_SPLITS": 4, "USE_TENSOR_CORES": 1, "SMEM_PAD": 8},
-                                   {"BLOCK_M": 128, "NUM_WARPS": 8, "SMEM_PAD": 2}])
+@pytest.mark.parametrize("knobs", one_fast({}, {"KV_SPLITS": 4, "USE_TENSOR_CORES": 1, "SMEM_PAD": 8},
+                                            {"BLOCK_M": 128, "NUM_WARPS": 8, "SMEM_PAD": 2}))
 def test_the_kernel_compiles_with_torchs_extension_flags(tmp_path, knobs):
     """Compile-only: the kernel object alone (linking needs torch's CUDA libraries, absent from a CPU
     torch), through the build graph tools.build.build writes for this form."""

@@ -65,6 +65,24 @@ def test_exit_codes_and_signals_come_back_as_run_isolated_reports_them(tmp_path)
     assert res.status == ProcStatus.crashed and res.signal == "SIGSEGV"
 
 
+def test_a_fresh_server_imports_the_modules_it_is_asked_to_warm_and_its_children_have_them(tmp_path):
+    """`warm`: modules a fresh server imports beside WARM before its first fork (the tests' warm parent takes the
+    CLI's command modules and torch._dynamo: tests/userrepo.py), so that no child imports them again."""
+    from tools.isolation.forkserver import ForkServer
+    server = ForkServer(python_env(), fresh=True, warm=("csv", "agent.cli"))
+    try:
+        env = {"PATH": os.environ["PATH"], "PYTHONPATH": server.env["PYTHONPATH"], "PYTHONUNBUFFERED": "1"}
+        names = ["csv", "agent.cli", "wave", "torch"]
+        proc = server.spawn(PROBE, ["imported", *names], str(tmp_path), env, False)
+        res = _finish(proc, [PROBE, "imported", *names], time.monotonic(), 60, None)
+        assert res.status == ProcStatus.ok, res
+        got = json.loads(res.stdout.splitlines()[1])["imported"]
+        assert got == {"csv": True, "agent.cli": True, "wave": False, "torch": True}, got   # torch: WARM's
+    finally:
+        server.proc.kill()
+        server.proc.wait()
+
+
 def test_poll_sees_a_child_end_without_reading_its_pipes(tmp_path):
     server = forkserver(python_env())
     env = {"PATH": os.environ["PATH"], "PYTHONPATH": server.env["PYTHONPATH"]}

@@ -128,8 +128,11 @@ def test_an_op_registered_with_torch_library_is_named_by_its_namespace(tmp_path)
 
 
 # --- built, loaded side by side, judged ------------------------------------------------------------
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def built(tmp_path_factory, torch_pch):
+    """The ops task built once a worker (its binding includes torch's headers: 22 s on 2 cores); session-scoped for
+    the reason tests/test_extension.py's `built` is: a module fixture is torn down each time another file's test
+    comes between this file's. The tests read it and build candidates in folders of their own."""
     tmp = tmp_path_factory.mktemp("ops")
     src = _ops_task(tmp / "t")
     res = build(load_task(src), tmp / "b1")

@@ -109,12 +109,18 @@ def _warm_parent(path: str):
     directory, environment and pipes, killed at its timeout), as `python -m agent`; what it saves is the interpreter's
     start and, where the command checks a candidate, its fork server's import of torch (its server is forked from
     it: tools/isolation/forkserver.py warm_here), 2.3 s of CPU on the tenth session's machine, 139 times a run.
+    The parent imports two more things each command would import again (py-spy over the fast tier, the fourteenth
+    session): the CLI's command modules, which its argument parser imports whatever the command (0.67 s of CPU a
+    command, 23 s of the fast tier), and torch._dynamo, which torch imports at the first operator run on the meta
+    device (the KernelBench probe's sizes) or traced by torch.export (its scaffold): 2.5 s of CPU an import.
     AGENT_TEST_FRESH_CLI=1 runs each command in a fresh interpreter instead; the kill tests and the README's own
     command (.ci/run) start the installed CLI as users do."""
+    from agent.cli import COMMAND_MODULES
     from tools.isolation.forkserver import ForkServer
     server = _WARM.get(path)
     if server is None or not server.alive():
-        server = _WARM[path] = ForkServer({"PYTHONPATH": path}, fresh=True)
+        server = _WARM[path] = ForkServer({"PYTHONPATH": path}, fresh=True,
+                                          warm=("torch._dynamo", "agent.cli", *COMMAND_MODULES))
     return server
 
 

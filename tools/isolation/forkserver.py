@@ -59,9 +59,10 @@ def forkserver(env: dict[str, str]) -> ForkServer | None:
 class ForkServer:
     """The agent's side of the server: spawn children, learn how they ended."""
 
-    def __init__(self, env: dict[str, str], fresh: bool = False) -> None:
+    def __init__(self, env: dict[str, str], fresh: bool = False, warm: tuple[str, ...] = ()) -> None:
         """`fresh`: a new interpreter even where this process is warm (a parent whose state its children must not
-        inherit: the tests' own process)."""
+        inherit: the tests' own process). `warm`: modules a fresh server imports beside WARM, for children that would
+        each import them (the tests' warm parent: the CLI's command modules, torch's compiler front end)."""
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self.env = env
         if not fresh and warm_here():
@@ -70,7 +71,7 @@ class ForkServer:
             # -P: the agent's working directory (the user's repository) is not put on the server's path, where a
             # package of the user's named like one of ours (a tools/ folder) would be imported in its place
             self.proc = subprocess.Popen([sys.executable, "-P", "-m", "tools.isolation.forkserver",
-                                          str(theirs.fileno())], env={**os.environ, **self.env},
+                                          str(theirs.fileno()), *warm], env={**os.environ, **self.env},
                                          stdin=subprocess.DEVNULL, pass_fds=[theirs.fileno()],
                                          preexec_fn=die_with_parent, start_new_session=True)
         theirs.close()
@@ -270,7 +271,7 @@ class ForkedChild:
 
 
 # --- the server ---------------------------------------------------------------------------------
-def serve(fd: int) -> int:
+def serve(fd: int, warm: tuple[str, ...] = ()) -> int:
     import importlib
     import gc
     # no collection while the imports run: they make some 180,000 objects that live as long as the server, and
@@ -279,7 +280,7 @@ def serve(fd: int) -> int:
     # disable early, freeze before the forks, enable again
     gc.disable()      # (in a server forked from a warm agent, _fork_server: every import below is already made)
     try:
-        for name in WARM:
+        for name in (*WARM, *warm):
             importlib.import_module(name)
     finally:
         # what is here now lives as long as the server: out of every collection, so that a child's
@@ -341,4 +342,4 @@ def _child(req: dict, fds: list[int], server: int) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(serve(int(sys.argv[1])))
+    sys.exit(serve(int(sys.argv[1]), tuple(sys.argv[2:])))
