@@ -31,7 +31,7 @@ import pytest
 from agent.runlog import Decision, IterationRecord, read_iterations, read_state
 from tests.fixtures.cheats.trust import FORGERIES, GOOD, TRUST_CASES, WRITE_RELATIVE, WRITES, proposal
 from tests.test_verification import verification_repo
-from tests.userrepo import agent, git, snapshot
+from tests.userrepo import agent, git, shared_by_workers, snapshot
 from tools.isolation.confine import landlock_abi
 
 # the real improvement first: it is judged against the task's own kernel (its LOOP_ORDER edit applies
@@ -76,9 +76,14 @@ class TrustRun:
     changed: list[str] = field(default_factory=list)   # new or changed files outside runs/ and .git
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def trust_run(tmp_path_factory) -> TrustRun:
-    tmp = tmp_path_factory.mktemp("trust")
+    """The one run, made once for the test run and read by every worker that runs a case (tests/userrepo.py
+    shared_by_workers): 28-32 s a run, and the full suite's work stealing gave both workers cases of it."""
+    return shared_by_workers(tmp_path_factory, "trust", _trust_run)
+
+
+def _trust_run(tmp: Path) -> TrustRun:
     root = verification_repo(tmp / "user")
     before, status_before, files_before = snapshot(root), git(root, "status", "--porcelain"), listing(root)
     props = tmp / "trust.json"

@@ -99,6 +99,33 @@ def agent(cwd: Path, *args: str, timeout: float = 600, env: dict | None = None,
     return subprocess.CompletedProcess(argv, child.returncode, out, err)
 
 
+def shared_by_workers(tmp_path_factory, name: str, make):
+    """What `make(folder)` returns, made once for the whole test run and read by every pytest-xdist worker that asks
+    (a session fixture is otherwise made once a worker: a run whose records several tests read, 25-30 s, made by both
+    workers when the work stealing splits its file between them). The first worker to ask makes it under the run's
+    shared temporary folder, holding a lock, and leaves it pickled there; a worker that asks later (or waits on the
+    lock meanwhile) loads it. Only for what the tests then read, never write: both workers may read it at once.
+    Without xdist, made here."""
+    import fcntl
+    import pickle
+    if os.environ.get("PYTEST_XDIST_WORKER") is None:
+        return make(tmp_path_factory.mktemp(name))
+    base = tmp_path_factory.getbasetemp().parent          # the run's folder, above each worker's own
+    kept = base / f"shared-{name}.pickle"
+    with open(base / f"shared-{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)                   # released when the file closes, or the worker dies
+        if kept.exists():
+            return pickle.loads(kept.read_bytes())
+        folder = base / f"shared-{name}"
+        shutil.rmtree(folder, ignore_errors=True)          # a worker that died making it left a part
+        folder.mkdir()
+        value = make(folder)
+        part = kept.with_suffix(".part")
+        part.write_bytes(pickle.dumps(value))
+        os.replace(part, kept)
+        return value
+
+
 _WARM: dict[str, object] = {}
 
 
