@@ -61,12 +61,13 @@ class ForkServer:
 
     def __init__(self, env: dict[str, str], fresh: bool = False, warm: tuple[str, ...] = ()) -> None:
         """`fresh`: a new interpreter even where this process is warm (a parent whose state its children must not
-        inherit: the tests' own process). `warm`: modules a fresh server imports beside WARM, for children that would
-        each import them (the tests' warm parent: the CLI's command modules, torch's compiler front end)."""
+        inherit: the tests' own process). `warm`: modules the server imports beside WARM, started afresh or forked
+        from here, for children that would each import them (the tests' warm parent: the CLI's command modules,
+        torch's compiler front end)."""
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self.env = env
         if not fresh and warm_here():
-            self.proc = _fork_server(theirs.fileno(), env)
+            self.proc = _fork_server(theirs.fileno(), env, warm)
         else:
             # -P: the agent's working directory (the user's repository) is not put on the server's path, where a
             # package of the user's named like one of ours (a tools/ folder) would be imported in its place
@@ -159,7 +160,7 @@ class _ServerProc:
         return self.returncode
 
 
-def _fork_server(fd: int, env: dict[str, str]) -> _ServerProc:
+def _fork_server(fd: int, env: dict[str, str], warm: tuple[str, ...] = ()) -> _ServerProc:
     """The server forked from this warm process (warm_here), not started afresh to import torch again (0.9-2.3 s of
     CPU, once per agent command that checks a candidate: 315 s of a suite run, the tenth session); set up as the
     fresh one: its own session, death with us, stdin from /dev/null, only its end of the socket, a fresh
@@ -195,7 +196,7 @@ def _fork_server(fd: int, env: dict[str, str]) -> _ServerProc:
         os.environ.update(env)
         cwd = os.getcwd()
         sys.path[:] = [p for p in sys.path if p not in ("", ".", cwd)]
-        code = serve(fd)
+        code = serve(fd, warm)
     except BaseException:
         import traceback
         traceback.print_exc()
