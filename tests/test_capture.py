@@ -117,7 +117,7 @@ def test_a_stage_budget_runs_from_its_own_mark_and_only_an_overrun_is_killed():
     from tools.isolation.sandbox import _finish, _spawn
     from tools.judge.budgets import StageClock
     from tools.results import StageBudget
-    budgets = {"parity": StageBudget(seconds=2.0, basis="test"), "bench": StageBudget(seconds=2.0, basis="test")}
+    budgets = {"parity": StageBudget(seconds=1.0, basis="test"), "bench": StageBudget(seconds=1.0, basis="test")}
 
     def child(parity_s: float, bench_s: float):
         code = (f"import sys, time\nsys.stderr.write('\\n@@agent-stage parity\\n'); sys.stderr.flush(); time.sleep({parity_s})\n"
@@ -126,8 +126,8 @@ def test_a_stage_budget_runs_from_its_own_mark_and_only_an_overrun_is_killed():
         clock = StageClock(budgets)
         return _finish(_spawn(argv, None, None, False), argv, time.monotonic(), 60, None, clock), clock
 
-    r, _ = child(1.5, 1.5)          # 3 s in all, each stage inside its own 2 s
+    r, _ = child(0.6, 0.6)          # 1.2 s in all, each stage inside its own 1 s
     assert r.status == ProcStatus.ok and r.stdout == "done\n", r.reason()
-    r, clock = child(0.2, 30)       # the bench overruns its budget: killed about 2 s after its mark, not at 60 s
+    r, clock = child(0.1, 30)       # the bench overruns its budget: killed about 1 s after its mark, not at 60 s
     assert r.status == ProcStatus.timeout and r.seconds < 30, r.reason()
-    assert clock.stage == "bench" and "in bench: the budget is 2 s (test)" in (clock.overrun() or "")
+    assert clock.stage == "bench" and "in bench: the budget is 1 s (test)" in (clock.overrun() or "")

@@ -201,27 +201,28 @@ def _each_call_held_to_its_deadline(srv, waits, tmp_path, deadline_s: float) -> 
 
 
 def test_a_server_that_drips_its_reply_is_ended_at_the_calls_deadline(srv, task, tmp_path, waits):
-    """Issue 42: a reply sent one byte every 0.2 s never trips timeout_s (each read comes within it: it held a run
+    """Issue 42: a reply sent one byte at a time, each within timeout_s, never trips timeout_s (each read comes within it: it held a run
     420 s); the call's deadline (deadline_s, above the retries) ends it, and the reason names it. A reply that comes
     whole within the deadline is read as before (every other test here)."""
     from tests.fake_openai import completion
     for _ in range(3):
-        srv.push(200, completion(json.dumps(GOOD)), drip_s=0.2)   # about 1 KB: minutes a reply
+        srv.push(200, completion(json.dumps(GOOD)), drip_s=0.05)   # about 1 KB: a minute a reply
+    # each read within a tenth of timeout_s; the deadline a second (three calls: the test's wall time is theirs)
     with pytest.raises(ProposalFailed, match="no whole reply within the call's deadline") as e:
-        LLMProposer(settings(srv, timeout_s=2, deadline_s=2.5), task).propose(context(task, tmp_path))
-    _each_call_held_to_its_deadline(srv, waits, tmp_path, 2.5)
+        LLMProposer(settings(srv, timeout_s=0.5, deadline_s=1.0), task).propose(context(task, tmp_path))
+    _each_call_held_to_its_deadline(srv, waits, tmp_path, 1.0)
     assert "\n" not in str(e.value)
 
 
 def test_a_server_that_drips_its_headers_is_ended_at_the_calls_deadline(srv, task, tmp_path, waits):
-    """The same drip in the reply's head (status line and headers, one byte every 0.2 s: a minute of headers): the
+    """The same drip in the reply's head (status line and headers, one byte every 0.05 s: a minute of headers): the
     wait for the headers is held to the call's deadline too, not only the body's reads."""
     from tests.fake_openai import completion
     for _ in range(3):
-        srv.push(200, completion(json.dumps(GOOD)), drip_s=0.2, drip_headers=True, headers={"X-Pad": "p" * 300})
+        srv.push(200, completion(json.dumps(GOOD)), drip_s=0.05, drip_headers=True, headers={"X-Pad": "p" * 1200})
     with pytest.raises(ProposalFailed, match="no whole reply within the call's deadline"):
-        LLMProposer(settings(srv, timeout_s=2, deadline_s=2.5), task).propose(context(task, tmp_path))
-    _each_call_held_to_its_deadline(srv, waits, tmp_path, 2.5)
+        LLMProposer(settings(srv, timeout_s=0.5, deadline_s=1.0), task).propose(context(task, tmp_path))
+    _each_call_held_to_its_deadline(srv, waits, tmp_path, 1.0)
 
 
 def test_authentication_error_is_not_retried_and_ends_the_run(srv, task, tmp_path):

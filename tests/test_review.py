@@ -20,7 +20,7 @@ from agent.cli import main
 from agent.review.cherrypick import CherryPickError, cherry_pick
 from agent.review.runs import load_run
 from agent.runlog import Decision
-from tests.userrepo import agent
+from tests.userrepo import agent, shared_by_workers
 
 ROOT = Path(__file__).resolve().parent.parent
 TASK_REL = "kernels/matmul_cpu"
@@ -37,7 +37,18 @@ def git(cwd: Path, *args: str) -> str:
 
 @pytest.fixture(scope="session")
 def run_repo(tmp_path_factory):
-    repo = tmp_path_factory.mktemp("review") / "repo"
+    """The run made once for the whole test run (tests/userrepo.py shared_by_workers: 11-12 s, which both workers
+    paid when the work stealing split this file), copied for each worker: the tests here write to it (worktrees,
+    branches, reports), the copy is theirs. Nothing in the repository or its run names the folder it was made in
+    (a copy is what a user's clone of it would be)."""
+    made = shared_by_workers(tmp_path_factory, "review", _make_run_repo)
+    mine = tmp_path_factory.mktemp("review")
+    shutil.copytree(made.parent, mine, dirs_exist_ok=True, symlinks=True)
+    return mine / "repo"
+
+
+def _make_run_repo(folder: Path) -> Path:
+    repo = folder / "repo"
     (repo / "kernels").mkdir(parents=True)
     shutil.copytree(ROOT / TASK_REL, repo / TASK_REL, ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copy(ROOT / "pyproject.toml", repo / "pyproject.toml")
