@@ -107,18 +107,19 @@ def test_init_then_check_then_optimize_in_a_fresh_repository(tmp_path):
 def test_a_row_reduction_with_two_dtypes_a_scalar_and_an_output_of_another_shape(tmp_path):
     root = _user(tmp_path)
     r = agent(root, "init", "rows", "--cpp", "src/rows.cpp", "--reference", "ops.ref:rows", "--shape", "a=M,N",
-              "--shape", "w=N", "--shape", "s=M", "--size", "M=300", "--size", "N=500", "--scalar", "scale=0.25")
+              "--shape", "w=N", "--shape", "s=M", "--size", "M=300", "--size", "N=500", "--scalar", "scale=0.25",
+              fresh=False)      # the fresh interpreter's imports are the test above's: this one is of what init answers
     assert r.returncode == 0, r.stderr + r.stdout
     spec = tomllib.loads((root / "kernels" / "rows" / "task.toml").read_text())
     args = {a["name"]: a for a in spec["signature"]["args"]}
     assert args["a"]["dtype"] == "float64" and args["w"]["dtype"] == "float32" and args["s"]["shape"] == ["M"]
     assert args["M"]["ctype"] == "int64_t" and args["scale"] == {"name": "scale", "kind": "float", "value": 0.25,
                                                                    "ctype": "double"}
-    r = agent(root, "check", "kernels/rows", timeout=600)
+    r = agent(root, "check", "kernels/rows", timeout=600, fresh=False)
     assert r.returncode == 0 and "all checks passed" in r.stdout, r.stderr + r.stdout
     # the kernel changed after init: its size parameters are int now, the declaration says int64_t
     (root / "kernels" / "rows" / "rows.cpp").write_text(ROWS.replace("int64_t M, int64_t N", "int M, int N"))
-    r = agent(root, "check", "kernels/rows", timeout=600)
+    r = agent(root, "check", "kernels/rows", timeout=600, fresh=False)
     assert r.returncode != 0 and "signature" in r.stderr + r.stdout and "int64_t" in r.stderr + r.stdout, r.stdout
 
 
@@ -129,7 +130,7 @@ def test_a_candidate_that_changes_the_function_is_refused_before_its_build(tmp_p
     from agent.proposal import Edit, PredictedEffect, Proposal
     from agent.runlog import read_iterations
     root = _user(tmp_path)
-    assert agent(root, "init", "fma", "--cpp", "src/fma.cpp", "--reference", "ops.ref:fma").returncode == 0
+    assert agent(root, "init", "fma", "--cpp", "src/fma.cpp", "--reference", "ops.ref:fma", fresh=False).returncode == 0
     fast_bench(root / "kernels" / "fma")
     git(root, "add", "-A")
     git(root, "commit", "-qm", "the fma task")
@@ -138,7 +139,7 @@ def test_a_candidate_that_changes_the_function_is_refused_before_its_build(tmp_p
                  edits=[Edit(file="fma.cpp", search="float* out, int n,", replace="float* out, long n,")])
     (tmp_path / "props.json").write_text(json.dumps([p.model_dump()]))
     r = agent(root, "optimize", "kernels/fma", "--proposer", "replay", "--replay", str(tmp_path / "props.json"),
-              "--iters", "1", "--target", "100x", "--quiet", timeout=600)
+              "--iters", "1", "--target", "100x", "--quiet", timeout=600, fresh=False)
     assert r.returncode == 0, r.stderr + r.stdout
     [run] = [p for p in (root / "runs").iterdir() if (p / "iterations.jsonl").exists()]
     [it] = read_iterations(run)
@@ -219,7 +220,7 @@ def test_a_cuda_host_function_with_a_stream_is_declared_and_its_task_compiles(tm
     (root / "src" / "scale.cu").write_text(SCALE_CU)
     (root / "ops" / "ref.py").write_text(REF + "\n\ndef scale(x, a=1.0):\n    return a * x\n")
     r = agent(root, "init", "scale", "--cuda", "src/scale.cu", "--reference", "ops.ref:scale", "--scalar", "a=2.0",
-              "--knob", "THREADS=128,256,512")
+              "--knob", "THREADS=128,256,512", fresh=False)
     assert r.returncode == 0, r.stderr + r.stdout
     task = load_task(root / "kernels" / "scale")
     assert task.spec.device == "cuda" and [(a.name, a.kind) for a in task.spec.signature.args] == [
@@ -235,7 +236,7 @@ def test_init_with_a_kernelbench_file_is_the_import(tmp_path):
     from tests.userrepo import REPO
     root = _user(tmp_path)
     r = agent(root, "init", "ew", "--kernelbench", str(REPO / "tests" / "data" / "kernelbench" / "ew_problem.py"),
-              timeout=600)
+              timeout=600, fresh=False)
     assert r.returncode == 0, r.stderr + r.stdout
     meta = json.loads((root / "kernels" / "ew" / "kernelbench.json").read_text())
     assert tomllib.loads((root / "kernels" / "ew" / "task.toml").read_text())["name"] == "ew" and meta["kernel"]
