@@ -237,3 +237,29 @@ def test_cli_json(tmp_path):
     assert out.returncode == 1
     data = json.loads(out.stdout)
     assert data["status"] == "compile_error" and "bad.cpp:6" in data["message"]
+
+
+@pytest.mark.nvcc
+@needs_nvcc
+def test_hopper_builds_for_its_arch_specific_target_where_wgmma_builds_unless_the_task_asks_for_the_generic(tmp_path):
+    """Issue 63: a model's FlashAttention-3-style kernel (wgmma) could not be submitted: the build targeted sm_90, where
+    ptxas refuses wgmma. An architecture with an arch-specific target is built for it (sm_90a, one -gencode: nvcc 13's
+    -arch=sm_90a also embeds compute_90 PTX, which refuses the same instruction); build.arch_specific = false keeps
+    the generic target (an imported KernelBench CUDA solution: torch's load_inline builds for that one)."""
+    from tools.backends.device import gpu_arch
+    if gpu_arch() not in (None, "sm_90"):
+        pytest.skip(f"wgmma is Hopper's; this GPU is {gpu_arch()}")
+    d = tmp_path / "t"
+    shutil.copytree(FIX / "cuda_launch", d)
+    src = (d / "scale.cu").read_text()
+    fence = '    asm volatile("wgmma.fence.sync.aligned;\\n" ::: "memory");\n'
+    (d / "scale.cu").write_text(src.replace("    __syncthreads();\n", "    __syncthreads();\n" + fence, 1))
+    toml = (d / "task.toml").read_text()
+    assert '[build]\narch = "sm_90"\n' in toml
+    res = build(load_task(d), tmp_path / "b")
+    assert res.status == BuildStatus.ok, res.message
+    assert res.arch == "sm_90a" and any("-gencode=arch=compute_90a,code=sm_90a" in c for c in res.commands), res.commands
+    (d / "task.toml").write_text(toml.replace('arch = "sm_90"\n', 'arch = "sm_90"\narch_specific = false\n'))
+    generic = build(load_task(d), tmp_path / "g")
+    assert generic.status == BuildStatus.compile_error and generic.arch == "sm_90", generic.message
+    assert "wgmma" in generic.log and "not supported on .target 'sm_90'" in generic.log, generic.log[-2000:]

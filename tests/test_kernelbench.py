@@ -282,6 +282,12 @@ def test_check_says_where_a_cuda_solution_launches_on_the_legacy_stream(tmp_path
         r = agent(root, "import", "kernelbench", str(DATA / problem), "--solution", str(DATA / solution), "--name", name,
                   timeout=300)
         assert r.returncode == 0, r.stderr
+        if name == "ew":
+            # built for the generic target, as load_inline builds it (issue 63: the agent's own tasks get sm_90a)
+            from tools.backends.device import resolve_arch
+            from tools.task import load_task
+            task = load_task(root / "kernels" / name)
+            assert task.spec.build.arch_specific is False and not resolve_arch(task).endswith("a")
         r = agent(root, "check", f"kernels/{name}", timeout=300)
         text = " ".join(r.stdout.replace("│", " ").split())      # the table's wrapped cells as one line
         assert ("legacy default stream" in text) == (name == "ew"), text[-2000:]

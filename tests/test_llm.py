@@ -453,6 +453,11 @@ def test_the_prompt_tells_the_machine_the_toolchain_the_tolerance_and_the_harnes
     assert f"float32: atol {tol.atol:g}, rtol {tol.rtol:g}" in user
     assert "- CPU: " in user and "logical cores" in user and "- Compiler: " in user
     assert "poisoned" in user and "Two threads may call at once" in user and "compute-sanitizer" not in user
+    # issue 63: the build's own command lines, which the model guessed at ("which -O, is -march set"), the task's folder
+    # as `.`; a CPU task is told no GPU target
+    assert "++ -O3 -march=native -fPIC -std=c++17 -I. -c matmul.cpp`" in user, user     # c++ or g++, as found
+    assert "-shared" in user and "-o libmatmul_cpu.so" in user and "Target:" not in user
+    assert str(task.root) not in user and "-fmacro-prefix-map" not in user
     from agent.llm.machine import machine_facts
     gpu_task = load_task(REPO / "kernels" / "softmax")
     facts = machine_facts(gpu_task)
@@ -460,3 +465,7 @@ def test_the_prompt_tells_the_machine_the_toolchain_the_tolerance_and_the_harnes
     assert "compute-sanitizer memcheck and racecheck" in facts and "past 2^31 elements" in facts
     if shutil.which("nvidia-smi") is None:
         assert "table" in facts.splitlines()[0], facts
+    from tools.backends.device import resolve_arch
+    if shutil.which("nvcc") and resolve_arch(gpu_task) == "sm_90a":      # here without a GPU, and on a Hopper
+        assert "Target: sm_90a, nvcc's arch-specific target" in facts and "wgmma" in facts
+        assert "-gencode=arch=compute_90a,code=sm_90a" in facts and "-c softmax.cu" in facts, facts

@@ -54,6 +54,10 @@ class BuildSpec(Strict):
     # (`flags` then holds its extra_cflags)
     defaults: Literal["agent", "load_inline"] = "agent"
     arch: str | None = None        # e.g. "sm_90"; None: the GPU's own, else sm_90 for compile-only
+    # nvcc's arch-specific target where the architecture has one (sm_90a on Hopper: wgmma, TMA, setmaxnreg; the code
+    # then runs on that architecture only, the one built for); false: the generic target, as torch's load_inline builds
+    # for by default (an imported KernelBench CUDA solution: what KernelBench builds must build here alike)
+    arch_specific: bool = True
     timeout_s: float = 120.0
 
 

@@ -56,11 +56,39 @@ def gpu_facts(task: Task) -> list[str]:
     return out
 
 
-def toolchain(task: Task) -> str:
+def toolchain(task: Task) -> list[str]:
+    """The compilers, the build's own command lines (the -O level, -march, the standard, the defines: a model that is
+    not told them guesses, issue 63) and, for a GPU, the target nvcc builds for."""
     nvcc = nvcc_info() if task.backend.gpu else None
     comp = f"nvcc {nvcc.version}" if nvcc is not None and nvcc.found else first_line(["c++", "--version"])
     flags = " ".join(task.spec.build.flags) or "none"
-    return f"Compiler: {comp or 'unknown'}; the task's extra flags: {flags}"
+    out = [f"Compiler: {comp or 'unknown'}; the task's extra flags (task.toml [build] flags): {flags}"]
+    from tools.backends.device import resolve_arch
+    from tools.build.commands import build_commands
+    commands = [readable(c, task.root) for c in build_commands(task)]
+    if commands:
+        out.append("The build, as the harness runs it (folders shortened): "
+                   + "; ".join(f"`{c}`" for c in commands))
+    if task.backend.gpu:
+        arch = resolve_arch(task)
+        out.append(f"Target: {arch}, " + (
+            "nvcc's arch-specific target: the architecture's own instructions build (on Hopper wgmma, TMA, "
+            "setmaxnreg); the code runs on this architecture only" if arch.endswith("a") else
+            "the generic target (task.toml's [build] arch_specific = false: arch-specific instructions such as "
+            "wgmma and TMA do not build)" if not task.spec.build.arch_specific else "the generic target"))
+    return out
+
+
+_ABS = re.compile(r"(^|[\s=,]|-I|-L)(/[^\s'\",]+)")
+
+
+def readable(cmd: str, root: Path) -> str:
+    """A command line with the task's folder as `.`, every other absolute path as its last two parts, and without
+    -fmacro-prefix-map (the build's folder kept out of `__FILE__`: nothing the kernel's code sees)."""
+    here = str(root.resolve())
+    words = [w for w in cmd.replace(here + "/", "").replace(here, ".").split()
+             if not w.startswith("-fmacro-prefix-map=")]
+    return _ABS.sub(lambda m: m.group(1) + ".../" + "/".join(Path(m.group(2)).parts[-2:]), " ".join(words))
 
 
 def tolerance(task: Task) -> str:
@@ -87,7 +115,7 @@ HARNESS = ("The harness: every call gets an output whose every element was poiso
 def machine_facts(task: Task) -> str:
     gpu = task.backend.gpu
     lines = gpu_facts(task) if gpu else cpu_facts()
-    lines += [toolchain(task), tolerance(task), values(task),
+    lines += toolchain(task) + [tolerance(task), values(task),
               HARNESS.format(**alignment(task), wide=", and on a GPU one shape past 2^31 elements" if gpu else "",
                              streams=", each on a CUDA stream of its own (launch on the stream you are given)"
                              if gpu else "",

@@ -66,6 +66,29 @@ def gpu_arch() -> str | None:
     return None
 
 
+# The architectures nvcc has an arch-specific target for (CUDA 12.0+: sm_90a; 12.8+: the Blackwell ones): the
+# instructions the generic target refuses live there (Hopper's wgmma, TMA multicast, setmaxnreg: "not supported on
+# .target 'sm_90'"); a model that writes FlashAttention-3-style code needs it (issue 63). Its code runs on that
+# architecture only, which is the one a build here is for (the GPU's own).
+ARCH_SPECIFIC = frozenset({"sm_90", "sm_100", "sm_101", "sm_103", "sm_110", "sm_120", "sm_121"})
+
+
+def resolve_arch(task) -> str:
+    """The GPU's architecture (else the task's, else sm_90), as its arch-specific target where it has one and the
+    task does not ask for the generic one (build.arch_specific = false)."""
+    arch = gpu_arch() or task.spec.build.arch or DEFAULT_ARCH
+    return arch + "a" if arch in ARCH_SPECIFIC and task.spec.build.arch_specific else arch
+
+
+def arch_flags(arch: str) -> list[str]:
+    """nvcc's flags for `arch`. An arch-specific target as one -gencode (cubin only): nvcc 13's `-arch=sm_90a` also
+    embeds compute_90 PTX, which ptxas refuses for the very instructions the target is for."""
+    if arch.endswith("a"):
+        num = arch.removeprefix("sm_")[:-1]
+        return [f"-gencode=arch=compute_{num}a,code=sm_{num}a"]
+    return [f"-arch={arch}"]
+
+
 def task_limits(task) -> DeviceLimits | None:
     """The limits a task's launches are checked against: the device's for a CUDA task (the GPU's own,
     else the table's for the task's arch), None for a CPU task (no launch geometry)."""

@@ -9,6 +9,8 @@ Entry points:
 - objcache.lookup, store: the machine's object cache, keyed on what each compile read (the same bytes built in
   another folder or repository are linked, not compiled).
 - output.parse_ptxas, first_errors: what the compilers print, read.
+- commands.build_commands(task): each compile and link command a build would run, without building (what the
+  model is told of the build).
 
 May import: the task (tools.task) and the floors below it (tools.backends, tools.isolation, tools.results).
 """

@@ -16,7 +16,7 @@ import sys
 import time
 from pathlib import Path
 
-from tools.backends.device import gpu_arch
+from tools.backends.device import arch_flags, resolve_arch
 from tools.backends.cu_split import prepare as prepare_split, same_code
 from tools.backends.pch import ensure as ensure_pch, included_sources, pch_flags, pch_sources
 from tools.backends.toolchain import cuda_home, demangle, find_cxx, find_ninja, find_nvcc, takes_flag, toolchain_hint
@@ -36,10 +36,6 @@ TORCH_OPT = ["-O3", "-march=native"]     # a torch extension's, after torch's ow
 # raise it with build.flags = ["-Xcompiler", "-O3"].
 NVCC_FLAGS = ["-O3", "-lineinfo", "-std=c++17", "-Xcompiler", "-fPIC,-O1", "-Xptxas", "-v"]
 DEFAULT_ARCH = "sm_90"
-
-
-def resolve_arch(task: Task) -> str:
-    return gpu_arch() or task.spec.build.arch or DEFAULT_ARCH
 
 
 # --- ninja file -------------------------------------------------------------------------------
@@ -133,12 +129,12 @@ def write_ninja(task: Task, build_dir: Path, src_dir: Path, tools: dict[str, str
     lines += ["rule cxx", f"  command = $cxx $cxxflags $pch $ops -MD -MF $obj.d -c $src -o $obj {tail}",
               "  depfile = $out.d", "  deps = gcc", "  description = CXX $out"]
     if tools.get("nvcc"):
-        nv_flags = NVCC_FLAGS + [f"-arch={arch or DEFAULT_ARCH}"] + inc + form.cxx + form.nvcc + (flags if cuda else [])
+        nv_flags = NVCC_FLAGS + arch_flags(arch or DEFAULT_ARCH) + inc + form.cxx + form.nvcc + (flags if cuda else [])
         lines += [f"nvcc = {_val(shlex.quote(tools['nvcc']))}", f"nvccflags = {_val(q(nv_flags))}",
                   "rule nvcc", f"  command = $nvcc $nvccflags $ops -MD -MF $obj.d -c $src -o $obj {tail}",
                   "  depfile = $out.d", "  deps = gcc", "  description = NVCC $out"]
     if cuda and form.linker == "native":
-        link = ["$nvcc", "-shared", "-cudart", "static", f"-arch={arch or DEFAULT_ARCH}", "-Xlinker", "--no-undefined"]
+        link = ["$nvcc", "-shared", "-cudart", "static", *arch_flags(arch or DEFAULT_ARCH), "-Xlinker", "--no-undefined"]
         link_flags = [f for f in flags if not f.startswith("-Xptxas")]
     else:
         link = ["$cxx", "-shared"] + (["-Wl,--no-undefined"] if form.no_undefined else [])

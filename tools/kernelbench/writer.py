@@ -138,6 +138,12 @@ def task_toml(name: str, probe: dict, src: dict, files: dict) -> str:
                   'defaults = "load_inline"',
                   f"flags = {json.dumps(list(src.get('extra_cflags') or []))}",
                   ""]
+    else:       # load_inline builds for the GPU's generic target (TORCH_CUDA_ARCH_LIST unset): so does this build
+        lines += ["# the GPU's generic target, as torch's load_inline builds the solution (sm_90, not sm_90a): a kernel",
+                  "# that builds here builds in KernelBench's evaluation",
+                  "[build]",
+                  "arch_specific = false",
+                  ""]
     return "\n".join(lines)
 
 

@@ -1,0 +1,28 @@
+"""The build's command lines without building: what a person or a model reads to know which flags and target the
+kernel gets (issue 63: a model that is not told them guesses the -O level, -march and the GPU target)."""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+from tools.backends.device import resolve_arch
+from tools.backends.toolchain import find_cxx, find_ninja, find_nvcc
+from tools.build.build import CU_EXT, write_ninja
+from tools.task import Task
+
+
+def build_commands(task: Task) -> list[str]:
+    """Each compile and link command of the task's build as build() would run it (write_ninja's, written into a
+    folder removed after; the precompiled header and a one-file extension's split left out), for a person or a model
+    to read which flags and target the kernel gets. [] where the compilers or torch cannot be asked."""
+    need_nvcc = task.backend.gpu or any(Path(s).suffix in CU_EXT for s in task.spec.sources)
+    tools = {"ninja": find_ninja(), "c++": find_cxx(), "nvcc": find_nvcc() if need_nvcc else None}
+    if tools["c++"] is None or (need_nvcc and tools["nvcc"] is None):
+        return []
+    with tempfile.TemporaryDirectory(prefix="agent-commands-") as d:
+        try:
+            return write_ninja(task, Path(d), task.root.resolve(), tools,  # type: ignore[arg-type]
+                               resolve_arch(task) if need_nvcc else None)[1]
+        except (OSError, ImportError, ValueError):
+            return []
