@@ -59,8 +59,35 @@ def render(name: str, prompts_dir: Traversable | None = None, **values: object) 
     return render_text(path.read_text(), values, name)
 
 
-def agent_rules() -> str:
-    """AGENT.md, the operating rules the system prompt carries."""
+def agent_rules(device: str) -> str:
+    """AGENT.md as the model of a `device` ("gpu" or "cpu") task reads it in its system prompt (rules_for)."""
     if not AGENT_RULES.is_file():
         raise PromptError(f"{AGENT_RULES} is missing: the agent's operating rules belong in the system prompt")
-    return AGENT_RULES.read_text().strip()
+    return rules_for(AGENT_RULES.read_text(), device)
+
+
+_MARK = re.compile(r"<!-- (/?)(gpu|cpu|people) -->\s*")
+
+
+def rules_for(text: str, device: str) -> str:
+    """The rules' text for one device: the blocks between `<!-- gpu -->` and `<!-- /gpu -->` (or cpu) kept for that
+    device only, the note for people (`<!-- people -->`) for no model, the marker lines themselves never sent (issue
+    63: a CPU task read GPU rules and metric names, and a note addressed to people). A marker out of place is an
+    error: a block that never closed would silently take the rest of the rules with it."""
+    if device not in ("gpu", "cpu"):
+        raise PromptError(f"AGENT.md: no rules for device {device!r} (gpu, cpu)")
+    out, inside = [], None
+    for line in text.splitlines(keepends=True):
+        m = _MARK.fullmatch(line)
+        if m is None:
+            if inside in (None, device):
+                out.append(line)
+            continue
+        closing, kind = bool(m.group(1)), m.group(2)
+        if closing != (inside == kind) or (not closing and inside is not None):
+            raise PromptError(f"AGENT.md: {line.strip()} where {'<!-- ' + inside + ' -->' if inside else 'no block'} "
+                              "is open")
+        inside = None if closing else kind
+    if inside is not None:
+        raise PromptError(f"AGENT.md: <!-- {inside} --> is never closed")
+    return "".join(out).strip()

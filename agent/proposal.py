@@ -13,8 +13,9 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 class Evidence(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    metric: str = Field(description="profile metric or compiler fact, e.g. launch.grid_size or sol.memory_pct")
-    value: str = Field(description="its measured value, as read from the profile")
+    metric: str = Field(description="what the hypothesis rests on, named as the prompt names it: a profile metric, a "
+                                    "measured time, a compiler or machine fact")
+    value: str = Field(description="its value, as the prompt gives it")
 
 
 class PredictedEffect(BaseModel):

@@ -144,7 +144,7 @@ def make_proposer(kind: str, task: Task, cfg_extra: dict, repo_root: Path) -> Pr
 
 def _compact_view(report) -> str:
     from tools.profile import compact
-    return compact(report) if report is not None else "(no profile: CPU task, or ncu unavailable)"
+    return compact(report) if report is not None else "(no profile: Nsight Compute unavailable or it failed)"
 
 
 def default_proposer(repo_root: Path, overrides: dict) -> str:

@@ -469,3 +469,41 @@ def test_the_prompt_tells_the_machine_the_toolchain_the_tolerance_and_the_harnes
     if shutil.which("nvcc") and resolve_arch(gpu_task) == "sm_90a":      # here without a GPU, and on a Hopper
         assert "Target: sm_90a, nvcc's arch-specific target" in facts and "wgmma" in facts
         assert "-gencode=arch=compute_90a,code=sm_90a" in facts and "-c softmax.cu" in facts, facts
+
+
+# the words a CPU task's model must not be sent (issue 63: it read SOL %, occupancy, the SM count and the CTA limits)
+GPU_WORDS = ("GPU", "CUDA", "SM count", "CTA", "occupancy", "SOL ", "shared memory", "__device__", "stream", "cuBLAS",
+             "ncu", "Nsight", "warp", "launch", "grid_size", "sol.memory_pct", "sm_90")
+
+
+def test_a_cpu_tasks_model_reads_no_gpu_rule_or_metric_and_a_gpu_tasks_keeps_them(srv, task, tmp_path):
+    """Issue 63: AGENT.md's device blocks (agent/prompts.py rules_for): a CPU task's whole request (the system prompt,
+    the schema, the iteration prompt) names nothing of a GPU, and none of the note AGENT.md keeps for people; a CUDA
+    task's system prompt has the GPU rules (launch safety, the profile's metrics). One answer section."""
+    srv.push_proposal(GOOD)
+    LLMProposer(settings(srv), task).propose(context(task, tmp_path))
+    body = srv.chat_requests[0].body
+    sent = json.dumps(body)
+    assert [w for w in GPU_WORDS if w in sent] == [], [(w, sent[max(0, sent.index(w) - 80):sent.index(w) + 40])
+                                                       for w in GPU_WORDS if w in sent]
+    system = body["messages"][0]["content"]
+    assert "for people" not in sent and "AGENT.md" not in sent and "<!--" not in sent
+    assert "Use the core you are given" in system and "Use the measurements" in system
+    assert system.count("## The answer") == 1 and "Answer format" not in system
+    gpu = LLMProposer(settings(srv), load_task(REPO / "kernels" / "softmax")).system
+    assert "Keep the launch safe and the plan true" in gpu and "SOL compute/memory %" in gpu and "CTA" in gpu
+    assert "Use the core you are given" not in gpu and "<!--" not in gpu and "for people" not in gpu
+
+
+def test_agent_md_markers_out_of_place_are_an_error_not_a_lost_rule():
+    """A block left open would take every rule after it from the model without a word: refused, as is a stray close
+    and a block inside a block; no device but the two."""
+    from agent.prompts import PromptError, rules_for
+    assert rules_for("a\n<!-- gpu -->\nb\n<!-- /gpu -->\n<!-- cpu -->\nc\n<!-- /cpu -->\nd\n", "cpu") == "a\nc\nd"
+    assert rules_for("<!-- people -->\nnote\n<!-- /people -->\nrule\n", "gpu") == "rule"
+    for bad in ("a\n<!-- gpu -->\nb\n", "a\n<!-- /cpu -->\n", "<!-- gpu -->\n<!-- cpu -->\n<!-- /cpu -->\n<!-- /gpu -->\n",
+                "<!-- gpu -->\nx\n<!-- /cpu -->\n"):
+        with pytest.raises(PromptError, match="AGENT.md"):
+            rules_for(bad, "cpu")
+    with pytest.raises(PromptError, match="device"):
+        rules_for("a\n", "tpu")

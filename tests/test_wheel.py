@@ -98,8 +98,9 @@ def test_agent_optimize_from_the_wheel_renders_its_prompts_from_the_installed_pa
         assert res.returncode == 0, res.stderr + res.stdout
         (req,) = srv.chat_requests
     system, user = req.body["messages"][0]["content"], req.body["messages"][-1]["content"]
-    rules = (REPO / "AGENT.md").read_text().strip()
-    assert rules in system                                   # AGENT.md, whole, in the system prompt
+    from agent.prompts import rules_for
+    rules = rules_for((REPO / "AGENT.md").read_text(), "cpu")
+    assert rules in system                                   # AGENT.md's CPU rules, whole, in the system prompt
     # the iteration prompt's fixed text (each line of the template without a placeholder) is in the request
     fixed = [ln for ln in (REPO / "prompts" / "iteration.md").read_text().splitlines() if ln.strip() and "{{" not in ln]
     assert fixed and all(ln in json.dumps(user) or ln in user for ln in fixed)

@@ -107,7 +107,7 @@ HARNESS = ("The harness: every call gets an output whose every element was poiso
            "{unit}. Shapes range over task.toml's [dims] (rows of 1-17, odd widths, "
            "the longest reductions{wide}), beside hidden shapes you are not shown. Two threads may call at once on "
            "their own buffers{streams}: no static or global state. Before the build a scan refuses what no kernel "
-           "needs (the environment, files, threads, processes, streams of its own, mutable static state, clocks, "
+           "needs (the environment, files, threads, processes{own_streams}, mutable static state, clocks, "
            "prints) unless task.toml allows it; the candidate runs in a process where starting a process "
            "fails{sanitizer}.")
 
@@ -117,6 +117,7 @@ def machine_facts(task: Task) -> str:
     lines = gpu_facts(task) if gpu else cpu_facts()
     lines += toolchain(task) + [tolerance(task), values(task),
               HARNESS.format(**alignment(task), wide=", and on a GPU one shape past 2^31 elements" if gpu else "",
+                             own_streams=", streams of its own" if gpu else "",
                              streams=", each on a CUDA stream of its own (launch on the stream you are given)"
                              if gpu else "",
                              sanitizer="; before a keep it runs under compute-sanitizer memcheck and racecheck"

@@ -78,7 +78,8 @@ class LLMProposer:
         self.schema = proposal_schema()
         # the schema travels once a request: as its response format, or where the endpoint takes none appended to the
         # system message by the client (agent/llm/client.py with_schema)
-        self.system = render("system", agent_rules=agent_rules(), role="GPU" if task.backend.gpu else "CPU")
+        device = "gpu" if task.backend.gpu else "cpu"
+        self.system = render("system", agent_rules=agent_rules(device), role=device.upper())
         self.machine = machine_facts(task)   # once a run: the machine, the toolchain, the tolerance, the harness
         # the last exchange of each candidate (its iteration folder): a repair continues its own conversation, also
         # when an iteration's K requests were made at once (agent/candidates.py)
@@ -152,7 +153,11 @@ class LLMProposer:
     def _fresh(self, ctx: Context) -> list[dict[str, str]]:
         # the schema is part of every prompt, in the response format or in the system message
         left = self.settings.context_tokens - estimate_tokens(self.system) - estimate_tokens(json.dumps(self.schema))
-        user = iteration_prompt(ctx, self.profile_view(ctx.profile), left, self.machine)
+        # a CPU task has no profiler here yet: said as such, not as a GPU profiler's absence (issue 63)
+        profile = self.profile_view(ctx.profile) if self.task.backend.gpu else \
+            "(no profile: this tool has no CPU profiler yet; reason from the times, the work and bytes, the machine's " \
+            "facts and the build's flags above)"
+        user = iteration_prompt(ctx, profile, left, self.machine)
         return [{"role": "system", "content": self.system}, {"role": "user", "content": user}]
 
     def _call_through(self, messages: list[dict[str, str]], ctx: Context) -> ChatReply:
