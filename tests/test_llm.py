@@ -458,6 +458,14 @@ def test_the_prompt_tells_the_machine_the_toolchain_the_tolerance_and_the_harnes
     assert "++ -O3 -march=native -fPIC -std=c++17 -I. -c matmul.cpp`" in user, user     # c++ or g++, as found
     assert "-shared" in user and "-o libmatmul_cpu.so" in user and "Target:" not in user
     assert str(task.root) not in user and "-fmacro-prefix-map" not in user
+    # the keep rule in the task's numbers, and the CPU's threads per core and clock where the machine says them
+    b = task.spec.bench
+    assert f"timed in {b.rounds} rounds of about {b.rep_ms:g} ms" in user and f"at least {b.min_gain:.0%} over" in user
+    assert "rejected as within noise" in user
+    if Path("/sys/devices/system/cpu/cpu0/topology/thread_siblings_list").exists():
+        assert "SMT" in user
+    if "cpu MHz" in Path("/proc/cpuinfo").read_text():
+        assert " MHz now" in user
     from agent.llm.machine import machine_facts
     gpu_task = load_task(REPO / "kernels" / "softmax")
     facts = machine_facts(gpu_task)

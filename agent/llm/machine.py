@@ -34,9 +34,46 @@ def cpu_facts() -> list[str]:
         except OSError:
             continue
         caches.append(f"L{level}{'d' if kind == 'Data' else 'i' if kind == 'Instruction' else ''} {size}")
-    return [f"CPU: {model.group(1).strip() if model else 'unknown model'}, {os.cpu_count()} logical cores; "
-            f"ISA extensions: {', '.join(have) or 'none of ' + ', '.join(ISA[:5])}"
-            + (f"; caches per core: {', '.join(caches)}" if caches else "")]
+    return [f"CPU: {model.group(1).strip() if model else 'unknown model'}, {os.cpu_count()} logical cores"
+            f"{topology()}; ISA extensions: {', '.join(have) or 'none of ' + ', '.join(ISA[:5])}"
+            + (f"; caches per core: {', '.join(caches)}" if caches else "") + clock(info)]
+
+
+def topology() -> str:
+    """Whether the logical cores are SMT siblings (a model asked: one physical core with two threads, or two?)."""
+    try:
+        sib = Path("/sys/devices/system/cpu/cpu0/topology/thread_siblings_list").read_text().strip()
+    except OSError:
+        return ""
+    per_core = sum(int(b) - int(a) + 1 if "-" in part else 1
+                   for part in sib.split(",") if part for a, _, b in [part.partition("-")])
+    return (" (the OS sees no SMT sibling: each its own core)" if per_core == 1 else
+            f" ({per_core} SMT threads a physical core: a thread beside yours shares its units)")
+
+
+def clock(info: str) -> str:
+    """The clock the kernel has: cpufreq's maximum where the machine exposes it, and /proc/cpuinfo's current."""
+    now = re.search(r"^cpu MHz\s*:\s*([\d.]+)", info, re.M)
+    try:
+        top = int(Path("/sys/devices/system/cpu/cpu0/cpufreq/cpuinfo_max_freq").read_text()) / 1000
+    except (OSError, ValueError):
+        top = None
+    parts = ([f"{float(now.group(1)):.0f} MHz now"] if now else []) + ([f"{top:.0f} MHz at most"] if top else [])
+    return f"; clock {', '.join(parts)}" if parts else ""
+
+
+def timing(task: Task) -> str:
+    """How a candidate is timed and kept (attempt.decide), in numbers: the model was told "faster beyond the noise"
+    and learnt what that meant from its first rejection (issue 63)."""
+    b = task.spec.bench
+    return (f"Timing and the keep rule: on the main shape, the candidate and the current best are each warmed for "
+            f"{b.warmup_ms:g} ms, then timed in {b.rounds} rounds of about {b.rep_ms:g} ms of calls each, their order "
+            f"rotated round by round, the calls going over {b.input_sets} input sets in turn (a repeat does not find "
+            f"its inputs in the cache); the speedup over the best is the median of the rounds' ratios with a 95% "
+            f"interval. Kept only if the interval lies above 1 and the median "
+            f"is at least {b.min_gain:.0%} over it (task.toml [bench] min_gain; a run's --min-gain overrides it), and "
+            f"a second interleaved bench shows it again; an interval that reaches 1 is rejected as within noise, "
+            f"however high its median")
 
 
 def gpu_facts(task: Task) -> list[str]:
@@ -115,7 +152,7 @@ HARNESS = ("The harness: every call gets an output whose every element was poiso
 def machine_facts(task: Task) -> str:
     gpu = task.backend.gpu
     lines = gpu_facts(task) if gpu else cpu_facts()
-    lines += toolchain(task) + [tolerance(task), values(task),
+    lines += toolchain(task) + [timing(task), tolerance(task), values(task),
               HARNESS.format(**alignment(task), wide=", and on a GPU one shape past 2^31 elements" if gpu else "",
                              own_streams=", streams of its own" if gpu else "",
                              streams=", each on a CUDA stream of its own (launch on the stream you are given)"
