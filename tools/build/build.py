@@ -16,7 +16,7 @@ import sys
 import time
 from pathlib import Path
 
-from tools.backends.device import arch_flags, resolve_arch
+from tools.backends.device import DEFAULT_ARCH, arch_flags, resolve_arch
 from tools.backends.cu_split import prepare as prepare_split, same_code
 from tools.backends.pch import ensure as ensure_pch, included_sources, pch_flags, pch_sources
 from tools.backends.toolchain import cuda_home, demangle, find_cxx, find_ninja, find_nvcc, takes_flag, toolchain_hint
@@ -35,7 +35,6 @@ TORCH_OPT = ["-O3", "-march=native"]     # a torch extension's, after torch's ow
 # costs about 0.4 s of every rebuild (measured: host compile 1.09 s at -O3, 0.65 s at -O1). A task can
 # raise it with build.flags = ["-Xcompiler", "-O3"].
 NVCC_FLAGS = ["-O3", "-lineinfo", "-std=c++17", "-Xcompiler", "-fPIC,-O1", "-Xptxas", "-v"]
-DEFAULT_ARCH = "sm_90"
 
 
 # --- ninja file -------------------------------------------------------------------------------
@@ -188,6 +187,12 @@ def write_ninja(task: Task, build_dir: Path, src_dir: Path, tools: dict[str, str
     return edges, commands
 
 
+def find_tools(task: Task) -> tuple[dict[str, str | None], bool]:
+    """The build's tools (ninja, c++, and nvcc where the task has CUDA code) and whether nvcc is needed."""
+    need_nvcc = task.backend.gpu or any(Path(s).suffix in CU_EXT for s in task.spec.sources)
+    return {"ninja": find_ninja(), "c++": find_cxx(), "nvcc": find_nvcc() if need_nvcc else None}, need_nvcc
+
+
 # --- the build --------------------------------------------------------------------------------
 def build(task: Task, build_dir: Path, src_dir: Path | None = None, timeout_s: float | None = None,
           reuse: Path | list[Path] | None = None, whole: bool = False) -> BuildResult:
@@ -199,9 +204,7 @@ def build(task: Task, build_dir: Path, src_dir: Path | None = None, timeout_s: f
     build_dir = Path(build_dir).resolve()
     src_dir = Path(src_dir or task.root).resolve()
     timeout_s = timeout_s if timeout_s is not None else task.spec.build.timeout_s
-    exts = {Path(s).suffix for s in task.spec.sources}
-    need_nvcc = task.backend.gpu or bool(exts & CU_EXT)
-    tools = {"ninja": find_ninja(), "c++": find_cxx(), "nvcc": find_nvcc() if need_nvcc else None}
+    tools, need_nvcc = find_tools(task)
     missing = [t for t, p in tools.items() if p is None and (t != "nvcc" or need_nvcc)]
     commands: list[str] = []
     arch = resolve_arch(task) if need_nvcc else None

@@ -7,8 +7,7 @@ import tempfile
 from pathlib import Path
 
 from tools.backends.device import resolve_arch
-from tools.backends.toolchain import find_cxx, find_ninja, find_nvcc
-from tools.build.build import CU_EXT, write_ninja
+from tools.build.build import find_tools, write_ninja
 from tools.task import Task
 
 
@@ -16,8 +15,7 @@ def build_commands(task: Task) -> list[str]:
     """Each compile and link command of the task's build as build() would run it (write_ninja's, written into a
     folder removed after; the precompiled header and a one-file extension's split left out), for a person or a model
     to read which flags and target the kernel gets. [] where the compilers or torch cannot be asked."""
-    need_nvcc = task.backend.gpu or any(Path(s).suffix in CU_EXT for s in task.spec.sources)
-    tools = {"ninja": find_ninja(), "c++": find_cxx(), "nvcc": find_nvcc() if need_nvcc else None}
+    tools, need_nvcc = find_tools(task)
     if tools["c++"] is None or (need_nvcc and tools["nvcc"] is None):
         return []
     with tempfile.TemporaryDirectory(prefix="agent-commands-") as d:
