@@ -117,6 +117,23 @@ class Best:
         st.best_ms = bench.timing("candidate").median_ms
         return estimate(st, "initial")
 
+    def side_by_side(self, confirm: BenchResult | None, sha: str) -> None:
+        """The new best `sha`'s keep: its confirmation bench timed it beside its parent and the reference, so its
+        figure against the reference and the medians shown with it come from that one bench (agent/figures.py); the
+        best's time is that bench's too. A bench without a stable reference leaves the figure to the estimate."""
+        st = self.state
+        st.kept_sha, st.kept_ms = sha, None
+        st.kept_vs_reference = st.kept_vs_reference_low = st.kept_vs_reference_high = None
+        cand = confirm.timing("candidate") if confirm is not None else None
+        if cand is None:
+            return
+        rci = confirm.speedup_vs_reference_ci
+        st.kept_vs_reference = confirm.speedup_vs_reference
+        st.kept_vs_reference_low, st.kept_vs_reference_high = (rci.low, rci.high) if rci else (None, None)
+        st.kept_ms = {t.label: t.median_ms for t in confirm.timings
+                      if t.label != "reference" or confirm.speedup_vs_reference is not None}
+        st.best_ms = cand.median_ms
+
     def target_reached(self) -> bool:
         s = self.speedup_vs(self.cfg.baseline)
         return s is not None and s.value >= self.cfg.target

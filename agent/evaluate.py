@@ -86,6 +86,10 @@ class Implausible(IterationEnded):
     outcome = Outcome.implausible
 
 
+class Inconclusive(IterationEnded):
+    outcome = Outcome.inconclusive
+
+
 class TouchedCheckout(IterationEnded):
     outcome = Outcome.touched_checkout
 
@@ -192,11 +196,12 @@ class Evaluator:
         loses at the bench), then the second bench against `baseline`. The child draws a root seed of its own: its
         listed shapes get seeds the first parity did not use, its hidden shapes are new ones (a full parity's worth of
         checks, not the first one's hidden shapes again). These checks join a.parity; their failure raises
-        RangeParityFailed (the iteration's parity failure), the bench's BenchFailed."""
+        RangeParityFailed (the iteration's parity failure), the bench's BenchFailed. The bench times the reference too:
+        a kept candidate's figure against it is measured beside it (agent/best.py side_by_side)."""
         tmp = Attempt(iteration=0, run_id="", started="", parent_sha="")
         try:   # on a GPU, compute-sanitizer memcheck after the range parity (tools/judge/sanitize.py)
             self.evaluate_candidate(lib, baseline, a.times, into=tmp, parity_extent="rest",
-                                    memcheck=self.task.backend.gpu)
+                                    memcheck=self.task.backend.gpu, with_reference=True)
         except ParityFailed as e:
             if e.result is not None:
                 a.parity = _joined(a.parity, e.result)
@@ -205,6 +210,42 @@ class Evaluator:
             if tmp.parity is not None and tmp.parity.status == ParityStatus.ok:
                 a.parity = _joined(a.parity, tmp.parity)
         return tmp.bench
+
+    def confirm(self, lib: Path, baseline: Path | None, a: Attempt, reparity: bool, save) -> None:
+        """decide()'s confirmation: quick parity on a fresh seed where the gain is implausible; then one child: what
+        quick parity left out, a second bench (a.confirm, saved as confirm-bench.json); a failure of the bench is
+        a.confirm_error, one of the parity ends the iteration."""
+        try:
+            if reparity:
+                self.parity(lib, a.times, seed=int(time.time()) % 100000 + 7, extent="quick")
+            a.confirm = self.confirm_bench(lib, baseline, a)
+            save("confirm-bench.json", a.confirm)
+        except RangeParityFailed:
+            raise
+        except IterationEnded as e:
+            a.confirm = e.result if isinstance(e, BenchFailed) and e.result is not None else a.confirm
+            a.confirm_error = e.reason
+
+    def rebench(self, lib: Path, baseline: Path | None, a: Attempt, v, save) -> None:
+        """decide()'s re-bench of a doubtful bench (`v`, an attempt.Verdict: its stage, rounds and interval): the
+        candidate against `baseline` again in a fresh child; the doubtful bench goes to the attempt's undecided list,
+        the new one takes its place (saved as rebench-N.json). A failed re-bench of the first bench ends the
+        iteration as that bench's failure would; of the confirmation, it leaves the gain unconfirmed."""
+        first = v.stage == "bench"
+        (a.bench_undecided if first else a.confirm_undecided).append(a.bench if first else a.confirm)
+        try:
+            res, failed = self.bench(lib, baseline, a.times, rounds=v.rounds, confidence=v.confidence,
+                                     with_reference=not first)[0], None
+        except BenchFailed as e:
+            res, failed = e.result, e
+        if res is not None:
+            save(f"rebench-{len(a.bench_undecided) + len(a.confirm_undecided)}.json", res)
+        if first:
+            a.bench = res
+            if failed is not None:
+                raise failed
+        else:
+            a.confirm, a.confirm_error = res, (failed.reason if failed is not None else None)
 
     def launch_context(self, build: BuildResult, parent: LaunchResult | None) -> dict | None:
         """What a child needs to run the static launch check on the plan of the library it loaded
@@ -282,11 +323,12 @@ class Evaluator:
         return a
 
     def bench(self, lib: Path, baseline: Path | None, times: StageTimes, with_reference: bool = False,
-              shapes: list[dict] | None = None) -> list[BenchResult]:
+              shapes: list[dict] | None = None, rounds: int | None = None,
+              confidence: float | None = None) -> list[BenchResult]:
         from tools.measure.bench import run_bench
         t0, before = time.monotonic(), self._modes()
         res = run_bench(self.task, lib, baseline_lib=baseline, shapes=shapes, with_reference=with_reference,
-                        scratch_root=self.scratch_root)
+                        scratch_root=self.scratch_root, rounds=rounds, confidence=confidence)
         times.bench += time.monotonic() - t0
         self._checkout_unchanged(before)
         bad = next((r for r in res if r.status != BenchStatus.ok), None)

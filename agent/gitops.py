@@ -234,20 +234,23 @@ def kept_message(run_id: str, a: "Attempt", vs_initial: "Figure | None") -> str:
     """A kept candidate: the measured figures in the body, the speedup also as a trailer (for `git log
     --format=%(trailers)` and the review commands). A commit message outlives the run and is what a
     reviewer cherry-picks, so it carries only figures of benches that timed this commit against what it
-    is compared to (and the chain of such benches, named as such): not a figure against the reference,
-    which would multiply in the setup's, taken minutes earlier (one printed 7.98x where torch was 11x
-    faster). `agent show` gives the confirmed one."""
+    is compared to (and the chain of such benches, named as such): the figure against the reference is the
+    confirmation bench's, which timed the reference beside it, never the setup's multiplied in, taken minutes
+    earlier (one printed 7.98x where torch was 11x faster). `agent show` gives the run's confirmed one."""
     from tools.task import shape_label
     p, bench, parity = a.proposal, a.bench, a.parity
     ci, cand = bench.speedup_vs_baseline, bench.timing("candidate")
     again = a.confirm.speedup_vs_baseline if a.confirm is not None else None
+    ref = a.confirm.speedup_vs_reference_ci if a.confirm is not None else None
     max_err = max((c.max_abs_err or 0.0) for c in parity.checks) if parity.checks else 0.0
     body = [p.hypothesis, "",
             f"Measured on {shape_label(bench.shape)}: {cand.median_ms * 1e3:.2f} us median "
             f"(p10 {cand.p10_ms * 1e3:.2f}, p90 {cand.p90_ms * 1e3:.2f}); "
-            f"{ci.median:.3f}x over the parent (95% CI {ci.low:.3f}-{ci.high:.3f}, {ci.rounds} ABAB rounds)"
-            + (f"; confirmed by a second bench at {again.median:.3f}x (95% CI {again.low:.3f}-{again.high:.3f})."
-               if again else "."),
+            f"{ci.median:.3f}x over the parent ({ci.confidence:.0%} CI {ci.low:.3f}-{ci.high:.3f}, {ci.rounds} ABAB rounds)"
+            + (f"; confirmed by a second bench at {again.median:.3f}x ({again.confidence:.0%} CI {again.low:.3f}-"
+               f"{again.high:.3f})" if again else "")
+            + (f"; that bench timed the PyTorch reference beside it: {ref.median:.3f}x ({ref.confidence:.0%} CI "
+               f"{ref.low:.3f}-{ref.high:.3f}) against it." if ref else "."),
             f"Cumulative: {_fig(vs_initial)} vs the initial kernel "
             f"({vs_initial.source if vs_initial else 'not measured'}).",
             f"Parity: {len(parity.checks)} checks, max abs error {max_err:.3g}.",
@@ -255,7 +258,7 @@ def kept_message(run_id: str, a: "Attempt", vs_initial: "Figure | None") -> str:
     # a sanitizer the user let the keep go without (AGENT_ALLOW_UNCHECKED, tools/judge/judge.py `unchecked`): named
     gone = [m.tool for m in (parity.memcheck, parity.racecheck) if m is not None and m.status in ("skipped", "error")]
     return commit_message(f"agent: {p.summary()}", body,
-                          {**_trailers(run_id, a.iteration), "Speedup": f"{ci.median:.3f}x (95% CI {ci.low:.3f}-{ci.high:.3f})",
+                          {**_trailers(run_id, a.iteration), "Speedup": f"{ci.median:.3f}x ({ci.confidence:.0%} CI {ci.low:.3f}-{ci.high:.3f})",
                            **({"Unchecked": f"{', '.join(gone)} (did not run; kept as AGENT_ALLOW_UNCHECKED allows)"}
                               if gone else {})})
 

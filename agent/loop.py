@@ -19,7 +19,7 @@ from agent import gitops
 from agent.attempt import Attempt, KeepRule, decide
 from agent.best import Best, dump, dump_results
 from agent.candidates import Candidates
-from agent.evaluate import (BenchFailed, Evaluator, Implausible, IterationEnded, NoChange, NotFaster, RangeParityFailed,
+from agent.evaluate import (Evaluator, Implausible, Inconclusive, IterationEnded, NoChange, NotFaster,
                             snapshot_lib)
 from agent.propose import StopRun, context, last_failure, propose_and_apply
 from agent.proposers.base import Proposer, ProposerError
@@ -222,27 +222,19 @@ class Loop:
     def _settle(self, i: int, a: Attempt, lib: Path) -> None:
         """What decide() asks for after the first bench: the confirmation, then the real launch geometry."""
         v = decide(a, rule := KeepRule(min_gain=self.cfg.min_gain, implausible=IMPLAUSIBLE_RATIO))
-        if v.action == "confirm":
-            self.stage(i, "confirm")
-            self._confirm(lib, a, reparity=v.reparity)
+        save = lambda name, res: dump(self._iter_dir(a.iteration) / name, res)   # noqa: E731
+        while v.action in ("confirm", "rebench"):   # decide() bounds both: one confirmation, REBENCH_MAX re-benches
+            self.stage(i, v.action)
+            if v.action == "confirm":
+                self.evaluator.confirm(lib, self.best.lib, a, v.reparity, save)
+            else:
+                self.evaluator.rebench(lib, self.best.lib, a, v, save)
             v = decide(a, rule)
         if v.action == "reject":
-            raise (Implausible if v.outcome == Outcome.implausible else NotFaster)(v.reason)
+            raise {Outcome.implausible: Implausible, Outcome.inconclusive: Inconclusive}.get(v.outcome, NotFaster)(
+                v.reason)
         self.stage(i, "launch")   # about to be kept: the real geometry (profiler trace) must match plan and limits
         a.launch = self.evaluator.verify_launch(lib, a.launch, a.times)
-
-    def _confirm(self, lib: Path, a: Attempt, reparity: bool) -> None:
-        """Quick parity on a fresh seed if implausible; then one child: what quick parity left out, a bench."""
-        try:
-            if reparity:
-                self.evaluator.parity(lib, a.times, seed=int(time.time()) % 100000 + 7, extent="quick")
-            a.confirm = self.evaluator.confirm_bench(lib, self.best.lib, a)
-            dump(self._iter_dir(a.iteration) / "confirm-bench.json", a.confirm)
-        except RangeParityFailed:
-            raise
-        except IterationEnded as e:
-            a.confirm = e.result if isinstance(e, BenchFailed) and e.result is not None else a.confirm
-            a.confirm_error = e.reason
 
     def _keep(self, i: int, d: Path, a: Attempt) -> IterationRecord:
         ci = a.bench.speedup_vs_baseline
@@ -251,6 +243,7 @@ class Loop:
         a.times.git += time.monotonic() - t0
         snapshot_lib(d / self.best.lib.name, self.best.lib)
         self.state.best_sha, self.state.best_iteration = sha, i
+        self.best.side_by_side(a.confirm, sha)
         self.best.launch = a.launch
         self.stage(i, "profile")
         t0 = time.monotonic()

@@ -9,7 +9,7 @@ from typing import Callable
 
 from agent.attempt import Attempt
 from agent.evaluate import EditOutsideEditable, NoChange, PatchDidNotApply
-from agent.figures import best_figure
+from agent.figures import best_figure, standing_times
 from agent.patch import PatchStatus, apply_edits
 from agent.proposal import Proposal
 from agent.proposers.base import Context, HistoryItem, Proposer, ProposerError
@@ -60,8 +60,10 @@ def context(task: Task, i: int, d: Path, records: list[IterationRecord], state: 
             run_end: float = float("inf")) -> Context:
     sources = {f: task.path(f).read_text() for f in task.spec.editable}
     history = [history_item(r) for r in records]
+    best_ms, reference_ms, times_from = standing_times(state)
     return Context(task=task, iteration=i, sources=sources, profile=profile, history=history,
-                   best_ms=state.best_ms, reference_ms=state.reference_ms, vs_reference=best_figure(state, "reference"),
+                   best_ms=best_ms, reference_ms=reference_ms, times_from=times_from,
+                   vs_reference=best_figure(state, "reference"),
                    vs_initial=best_figure(state, "initial"), peak=state.peak,
                    knobs=task.read_knobs(), measured_knobs=[state.initial_knobs],
                    feedback=feedback, feedback_kind=kind, iter_dir=str(d), run_end=run_end)

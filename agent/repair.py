@@ -101,4 +101,5 @@ def set_aside(a: Attempt, e: IterationEnded, rejected_ref: str | None, usage_bef
     for name in ("proposal", "proposal_error", "commit_sha", "rejected_ref", "build", "launch", "parity", "bench",
                  "confirm", "confirm_error"):
         setattr(a, name, None)
+    a.bench_undecided, a.confirm_undecided = [], []
     a.patch, a.patch_message = "", ""

@@ -46,6 +46,7 @@ class Outcome(str, Enum):
     bench_failed = "bench_failed"
     not_faster = "not_faster"
     implausible = "implausible"     # speedup failed re-verification
+    inconclusive = "inconclusive"   # re-benched within its budget, the gain neither shown nor ruled out (attempt.py)
     touched_checkout = "touched_checkout"   # changed a file mode in the user's checkout (tools/isolation/checkout.py)
     interrupted = "interrupted"
     budget_exhausted = "budget_exhausted"
@@ -174,6 +175,10 @@ class IterationRecord(BaseModel):
     parity: ParityResult | None = None
     bench: BenchResult | None = None
     confirm: BenchResult | None = None   # the second, independent bench a gain must survive to be kept
+    # the benches (the first; the confirmation) that neither showed the gain nor ruled it out, each then re-benched
+    # with more rounds (attempt.py decide): bench and confirm hold the last of each
+    bench_undecided: list[BenchResult] = []
+    confirm_undecided: list[BenchResult] = []
     profile_summary: dict | None = None  # compact profile of the new best (after a keep)
     scratch_files: list[ScratchFile] = []   # what the candidate's processes wrote in their scratch dirs
     output_dropped_bytes: int = 0      # what the candidate's children printed past the output cap, left out
@@ -223,6 +228,13 @@ class RunState(BaseModel):
     # that bench's medians by arm (candidate: the best, baseline: the initial kernel, reference where
     # its figure was stable), so that the times shown beside the figures are the same measurement's
     confirmed_ms: dict[str, float] | None = None
+    # the best's keep's confirmation bench (the best, its parent and the reference in the same rounds): the figure
+    # against the reference and the medians by arm, for the best it names (agent/figures.py)
+    kept_sha: str | None = None
+    kept_vs_reference: float | None = None
+    kept_vs_reference_low: float | None = None
+    kept_vs_reference_high: float | None = None
+    kept_ms: dict[str, float] | None = None
     # each candidate stage's time limit, from the initial kernel's seconds in it (tools/judge/budgets.py)
     stage_budgets: dict[str, StageBudget] = Field(default_factory=dict)
 

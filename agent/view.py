@@ -88,7 +88,7 @@ class RichView:
         t.add_column("#", justify="right", width=4)
         t.add_column("hypothesis", ratio=3, overflow="ellipsis", no_wrap=True)
         t.add_column("stage", width=12)
-        t.add_column("speedup vs best [95% CI]", width=28)
+        t.add_column("speedup vs best [CI]", width=28)
         t.add_column("decision", width=11)
         t.add_column("reason", ratio=2, overflow="ellipsis", no_wrap=True)
         for i in sorted(self.rows)[-25:]:

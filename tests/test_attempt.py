@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from agent.attempt import Attempt, KeepRule, Verdict, decide
+from agent.attempt import REBENCH_CONFIDENCE, Attempt, KeepRule, Verdict, decide
 from agent.runlog import Outcome
 from tools.results import BenchResult, BenchStatus, SpeedupCI
 
@@ -13,7 +13,8 @@ RULE = KeepRule(min_gain=0.02, implausible=10.0)
 
 
 def _b(median: float, low: float, high: float) -> BenchResult:
-    return BenchResult(status=BenchStatus.ok, speedup_vs_baseline=SpeedupCI(median=median, low=low, high=high, rounds=8))
+    return BenchResult(status=BenchStatus.ok, seconds=1.0,
+                       speedup_vs_baseline=SpeedupCI(median=median, low=low, high=high, rounds=8))
 
 
 def _a(bench=None, confirm=None, confirm_error=None) -> Attempt:
@@ -27,7 +28,10 @@ NO_RATIO = BenchResult(status=BenchStatus.ok)
 TABLE = [
     ("no bench at all", None, None, None, "reject", Outcome.not_faster, False, "no candidate-vs-best ratio"),
     ("a bench without a ratio", NO_RATIO, None, None, "reject", Outcome.not_faster, False, "no candidate-vs-best"),
-    ("interval holds 1", _b(1.05, 0.98, 1.10), None, None, "reject", Outcome.not_faster, False, "within noise"),
+    ("interval holds 1, the median short of the gain", _b(1.01, 0.96, 1.10), None, None, "reject", Outcome.not_faster,
+     False, "within noise"),
+    ("interval holds 1, the median past the gain: doubt", _b(1.05, 0.98, 1.10), None, None, "rebench", Outcome.kept,
+     False, "doubtful, bench it again with 16 rounds"),
     ("slower", _b(0.80, 0.75, 0.85), None, None, "reject", Outcome.not_faster, False, "slower"),
     ("faster but under the minimum gain", _b(1.01, 1.005, 1.015), None, None, "reject", Outcome.not_faster, False,
      "below the 2% minimum gain"),
@@ -36,8 +40,10 @@ TABLE = [
     ("an implausible gain asks for parity on fresh seeds too", _b(12.0, 11.0, 13.0), None, None, "confirm",
      Outcome.kept, True, "confirm it"),
     ("confirmed", _b(1.30, 1.20, 1.40), _b(1.25, 1.15, 1.35), None, "keep", Outcome.kept, False, "kept: 1.300x"),
-    ("the second bench holds 1", _b(1.30, 1.20, 1.40), _b(1.02, 0.97, 1.08), None, "reject", Outcome.not_faster,
-     False, "not confirmed by a second interleaved bench (1.020x [0.970, 1.080])"),
+    ("the second bench holds 1, its median short of the gain", _b(1.30, 1.20, 1.40), _b(1.01, 0.97, 1.08), None,
+     "reject", Outcome.not_faster, False, "not confirmed by a second interleaved bench (1.010x [0.970, 1.080])"),
+    ("the second bench holds 1, its median past the gain: doubt", _b(1.134, 1.076, 1.161), _b(1.114, 0.916, 1.374),
+     None, "rebench", Outcome.kept, False, "1.114x [0.916, 1.374]: doubtful, bench it again with 16 rounds"),
     ("both above 1 but together under the minimum gain", _b(1.021, 1.001, 1.04), _b(1.005, 1.001, 1.01), None,
      "reject", Outcome.not_faster, False, "not confirmed by a second"),
     ("the second bench has no ratio", _b(1.30, 1.20, 1.40), NO_RATIO, None, "reject", Outcome.not_faster, False,
@@ -65,6 +71,54 @@ def test_keep_rule(name, bench, confirm, error, action, outcome, reparity, fragm
     assert fragment in v.reason, v.reason
     first = bench.speedup_vs_baseline if bench is not None else None
     assert v.speedup == (first.median if first is not None else None)
+
+
+def _r(median: float, low: float, high: float, rounds: int, seconds: float = 1.0) -> BenchResult:
+    """A re-bench: more rounds, its interval at 99%."""
+    return BenchResult(status=BenchStatus.ok, seconds=seconds, speedup_vs_baseline=SpeedupCI(
+        median=median, low=low, high=high, rounds=rounds, confidence=REBENCH_CONFIDENCE))
+
+
+def test_a_doubtful_bench_is_rebenched_until_it_decides_or_its_rebenches_are_spent():
+    """Issue 63's honest 1.13x change on a loaded 2-core machine: its confirmation straddled 1 and the change was
+    thrown away as "not faster". Now the doubt is benched again with 2x then 4x the rounds at 99%; a re-bench that
+    decides, decides (either way); two that do not leave it inconclusive, its own outcome with every interval."""
+    first, doubt = _b(1.134, 1.076, 1.161), _b(1.114, 0.916, 1.374)
+    a = _a(first, _r(1.13, 1.05, 1.21, 16))
+    a.confirm_undecided = [doubt]
+    v = decide(a, RULE)
+    assert (v.action, v.outcome) == ("keep", Outcome.kept), v.reason
+    a.confirm = _r(1.10, 0.97, 1.25, 16)
+    v = decide(a, RULE)
+    assert (v.action, v.stage, v.rounds, v.confidence) == ("rebench", "confirm", 32, REBENCH_CONFIDENCE)
+    assert "1.114x [0.916, 1.374], then 1.100x [0.970, 1.250] in 16 rounds at 99%" in v.reason
+    a.confirm_undecided.append(a.confirm)
+    a.confirm = _r(1.09, 0.99, 1.20, 32)
+    v = decide(a, RULE)
+    assert (v.action, v.outcome) == ("reject", Outcome.inconclusive), v.reason
+    assert "then 1.090x [0.990, 1.200] in 32 rounds at 99%" in v.reason and "not called slower" in v.reason
+    a.confirm = _r(1.005, 0.98, 1.03, 32)    # the longer bench decides there is no gain worth keeping
+    v = decide(a, RULE)
+    assert (v.action, v.outcome) == ("reject", Outcome.not_faster), v.reason
+
+    b = _a(_b(1.25, 0.95, 1.5))              # the first bench doubtful: its re-bench decides
+    b.bench_undecided, b.bench = [b.bench], _r(1.2, 1.1, 1.3, 16)
+    assert decide(b, RULE).action == "confirm"
+    b.bench = _r(0.99, 0.95, 1.03, 16)
+    v = decide(b, RULE)
+    assert (v.outcome, v.action) == (Outcome.not_faster, "reject") and "in 16 rounds at 99%: within noise" in v.reason
+
+
+def test_the_rebench_budget_is_in_seconds_of_the_doubtful_bench():
+    """Each re-bench is projected at twice the last one's seconds; the re-benches of one bench stop where they would
+    pass REBENCH_SPEND times the doubtful bench's own (a bench that turned slow under load is not timed on and on)."""
+    a = _a(_b(1.25, 0.95, 1.5))
+    a.bench.seconds = 2.0
+    a.bench_undecided, a.bench = [a.bench], _r(1.2, 0.9, 1.4, 16, seconds=4.0)
+    assert decide(a, RULE).action == "rebench"            # 4 s spent + 8 s projected <= 10 x 2 s
+    a.bench.seconds = 7.0
+    v = decide(a, RULE)                                    # 7 + 14 > 20: spent
+    assert v.outcome == Outcome.inconclusive and "1 longer bench (7.0 s" in v.reason, v.reason
 
 
 def test_the_minimum_gain_and_the_implausible_bound_come_from_the_rule():

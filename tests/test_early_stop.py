@@ -34,7 +34,7 @@ def _arms(ratio_by_round, n_reps=100):
 
 
 def _bench(rounds: int):
-    return types.SimpleNamespace(rounds=rounds, warmup_ms=1.0, rep_ms=100.0)
+    return types.SimpleNamespace(rounds=rounds, warmup_ms=1.0, rep_ms=100.0, confidence=0.95)
 
 
 def test_a_candidate_short_of_the_gain_in_every_round_of_the_first_half_stops_there():

@@ -9,7 +9,8 @@ What agrees with what (each a measurement taken interleaved with what it is comp
 - the run's end, `show`, `report.md` and `runs` print one figure, from one measurement;
 - that figure is the best's speedup over the initial times the initial's over the reference,
   within 2x; the times shown beside it divide into it (same bench);
-- a commit message carries no figure against the reference (it was only ever an estimate there)."""
+- a commit message carries a figure against the reference only from its own confirmation bench, which timed the
+  reference beside it (issue 63), and the prompt's times and figure come from one bench."""
 
 from __future__ import annotations
 
@@ -107,9 +108,39 @@ def test_every_figure_against_the_reference_agrees_from_check_to_the_commit(tmp_
     unstable = [where for where, fig in (("check", check_ci), ("the run's setup", setup), ("the run's end", f_end))
                 if fig is None]
 
-    # the kept commits' messages carry measured figures only: none against the reference
-    log = git(root, "log", "--format=%B", f"{git(root, 'rev-parse', 'main')}..agent/matmul_cpu/{run_id}")
-    assert "Agent-Run" in log and "reference" not in log, log
+    # the kept commits' messages carry measured figures only: against the reference, the one their confirmation bench
+    # timed beside them, never the setup's multiplied in
+    from agent.runlog import read_iterations
+    kept = [rec for rec in read_iterations(root / "runs" / run_id) if rec.decision.value == "kept"]
+    assert kept
+    for rec in kept:
+        msg = git(root, "log", "-1", "--format=%B", rec.commit_sha)
+        ref = rec.confirm.speedup_vs_reference_ci
+        assert "Agent-Run" in msg and (f"reference beside it: {ref.median:.3f}x" in msg if ref is not None
+                                       else "reference" not in msg), msg
     if unstable:   # every other check above held
         pytest.skip(f"the reference's figure was unstable in {', '.join(unstable)} (each said so, checked above): "
                     "the figures against it there were not compared")
+
+
+def test_a_kept_best_is_shown_against_the_reference_timed_beside_it_not_a_product_of_steps():
+    """Issue 63: the prompt said 3.160x (the product of the kept steps times the setup's figure) beside times that gave
+    1.32x, the reference having moved since the setup. A best kept since has its keep's confirmation bench figure,
+    and the times shown with it are that bench's; a best without one falls back to the product, said so."""
+    from agent.figures import SIDE_BY_SIDE, best_figure, standing_times, times_line
+    from agent.runlog import RunState
+    st = RunState(best_sha="b2", best_iteration=2, best_ms=2.1, initial_ms=9.0, reference_ms=0.5,
+                  chain_vs_initial=3.0, initial_vs_reference=0.3,
+                  kept_sha="b2", kept_vs_reference=0.48, kept_vs_reference_low=0.45, kept_vs_reference_high=0.51,
+                  kept_ms={"candidate": 2.0, "baseline": 2.5, "reference": 0.96})
+    f = best_figure(st, "reference")
+    assert (f.value, f.low, f.high, f.source) == (0.48, 0.45, 0.51, SIDE_BY_SIDE)
+    best, ref, when = standing_times(st)
+    assert (best, ref) == (2.0, 0.96) and "side by side" in when
+    assert abs(ref / best / f.value - 1) < 0.01     # the times divide into the figure beside them
+    assert "reference 960.0 us; its keep's confirmation bench" in times_line(st)
+    assert best_figure(st, "initial").source.startswith("estimate")   # vs initial: still the chain, said so
+    old = st.model_copy(update={"best_sha": "b3", "best_iteration": 3})   # a best kept without such a bench
+    f = best_figure(old, "reference")
+    assert f.value == 3.0 * 0.3 and f.source.startswith("estimate")
+    assert "the reference's from the setup bench, earlier" in standing_times(old)[2]

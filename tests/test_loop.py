@@ -44,7 +44,7 @@ def test_five_iterations_keep_and_revert_without_touching_the_user(tmp_path):
     for r in kept:
         msg = git(root, "log", "-1", "--format=%B", r.commit_sha)
         assert f"Agent-Run: {cfg.run_id}" in msg and f"Agent-Iteration: {r.iteration}" in msg
-        assert "Speedup: " in msg and "95% CI" in msg
+        assert "Speedup: " in msg and "% CI" in msg
     assert git(root, "rev-parse", cfg.branch) == state.best_sha
     # rejected commits stay reviewable under refs/agent/RUN/rejected/N
     for r in rejected:

@@ -56,7 +56,7 @@ def test_a_misspelt_key_elsewhere_is_answered_with_the_closest_known_key(tmp_pat
     # a key close to none: the keys its table takes, instead of a guess
     msg = _load_error(_task(tmp_path / "far", lambda t: t.replace("[bench]\n", "[bench]\ncolour = 1\n")))
     assert msg.endswith("task.toml: bench.colour: unknown key (a typo?); [bench] takes warmup_ms, rep_ms, rounds, "
-                        "input_sets, min_gain, timeout_s"), msg
+                        "input_sets, min_gain, timeout_s, confidence"), msg
 
 
 def test_a_knob_is_named_by_its_name(tmp_path):

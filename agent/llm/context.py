@@ -112,8 +112,9 @@ def format_standing(ctx: Context) -> str:
     measurement it comes from, agent/figures.py), and the task's work on the main shape with the throughput the best
     achieves and its share of the device's peak."""
     spec = ctx.task.spec
-    lines = [f"- Current best on the main shape ({shape_label(spec.main)}): {_ms(ctx.best_ms)}",
-             f"- PyTorch reference on the main shape: {_ms(ctx.reference_ms)}" + (" (timed at the run's setup)" if ctx.reference_ms else "")]
+    when = f" ({ctx.times_from})" if ctx.times_from and ctx.reference_ms else ""
+    lines = [f"- Current best on the main shape ({shape_label(spec.main)}): {_ms(ctx.best_ms)}; the PyTorch reference: "
+             f"{_ms(ctx.reference_ms)}{when}"]
     for name, f in (("the PyTorch reference", ctx.vs_reference), ("the initial kernel", ctx.vs_initial)):
         if f is not None and (f.confirmed or abs(f.value - 1.0) > 1e-9 or name.endswith("reference")):
             lines.append(f"- The best against {name}: {f.text()} ({f.source})")

@@ -69,11 +69,13 @@ def timing(task: Task) -> str:
     return (f"Timing and the keep rule: on the main shape, the candidate and the current best are each warmed for "
             f"{b.warmup_ms:g} ms, then timed in {b.rounds} rounds of about {b.rep_ms:g} ms of calls each, their order "
             f"rotated round by round, the calls going over {b.input_sets} input sets in turn (a repeat does not find "
-            f"its inputs in the cache); the speedup over the best is the median of the rounds' ratios with a 95% "
+            f"its inputs in the cache); the speedup over the best is the median of the rounds' ratios with a {b.confidence:.0%} "
             f"interval. Kept only if the interval lies above 1 and the median "
             f"is at least {b.min_gain:.0%} over it (task.toml [bench] min_gain; a run's --min-gain overrides it), and "
-            f"a second interleaved bench shows it again; an interval that reaches 1 is rejected as within noise, "
-            f"however high its median")
+            f"a second interleaved bench in a fresh process shows it again. A bench whose median clears that gain "
+            f"while its interval still reaches 1 is doubt, not slowness: it is benched again with twice, then four "
+            f"times the rounds (99% intervals); one still undecided then is \"inconclusive\" (not kept, not called "
+            f"slower). A median below the gain is rejected as within noise")
 
 
 def gpu_facts(task: Task) -> list[str]:

@@ -63,6 +63,7 @@ class Context:
     history: list[HistoryItem] = field(default_factory=list)
     best_ms: float | None = None
     reference_ms: float | None = None
+    times_from: str = ""                    # which bench best_ms and reference_ms come from (figures.standing_times)
     vs_reference: Figure | None = None      # the best's speedup over the reference, with its source (agent/figures.py)
     vs_initial: Figure | None = None
     peak: DevicePeak | None = None          # the device's spec-sheet peaks for the task's dtype (a GPU's bench said)

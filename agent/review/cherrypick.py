@@ -249,7 +249,7 @@ def squash_message(run: Run, recs: list[IterationRecord], todo: list[Picked]) ->
         ci = r.bench.speedup_vs_baseline if r.bench else None
         if ci:
             cum *= ci.median
-        sp = f"{ci.median:.3f}x over its parent (95% CI {ci.low:.3f}-{ci.high:.3f})" if ci else "no timing"
+        sp = f"{ci.median:.3f}x over its parent ({ci.confidence:.0%} CI {ci.low:.3f}-{ci.high:.3f})" if ci else "no timing"
         lines.append(f"- iteration {p.iteration} ({p.sha[:10]}): {r.proposal.summary() if r.proposal else '-'}; {sp}")
     title = f"agent: run {run.id}, iteration{'s' if len(its) > 1 else ''} {', '.join(map(str, its))}"
     body = [title[:72], "", f"Squashed from branch {run.cfg.branch}:", *lines, "",

@@ -95,7 +95,7 @@ def render(run: Run, plot_name: str | None, plot_note: str = "", roofline_name: 
     L += ["## Ablation: the kept commits", ""]
     rows = ablation_rows(run)
     if rows:
-        L += ["| # | commit | hypothesis | speedup over parent (95% CI) | cumulative | profile metrics |",
+        L += ["| # | commit | hypothesis | speedup over parent (CI) | cumulative | profile metrics |",
               "|---|---|---|---|---|---|"]
         for a in rows:
             sp = f"{a['speedup']:.3f}x ({a['low']:.3f}-{a['high']:.3f})" if a["speedup"] is not None else "-"

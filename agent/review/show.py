@@ -117,7 +117,7 @@ def env_table(run: Run) -> Table:
 
 def iterations_table(run: Run) -> Table:
     t = Table(title="iterations", title_justify="left")
-    for c in ("#", "decision", "speedup vs best [95% CI]", "hypothesis", "reason", "time"):
+    for c in ("#", "decision", "speedup vs best [CI]", "hypothesis", "reason", "time"):
         t.add_column(c, overflow="fold")
     for r in run.records:
         mark = " *" if r.iteration == run.state.best_iteration else ""
@@ -311,7 +311,7 @@ def _stages(rec: IterationRecord) -> list[RenderableType]:
             out.append(Text(f"% of the device's spec-sheet peak: {be.peak.label}, {be.peak.tflops:g} TFLOP/s, "
                             f"{be.peak.gbps:g} GB/s", style="dim"))
         ci = be.speedup_vs_baseline
-        line = f"speedup over the best: {ci.median:.3f}x (95% CI {ci.low:.3f}-{ci.high:.3f}, {ci.rounds} rounds)" \
+        line = f"speedup over the best: {ci.median:.3f}x ({ci.confidence:.0%} CI {ci.low:.3f}-{ci.high:.3f}, {ci.rounds} rounds)" \
             if ci else "no speedup ratio"
         if be.speedup_vs_reference:
             line += f"; {be.speedup_vs_reference:.3f}x vs the reference"
@@ -321,7 +321,7 @@ def _stages(rec: IterationRecord) -> list[RenderableType]:
     cf = rec.confirm.speedup_vs_baseline if rec.confirm is not None else None
     if cf is not None:
         out.append(Text(f"confirmation bench (a second, independent one): {cf.median:.3f}x "
-                        f"(95% CI {cf.low:.3f}-{cf.high:.3f}, {cf.rounds} rounds)"))
+                        f"({cf.confidence:.0%} CI {cf.low:.3f}-{cf.high:.3f}, {cf.rounds} rounds)"))
     if rec.profile_summary:
         t = _kv()
         t.add_row("profile", Text(", ".join(f"{k}={v}" for k, v in rec.profile_summary.items() if v is not None)))

@@ -3,6 +3,7 @@
     python -m tools.judge.judge evaluate --task DIR --job-stdin      (the options come as one JSON line on stdin)
     python -m tools.judge.judge parity   --task DIR --lib PATH [--seed N] [--no-hidden]
     python -m tools.judge.judge bench    --task DIR --lib PATH [--baseline-lib PATH] [--shapes JSON] [--no-reference]
+                                         [--rounds N] [--confidence C]
 
 `evaluate` is the loop's candidate check (launch plan, parity, bench, each only if the one before
 passed; pre-started while the candidate builds); `parity` and `bench` are tools.measure.parity's run_parity
@@ -260,6 +261,16 @@ def outlived(host: HostClient, mode: str, result: dict) -> None:
             part.update(status="side_effect", message=why)
 
 
+def bench_overrides(spec, job: dict):
+    """The spec with the job's bench rounds and interval coverage in place of task.toml's, validated as task.toml's
+    would be (the loop's re-bench of a doubtful candidate: more rounds, a stricter interval)."""
+    over = {k: job[k] for k in ("rounds", "confidence") if job.get(k) is not None}
+    if not over:
+        return spec
+    from tools.taskspec import BenchSpec
+    return spec.model_copy(update={"bench": BenchSpec.model_validate({**spec.bench.model_dump(), **over})})
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m tools.judge.judge")
     ap.add_argument("mode", choices=["evaluate", "parity", "bench"])
@@ -275,10 +286,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--baseline-lib")
     ap.add_argument("--shapes", help="JSON list of shape dicts (default: the main shape)")
     ap.add_argument("--no-reference", action="store_true")
+    ap.add_argument("--rounds", type=int, help="the bench's rounds instead of task.toml's (a re-bench: agent/attempt.py)")
+    ap.add_argument("--confidence", type=float, help="the bench interval's coverage instead of task.toml's")
     a = ap.parse_args(argv)
     out = private_stdout()
     job = {"lib": a.lib, "seed": a.seed, "no_hidden": a.no_hidden, "parity_extent": a.extent, "baseline_lib": a.baseline_lib,
-           "shapes": json.loads(a.shapes) if a.shapes else None, "no_reference": a.no_reference}
+           "shapes": json.loads(a.shapes) if a.shapes else None, "no_reference": a.no_reference,
+           "rounds": a.rounds, "confidence": a.confidence}
     host, result, shapes = None, None, job["shapes"] or []
     try:
         import torch  # noqa: F401  (here first: the host is forked from this process with it, HostClient)
@@ -292,6 +306,7 @@ def main(argv: list[str] | None = None) -> int:
             if not line.strip():
                 return 0      # never given a job (the agent moved on, or died)
             job.update(json.loads(line))
+        task.spec = bench_overrides(task.spec, job)
         shapes = job.get("shapes") or [dict(task.spec.main)]
         result = run(a.mode, task, mod, host, job, shapes)
     except HostFailed as e:

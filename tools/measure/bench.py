@@ -43,15 +43,20 @@ from tools.task_messages import make_inputs
 # --- parent side ----------------------------------------------------------------------------
 def run_bench(task: Task, lib_path: Path, *, baseline_lib: Path | None = None, shapes: list[dict] | None = None,
               with_reference: bool = True, timeout_s: float | None = None,
-              scratch_root: Path | None = None) -> list[BenchResult]:
-    """Time the library at lib_path (one BenchResult per shape), in a child process."""
+              scratch_root: Path | None = None, rounds: int | None = None,
+              confidence: float | None = None) -> list[BenchResult]:
+    """Time the library at lib_path (one BenchResult per shape), in a child process. `rounds`, `confidence`: the
+    bench's rounds and interval coverage instead of task.toml's (its timeout grows with the rounds)."""
     shapes = [dict(s) for s in (shapes or [task.spec.main])]
     args = ["bench", "--task", str(task.root), "--lib", str(Path(lib_path).resolve()), "--shapes", json.dumps(shapes)]
     if baseline_lib is not None:
         args += ["--baseline-lib", str(Path(baseline_lib).resolve())]
     if not with_reference:
         args.append("--no-reference")
-    timeout = timeout_s if timeout_s is not None else task.spec.bench.timeout_s
+    args += ["--rounds", str(rounds)] if rounds is not None else []
+    args += ["--confidence", str(confidence)] if confidence is not None else []
+    timeout = timeout_s if timeout_s is not None else task.spec.bench.timeout_s * max(1.0, (rounds or 0)
+                                                                                       / task.spec.bench.rounds)
     t0 = time.monotonic()
     proc, data = run_python_json("tools.judge.judge", args, timeout, scratch_root)
     dt = time.monotonic() - t0

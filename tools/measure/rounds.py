@@ -184,7 +184,8 @@ def interleaved(clock, arms, b, spot: SpotCheck | None = None, stop=None) -> tup
     """Time each arm (label, fn) in `b.rounds` rounds, each timing every arm with the same rep count in an
     order rotated round by round, so that load which comes and goes falls on all of them alike (one arm
     alone: its reps spread over the rounds). Returns every arm's times and, per arm after the first, the
-    speedup of the first over it (median of the per-round ratios, 95% CI). With `spot`, each round's data
+    speedup of the first over it (median of the per-round ratios, with an interval of `b.confidence`: 95% unless
+    the loop re-benches a doubtful candidate). With `spot`, each round's data
     is new (spot.round), each arm's rep too (spot.refresh), and its bursts are checked (spot.before,
     spot.after). `stop(cis)`, where given, is asked once, after look_round()'s round, with the intervals
     so far: True ends the timing there (a candidate the keep rule can no longer keep: tools/measure/bench.py
@@ -215,6 +216,6 @@ def interleaved(clock, arms, b, spot: SpotCheck | None = None, stop=None) -> tup
         first = meds[arms[0][0]]
         for label in ratios:
             ratios[label].append(meds[label] / max(first, 1e-9))
-        if r + 1 == look and stop({label: speedup_ci(rs) for label, rs in ratios.items()}):
+        if r + 1 == look and stop({label: speedup_ci(rs, b.confidence) for label, rs in ratios.items()}):
             break
-    return got, {label: speedup_ci(rs) for label, rs in ratios.items()}
+    return got, {label: speedup_ci(rs, b.confidence) for label, rs in ratios.items()}
