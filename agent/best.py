@@ -19,6 +19,7 @@ from agent.view import View
 from tools.profile.model import ProfileReport
 from tools.judge.budgets import derive
 from tools.results import BenchResult, LaunchResult
+from tools.measure.cpu_peak import peak_for
 from tools.measure.stats import ci_text
 from tools.task import shape_label
 
@@ -63,7 +64,7 @@ class Best:
         # disagree): agent/figures.py would otherwise make one of the two medians
         st.reference_ms = ref.median_ms if ref and bench.speedup_vs_reference is not None else None
         st.chain_vs_initial, st.initial_vs_reference = 1.0, bench.speedup_vs_reference
-        st.peak = bench.peak
+        st.peak = bench.peak = peak_for(ev.task, bench.peak)   # a CPU task: this machine's, measured (cached)
         st.best_sha = head_sha
         st.initial_knobs = {k: v for k, v in ev.task.read_knobs().items() if v is not None}
         spec = ev.task.spec

@@ -33,6 +33,58 @@ def candidate_ms(r: IterationRecord) -> float | None:
     return t.median_ms if t is not None else None
 
 
+def resources(r: IterationRecord) -> str:
+    """What the build and the launch plan already know of a GPU candidate, kept or not (issue 63: a model told only that
+    a rejected candidate was slower guessed why, three times of four): per kernel the main shape launches, ptxas's
+    registers and spills, its shared memory (static and dynamic), its block and grid, and the theoretical occupancy
+    with its limiter (tools/profile/fallback.py, the occupancy calculator's rule on sm_80/sm_90-class per-SM limits).
+    "" for a CPU task or a candidate that did not build."""
+    if r.build is None or not r.build.kernels:
+        return ""
+    from tools.measure.launch import match_resources
+    from tools.profile.fallback import SmLimits, estimate_occupancy
+    lim = SmLimits(regs_per_sm=r.launch.limits.regs_per_sm) if r.launch is not None and r.launch.limits else SmLimits()
+    parts, seen = [], set()
+    for ln in (r.launch.launches if r.launch is not None else []):
+        if ln.kernel in seen or len(seen) == 3:
+            continue
+        seen.add(ln.kernel)
+        k = match_resources(ln.kernel, r.build.kernels)
+        spills = f"{k.spill_stores_bytes + k.spill_loads_bytes} B of spills" if k else "spills unknown"
+        smem = (ln.smem_static_bytes or 0) + ln.smem_dynamic_bytes
+        occ, limiter, per_sm = estimate_occupancy(ln.threads, ln.registers, smem or None, lim)
+        parts.append(f"{ln.kernel}: {ln.registers if ln.registers is not None else '?'} registers, {spills}, "
+                     f"{ln.smem_static_bytes or 0}+{ln.smem_dynamic_bytes} B shared memory, block {ln.threads}, "
+                     f"{ln.ctas} CTAs; theoretical occupancy {occ:g}% ({per_sm} CTAs/SM, limited by {limiter})")
+    if not parts:   # no plan: ptxas alone
+        parts = [f"{k.name.split('(')[0]}: {k.registers} registers, {k.spill_stores_bytes + k.spill_loads_bytes} B of "
+                 f"spills, {k.smem_static_bytes} B static shared memory" for k in r.build.kernels[:3]]
+    return "; ".join(parts)
+
+
+REWRITE_SHARE = 0.4    # a kept change to this share of a file's lines (or a whole-file edit) is a rewrite
+
+
+def rewritten(records: list[IterationRecord], sources: dict[str, str]) -> dict[str, int]:
+    """Editable files a kept iteration rewrote (a whole-file edit, or a diff changing REWRITE_SHARE of the file's lines
+    now), each with the last such iteration: task.toml's knob descriptions were written for the file as the task
+    shipped it (issue 63: after the model's rewrite changed what VEC means, every later prompt described it as before)."""
+    out: dict[str, int] = {}
+    for r in records:
+        if r.outcome.value != "kept" or r.proposal is None:
+            continue
+        for f, text in sources.items():
+            whole = any(e.file == f and e.content is not None for e in r.proposal.edits)
+            changed = 0
+            for block in r.patch.split("diff --git ")[1:]:
+                if block.split("\n", 1)[0].endswith("/" + f) or block.split("\n", 1)[0].endswith(" " + f):
+                    changed += sum(1 for ln in block.splitlines()[1:]
+                                   if ln[:1] in "+-" and not ln.startswith(("+++", "---")))
+            if whole or changed >= REWRITE_SHARE * max(1, len(text.splitlines())):
+                out[f] = r.iteration
+    return out
+
+
 def last_failure(records: list[IterationRecord]) -> tuple[str | None, str | None]:
     """A candidate that failed to compile, launch or match the reference: the proposer sees why."""
     if not records:
@@ -52,7 +104,8 @@ def history_item(r: IterationRecord) -> HistoryItem:
     return HistoryItem(iteration=r.iteration, hypothesis=p.hypothesis if p else "-", outcome=r.outcome.value,
                        reason=r.reason, speedup=r.speedup_vs_best, knobs=p.knobs if p else None, ms=candidate_ms(r),
                        predicted=p.predicted.speedup if p else None, interval=(ci.low, ci.high) if ci else None,
-                       patch=r.patch, repairs=[f"{x.outcome.value}: {x.reason}" for x in r.attempts])
+                       patch=r.patch, repairs=[f"{x.outcome.value}: {x.reason}" for x in r.attempts],
+                       resources=resources(r))
 
 
 def context(task: Task, i: int, d: Path, records: list[IterationRecord], state: RunState,
@@ -65,7 +118,7 @@ def context(task: Task, i: int, d: Path, records: list[IterationRecord], state: 
                    best_ms=best_ms, reference_ms=reference_ms, times_from=times_from,
                    vs_reference=best_figure(state, "reference"),
                    vs_initial=best_figure(state, "initial"), peak=state.peak,
-                   knobs=task.read_knobs(), measured_knobs=[state.initial_knobs],
+                   knobs=task.read_knobs(), measured_knobs=[state.initial_knobs], rewritten=rewritten(records, sources),
                    feedback=feedback, feedback_kind=kind, iter_dir=str(d), run_end=run_end)
 
 

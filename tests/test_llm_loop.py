@@ -4,11 +4,13 @@ the real openai client to a local OpenAI-compatible server that serves scripted 
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
 from agent.runlog import Decision, Outcome, read_iterations, read_state
 from tests.fake_openai import FakeOpenAI, error_body
+from tests.test_llm import GPU_WORDS
 from tests.userrepo import agent, configure_llm, make_user_repo, snapshot
 
 pytestmark = pytest.mark.slow
@@ -78,6 +80,16 @@ def test_llm_run_end_to_end(tmp_path):
     assert "+#define LOOP_ORDER 1" in second and "-#define LOOP_ORDER 0" in second
     assert "The best against the initial kernel: " in second and "(`2*M*N*K`)" in second
     assert "FLOP/s" in second and "B/s" in second
+    # issue 63: a CPU task is told its build's command lines (the -O level), the keep rule in numbers, the best's share
+    # of this machine's measured peaks, figures and times from one bench, and nothing of a GPU
+    assert "The build, as the harness runs it" in second and " -O3" in second, second
+    assert "Kept only if the interval lies above 1" in second and "inconclusive" in second
+    assert re.search(r"FLOP/s = [\d.]+% of peak, .*B/s = [\d.]+% of peak \(peaks: this CPU, measured on 1 thread", second)
+    assert "both from the best's keep's confirmation bench, side by side" in second, second
+    messages = json.dumps(next(r.body["messages"] for r in reqs if "# Iteration 2:" in r.body["messages"][-1]["content"]))
+    messages = messages.replace(GOOD["hypothesis"], "")     # the model's own words about iteration 1 are its own
+    assert [w for w in GPU_WORDS if w in messages] == [], [messages[messages.index(w) - 80:messages.index(w) + 40]
+                                                           for w in GPU_WORDS if w in messages]
     # the structured output was asked for, and the key travelled only as a header
     assert reqs[0].body["response_format"]["type"] == "json_schema"
     assert reqs[0].headers.get("authorization") == "Bearer sk-test-secret"

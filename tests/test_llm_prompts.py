@@ -78,3 +78,63 @@ def test_parse_proposal_drops_loop_fields_and_rejects_non_objects():
         parse_proposal("[1, 2]")
     with pytest.raises(ReplyInvalid, match=r"- edits: List should have at least 1 item"):
         parse_proposal(json.dumps(dict(good, edits=[])))
+
+
+def test_a_rejected_gpu_candidate_is_shown_with_what_its_build_and_launch_plan_know():
+    """Issue 63: the model was told that four attention candidates were slower and not why; ptxas and the launch plan
+    already knew their registers, spills and shared memory, and the occupancy those allow."""
+    from agent.llm.context import format_history_item
+    from agent.propose import history_item
+    from agent.runlog import Decision, IterationRecord, Outcome
+    from tools.results import BuildResult, BuildStatus, DeviceLimits, KernelResources, Launch, LaunchResult, LaunchStatus
+    lim = DeviceLimits(name="NVIDIA H200", arch="sm_90", sm_count=132, max_smem_per_block_optin=232448, source="device")
+    build = BuildResult(status=BuildStatus.ok, build_dir="b", kernels=[KernelResources(name="attn_fwd(const half*)", registers=168,
+                                                                        spill_stores_bytes=40, spill_loads_bytes=48,
+                                                                        smem_static_bytes=0)])
+    launch = LaunchResult(status=LaunchStatus.ok, limits=lim, launches=[Launch(
+        kernel="attn_fwd", grid=(64, 16, 1), block=(128, 1, 1), smem_dynamic_bytes=98304, smem_static_bytes=0,
+        registers=168)])
+    rec = IterationRecord(run_id="r", iteration=2, started="t", finished="t", build=build, launch=launch,
+                          decision=Decision.reverted, outcome=Outcome.not_faster, reason="speedup 0.91x: slower")
+    text = format_history_item(history_item(rec))
+    assert ("build and launch plan: attn_fwd: 168 registers, 88 B of spills, 0+98304 B shared memory, block 128, "
+            "1024 CTAs; theoretical occupancy 12.5% (2 CTAs/SM, limited by shared_memory)") in text, text
+    cpu = rec.model_copy(update={"build": BuildResult(status=BuildStatus.ok, build_dir="b"), "launch": None})
+    assert "build and launch plan" not in format_history_item(history_item(cpu))
+
+
+def test_a_knob_whose_file_a_kept_iteration_rewrote_is_flagged_with_what_the_file_says_now(tmp_path):
+    """Issue 63: after the model's rewrite changed what VEC means, every later prompt still gave task.toml's words for
+    the kernel as shipped. A file a kept iteration rewrote (a whole-file edit, or a diff over 40% of its lines) has its
+    knobs' descriptions marked as the shipped file's, with the #define's own comment as the file has it now; a small
+    kept change does not."""
+    from pathlib import Path
+
+    from agent.llm.context import format_knobs
+    from agent.proposal import Edit, PredictedEffect, Proposal
+    from agent.propose import rewritten
+    from agent.proposers.base import Context
+    from agent.runlog import Decision, IterationRecord, Outcome
+    from tools.task import load_task
+    task = load_task(Path(__file__).resolve().parent.parent / "kernels" / "softmax")
+    src = (task.root / "softmax.cu").read_text()
+    new = src.replace("#define VEC 1                 // halves per load/store: 1, 2, 4 or 8 (16 bytes)",
+                      "#define VEC 1   // rows a warp keeps in registers")
+    assert new != src
+
+    def kept(i, edit, patch=""):
+        return IterationRecord(run_id="r", iteration=i, started="t", finished="t", decision=Decision.kept,
+                               outcome=Outcome.kept, reason="kept", patch=patch, proposal=Proposal(
+                                   hypothesis="h", edits=[edit], predicted=PredictedEffect(
+                                       metric="t", direction="down", speedup=1.5)))
+    small = kept(1, Edit(file="softmax.cu", search="#define THREADS 128", replace="#define THREADS 256"),
+                 "diff --git a/k/softmax.cu b/k/softmax.cu\n--- a/k/softmax.cu\n+++ b/k/softmax.cu\n-#define THREADS 128\n"
+                 "+#define THREADS 256\n")
+    whole = kept(3, Edit(file="softmax.cu", content=new))
+    ctx = lambda recs: Context(task=task, iteration=4, sources={"softmax.cu": new}, profile=None,   # noqa: E731
+                               knobs=task.read_knobs(), rewritten=rewritten(recs, {"softmax.cu": new}))
+    assert "rewrote" not in format_knobs(ctx([small]))
+    text = format_knobs(ctx([small, whole]))
+    vec = next(ln for ln in text.splitlines() if ln.startswith("- VEC"))
+    assert "iteration 3 rewrote softmax.cu: what VEC does now is what the code says" in vec, vec
+    assert "its #define's comment now: rows a warp keeps in registers" in vec, vec

@@ -95,14 +95,14 @@ def check_against_ncu(name: str):
     assert k.rules, "ncu always runs the section rules"
     ptxas = re.search(r"Used (\d+) registers", need("ptxas.txt").read_text())
     assert ptxas and k.registers_per_thread == int(ptxas.group(1))
-    assert len(compact(rep)) < 1500
+    assert len(compact(rep)) < 3000     # ncu's rule messages whole (issue 63)
     return rep, k
 
 
 def test_tier1_normal_grid():
     rep, k = check_against_ncu("t1")
     assert k.ctas == 16777216 // 256 and k.grid == (65536, 1, 1) and k.block == (256, 1, 1)
-    assert k.stalls == []                                      # tier 1 has no WarpStateStats
+    assert k.stalls == []               # captured when tier 1 had no WarpStateStats (it has since issue 63)
     assert k.bottleneck == Bottleneck.memory, k.bottleneck_reason   # a streaming a*x+y: DRAM bound
 
 

@@ -167,7 +167,7 @@ def test_command_line_tier1_and_tier2(monkeypatch, task, tmp_path):
         assert "-m tools.profile.target --task" in line
     assert "--launch-skip 3 --launch-count 1" in t1 and "--launch-skip 8 --launch-count 2" in t2
     sections = lambda l: [w for p, w in zip(l.split(), l.split()[1:]) if p == "--section"]
-    assert sections(t1) == ["SpeedOfLight", "LaunchStats", "Occupancy"]
+    assert sections(t1) == ["SpeedOfLight", "LaunchStats", "Occupancy", "WarpStateStats"]
     assert sections(t2) == ["SpeedOfLight", "LaunchStats", "Occupancy", "ComputeWorkloadAnalysis",
                             "MemoryWorkloadAnalysis", "SchedulerStats", "WarpStateStats"]
     assert "--metrics " + ",".join(EXTRA_METRICS) in t1

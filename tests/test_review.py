@@ -426,7 +426,7 @@ def test_a_known_gpu_gets_its_share_of_the_spec_sheet_peak_and_a_cpu_none():
     tm = TimingStats(label="candidate", median_ms=1.0, p10_ms=1.0, p90_ms=1.0, mean_ms=1.0, reps=5,
                      tflops=99.0, gbps=480.0)
     assert throughput(tm, DevicePeak(tflops=tf, gbps=gb, label=label)) == \
-        "99 TFLOP/s (10.0% of 990), 480 GB/s (10.0% of 4800)"
+        "99 TFLOP/s (10.0% of 990 TFLOP/s), 480 GB/s (10.0% of 4800 GB/s)"
     assert throughput(tm, None) == "99 TFLOP/s, 480 GB/s"
 
 

@@ -76,6 +76,7 @@ def _check(task_path: Path, build_dir: Path | None, knobs: str,
     from agent.attempt import Attempt
     from agent.evaluate import CompileFailed, Evaluator, IterationEnded
     from agent.review.show import throughput
+    from tools.measure.cpu_peak import peak_for
     from agent.runlog import StageTimes
     from tools.build.build import default_build_dir
     from tools.isolation.checkout import checkout_of
@@ -133,6 +134,7 @@ def _check(task_path: Path, build_dir: Path | None, knobs: str,
         detail = r.message or (f"{cand.median_ms:.4f} ms median" if cand else "")
         if r.speedup_vs_reference is not None and "vs reference" not in detail:
             detail += f", {r.speedup_vs_reference:.2f}x vs reference"
+        r.peak = peak_for(task, r.peak)     # a CPU task: this machine's measured peaks (tools/measure/cpu_peak.py)
         tp = throughput(cand, r.peak) if cand else ""
         detail += f"; {tp}" if tp and r.status.value == "ok" else ""
         steps.add(f"bench {','.join(f'{k}={int(v)}' for k, v in r.shape.items())}", r.status.value, detail)

@@ -7,6 +7,7 @@ fit, the call fails with the sizes. The history gives way first, oldest iteratio
 from __future__ import annotations
 
 import json
+import re
 from pathlib import PurePosixPath
 
 from agent.llm.costs import CHARS_PER_TOKEN, estimate_tokens
@@ -50,10 +51,21 @@ def format_knobs(ctx: Context) -> str:
         now = ctx.knobs.get(k.name)
         cur = "missing from the source" if now is None and k.name in ctx.knobs else (now if now is not None else k.default)
         desc = f": {k.description}" if k.description else ""
+        if k.file in ctx.rewritten:     # task.toml's words describe the file as shipped (issue 63)
+            said = knob_comment(ctx.sources.get(k.file, ""), k.name)
+            desc += (f" [task.toml's description, of the file as the task shipped it; iteration {ctx.rewritten[k.file]} "
+                     f"rewrote {k.file}: what {k.name} does now is what the code says"
+                     + (f"; its #define's comment now: {said}" if said else "") + "]")
         lines.append(f"- {k.name} = {cur} (allowed: {', '.join(map(str, k.values))}) in {k.file}{desc}")
     if spec.restrictions:
         lines.append(f"- restrictions: {'; '.join(spec.restrictions)}")
     return "\n".join(lines)
+
+
+def knob_comment(text: str, name: str) -> str:
+    """The trailing comment of the knob's #define line in the file now ("" if none)."""
+    m = re.search(rf"(?m)^\s*#\s*define\s+{re.escape(name)}\b[^\n]*?(?://|/\*)\s*(.*?)\s*(?:\*/)?$", text)
+    return m.group(1) if m else ""
 
 
 DIFF_ITEMS = 3        # the latest iterations shown with their diff
@@ -84,6 +96,8 @@ def format_history_item(h: HistoryItem, with_diff: bool = False) -> str:
     lines = [f"- iteration {h.iteration} [{h.outcome}]{knobs}: {' '.join(h.hypothesis.split())}"]
     if predicted or measured:
         lines.append("  " + "; ".join(x for x in (predicted, measured) if x))
+    if h.resources:
+        lines.append(f"  build and launch plan: {h.resources}")
     lines += [f"  repair {n}: {' '.join(r.split())[:300]}" for n, r in enumerate(h.repairs, 1)]
     lines.append(f"  result: {' '.join(h.reason.split())}")
     diff = short_diff(h.patch) if with_diff else ""
@@ -115,6 +129,9 @@ def format_standing(ctx: Context) -> str:
     when = f" ({ctx.times_from})" if ctx.times_from and ctx.reference_ms else ""
     lines = [f"- Current best on the main shape ({shape_label(spec.main)}): {_ms(ctx.best_ms)}; the PyTorch reference: "
              f"{_ms(ctx.reference_ms)}{when}"]
+    if (doc := timing_doc(ctx.task)) is not None:
+        lines.append(f"- The reference as timed (task.py timing_reference): {doc}; correctness is checked against "
+                     f"task.py's reference")
     for name, f in (("the PyTorch reference", ctx.vs_reference), ("the initial kernel", ctx.vs_initial)):
         if f is not None and (f.confirmed or abs(f.value - 1.0) > 1e-9 or name.endswith("reference")):
             lines.append(f"- The best against {name}: {f.text()} ({f.source})")
@@ -133,9 +150,24 @@ def format_standing(ctx: Context) -> str:
                               (nbytes, "B/s", ctx.peak.gbps * 1e9 if ctx.peak else None)):
             if v:
                 rates.append(_si(v / s, unit) + (f" = {100 * v / s / peak:.1f}% of peak" if peak else ""))
-        of = f" (peaks: {ctx.peak.label}, {ctx.peak.tflops:g} TFLOP/s, {ctx.peak.gbps:g} GB/s)" if ctx.peak else ""
+        of = (f" (peaks: {ctx.peak.label}, {_si(ctx.peak.tflops * 1e12, 'FLOP/s')}, {_si(ctx.peak.gbps * 1e9, 'B/s')})"
+              if ctx.peak else "")
         lines.append(f"- The best achieves {', '.join(rates)}{of}")
     return "\n".join(lines)
+
+
+def timing_doc(task) -> str | None:
+    """The docstring of the task's timing_reference, read from task.py's source, not imported (the agent never imports
+    a task module): what the figures against the reference are figures against (issue 63: the model read "compared
+    with SDPA on fp32-upcast inputs", the parity reference, while the timed one ran fp16 at 340 TFLOP/s)."""
+    import ast
+    try:
+        tree = ast.parse(task.path(task.spec.module).read_text())
+    except (OSError, SyntaxError, ValueError):
+        return None
+    fn = next((n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "timing_reference"), None)
+    doc = ast.get_docstring(fn) if fn is not None else None
+    return " ".join(doc.split()) if doc else None
 
 
 def _ms(v: float | None) -> str:

@@ -91,7 +91,8 @@ def gpu_facts(task: Task) -> list[str]:
            f"registers per SM, at most {lim.max_regs_per_thread} a thread"]
     clocks = gpu_clocks()
     if clocks:
-        out.append(f"SM clock now, max: {clocks} (left as found while timing)")
+        out.append(f"SM clock now, max: {clocks} (read while the GPU idles between benches: it boosts under load; the "
+                   f"clocks are left as found while timing, never locked)")
     return out
 
 

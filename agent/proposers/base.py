@@ -51,6 +51,7 @@ class HistoryItem:
     interval: tuple[float, float] | None = None     # the measured speedup's 95% interval
     patch: str = ""                                 # its diff against its parent
     repairs: list[str] = field(default_factory=list)   # the attempts before the last, one line each
+    resources: str = ""     # a GPU candidate's registers, spills, shared memory and occupancy (propose.resources)
 
 
 @dataclass
@@ -69,6 +70,7 @@ class Context:
     peak: DevicePeak | None = None          # the device's spec-sheet peaks for the task's dtype (a GPU's bench said)
     knobs: dict[str, int | None] = field(default_factory=dict)   # current knob values in the best
     measured_knobs: list[dict[str, int]] = field(default_factory=list)  # configurations already measured (initial too)
+    rewritten: dict[str, int] = field(default_factory=dict)   # editable file -> the kept iteration that rewrote it last
     feedback: str | None = None             # repair context: why the last attempt failed (patch miss, ...)
     feedback_kind: str | None = None        # runlog.Outcome value of that failure: picks the repair prompt
     iter_dir: str | None = None             # where a proposer may save prompts / raw replies

@@ -153,10 +153,12 @@ class LLMProposer:
     def _fresh(self, ctx: Context) -> list[dict[str, str]]:
         # the schema is part of every prompt, in the response format or in the system message
         left = self.settings.context_tokens - estimate_tokens(self.system) - estimate_tokens(json.dumps(self.schema))
-        # a CPU task has no profiler here yet: said as such, not as a GPU profiler's absence (issue 63)
+        # a CPU task has no counters here yet: said as such, not as a GPU profiler's absence (issue 63); its measured
+        # roofline (tools/measure/cpu_peak.py) is in "Where it stands"
         profile = self.profile_view(ctx.profile) if self.task.backend.gpu else \
-            "(no profile: this tool has no CPU profiler yet; reason from the times, the work and bytes, the machine's " \
-            "facts and the build's flags above)"
+            "(no hardware counters: this tool does not read a CPU's yet. The best's share of this machine's measured " \
+            "FMA and memory peaks is under \"Where it stands\"; reason from it, the times, the machine's facts and the " \
+            "build's command lines above)"
         user = iteration_prompt(ctx, profile, left, self.machine)
         return [{"role": "system", "content": self.system}, {"role": "user", "content": user}]
 

@@ -30,13 +30,13 @@ def xs(v: float | None) -> str:
 
 def throughput(tm: TimingStats, peak: DevicePeak | None) -> str:
     """What a time means for the hardware: FLOP/s and bytes/s where the task declares its FLOPs and
-    bytes, each with its share of the device's spec-sheet peak where the device is known."""
+    bytes, each with its share of the device's peak where it is known (a GPU's spec sheet, a CPU's measured)."""
     parts = []
+    rate = lambda t: f"{t:.3g} TFLOP/s" if t >= 0.1 else f"{t * 1e3:.3g} GFLOP/s"   # noqa: E731
     if tm.tflops:
-        v = f"{tm.tflops:.3g} TFLOP/s" if tm.tflops >= 0.1 else f"{tm.tflops * 1e3:.3g} GFLOP/s"
-        parts.append(v + (f" ({tm.tflops / peak.tflops:.1%} of {peak.tflops:g})" if peak else ""))
+        parts.append(rate(tm.tflops) + (f" ({tm.tflops / peak.tflops:.1%} of {rate(peak.tflops)})" if peak else ""))
     if tm.gbps:
-        parts.append(f"{tm.gbps:.3g} GB/s" + (f" ({tm.gbps / peak.gbps:.1%} of {peak.gbps:g})" if peak else ""))
+        parts.append(f"{tm.gbps:.3g} GB/s" + (f" ({tm.gbps / peak.gbps:.1%} of {peak.gbps:.4g} GB/s)" if peak else ""))
     return ", ".join(parts)
 
 
@@ -308,7 +308,7 @@ def _stages(rec: IterationRecord) -> list[RenderableType]:
             t.add_row(tm.label, us(tm.median_ms), us(tm.p10_ms), us(tm.p90_ms), str(tm.reps), throughput(tm, be.peak))
         out.append(t)
         if be.peak:
-            out.append(Text(f"% of the device's spec-sheet peak: {be.peak.label}, {be.peak.tflops:g} TFLOP/s, "
+            out.append(Text(f"% of peak: {be.peak.label}, {be.peak.tflops:g} TFLOP/s, "
                             f"{be.peak.gbps:g} GB/s", style="dim"))
         ci = be.speedup_vs_baseline
         line = f"speedup over the best: {ci.median:.3f}x ({ci.confidence:.0%} CI {ci.low:.3f}-{ci.high:.3f}, {ci.rounds} rounds)" \

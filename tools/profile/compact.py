@@ -1,13 +1,13 @@
 """The proposer's view of a ProfileReport: a few lines per kernel, small enough for a prompt
-(under about 1500 characters for one kernel): geometry, resources, SOL, occupancy, stalls, and
-ncu's rules ordered by estimated speedup."""
+(under about 3000 characters for one kernel): geometry, resources, SOL, occupancy, stalls, and
+ncu's rules ordered by estimated speedup, each message whole (issue 63: cut at 170 characters, a rule arrived
+mid-sentence, "This kernel's theoretical occupancy (7...")."""
 
 from __future__ import annotations
 
 from tools.profile.model import KernelProfile, ProfileReport, ProfileStatus
 
 MAX_RULES = 4
-RULE_CHARS = 170
 
 
 def _pct(v: float | None) -> str:
@@ -41,8 +41,7 @@ def _kernel(k: KernelProfile) -> list[str]:
     rules = sorted((r for r in k.rules if r.type in ("OPT", "WRN", "ERR")), key=lambda r: -(r.speedup or 0.0))
     for r in rules[:MAX_RULES]:
         sp = f" ~{r.speedup:.0f}% {r.speedup_kind or ''}".rstrip() if r.speedup else ""
-        msg = r.message if len(r.message) <= RULE_CHARS else r.message[:RULE_CHARS - 3].rstrip() + "..."
-        lines.append(f"- [{r.title or r.id}{sp}] {msg}")
+        lines.append(f"- [{r.title or r.id}{sp}] {' '.join(r.message.split())}")
     return lines
 
 

@@ -5,9 +5,8 @@
         -o <rep> -f python -m tools.profile.target --task DIR --lib PATH --shape-index I --warmup W --iters 1
 
 Clock control is `none`: the card's clocks as found (we never lock or change them), stated in the
-JSON. Tier 1 (default) collects SpeedOfLight, LaunchStats, Occupancy and a few cache/tensor
-metrics (about 10 replay passes); tier 2 adds Compute/MemoryWorkloadAnalysis, SchedulerStats,
-WarpStateStats. Never `--set full`.
+JSON. Tier 1 (default) collects SpeedOfLight, LaunchStats, Occupancy, WarpStateStats (the stall reasons) and a few
+cache/tensor metrics; tier 2 adds Compute/MemoryWorkloadAnalysis and SchedulerStats. Never `--set full`.
 
 `--launch-skip` counts only launches that match `-k`, so skipping W*launches_per_call skips the
 warm-up calls. If a call launches more matching kernels than `launches_per_call` says, the
@@ -32,8 +31,10 @@ from tools.profile.target import shape_index, target_argv
 from tools.isolation.sandbox import REPO_ROOT, ProcResult, python_env, run_isolated
 from tools.task import Task
 
+# tier 1 has WarpStateStats since issue 63: the model is asked to reason from stall reasons, and tier 1 is what the
+# loop profiles each new best with
 TIER_SECTIONS = {
-    1: ["SpeedOfLight", "LaunchStats", "Occupancy"],
+    1: ["SpeedOfLight", "LaunchStats", "Occupancy", "WarpStateStats"],
     2: ["SpeedOfLight", "LaunchStats", "Occupancy", "ComputeWorkloadAnalysis", "MemoryWorkloadAnalysis",
         "SchedulerStats", "WarpStateStats"],
 }
