@@ -49,11 +49,11 @@ def resources(r: IterationRecord) -> str:
         if ln.kernel in seen or len(seen) == 3:
             continue
         seen.add(ln.kernel)
-        k = match_resources(ln.kernel, r.build.kernels)
+        k = match_resources(ln.kernel.split("(")[0], r.build.kernels)   # a plan may name it with its signature
         spills = f"{k.spill_stores_bytes + k.spill_loads_bytes} B of spills" if k else "spills unknown"
         smem = (ln.smem_static_bytes or 0) + ln.smem_dynamic_bytes
         occ, limiter, per_sm = estimate_occupancy(ln.threads, ln.registers, smem or None, lim)
-        parts.append(f"{ln.kernel}: {ln.registers if ln.registers is not None else '?'} registers, {spills}, "
+        parts.append(f"{ln.kernel.split('(')[0]}: {ln.registers if ln.registers is not None else '?'} registers, {spills}, "
                      f"{ln.smem_static_bytes or 0}+{ln.smem_dynamic_bytes} B shared memory, block {ln.threads}, "
                      f"{ln.ctas} CTAs; theoretical occupancy {occ:g}% ({per_sm} CTAs/SM, limited by {limiter})")
     if not parts:   # no plan: ptxas alone

@@ -455,7 +455,7 @@ def test_the_prompt_tells_the_machine_the_toolchain_the_tolerance_and_the_harnes
     assert "poisoned" in user and "Two threads may call at once" in user and "compute-sanitizer" not in user
     # issue 63: the build's own command lines, which the model guessed at ("which -O, is -march set"), the task's folder
     # as `.`; a CPU task is told no GPU target
-    assert "++ -O3 -march=native -fPIC -std=c++17 -I. -c matmul.cpp`" in user, user     # c++ or g++, as found
+    assert "++ -O3 -march=native -fPIC -std=c++17 -I. -c matmul.cpp -o obj/matmul.cpp.o`" in user, user  # c++ or g++
     assert "-shared" in user and "-o libmatmul_cpu.so" in user and "Target:" not in user
     assert str(task.root) not in user and "-fmacro-prefix-map" not in user
     # the keep rule in the task's numbers, and the CPU's threads per core and clock where the machine says them
@@ -471,6 +471,8 @@ def test_the_prompt_tells_the_machine_the_toolchain_the_tolerance_and_the_harnes
     facts = machine_facts(gpu_task)
     assert "SMs" in facts and "KiB of shared memory" in facts and "launch on the stream you are given" in facts
     assert "compute-sanitizer memcheck and racecheck" in facts and "past 2^31 elements" in facts
+    # the task's own bounds and launch rules (issue 63: the model read them from tools/ to learn a rewrite was allowed)
+    assert "(task.toml [dims]): M 1.." in facts and "at least 0.25 x the current best's CTA count" in facts, facts
     if shutil.which("nvidia-smi") is None:
         assert "table" in facts.splitlines()[0], facts
     from tools.backends.device import resolve_arch

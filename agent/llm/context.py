@@ -167,7 +167,7 @@ def timing_doc(task) -> str | None:
         return None
     fn = next((n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "timing_reference"), None)
     doc = ast.get_docstring(fn) if fn is not None else None
-    return " ".join(doc.split()) if doc else None
+    return " ".join(doc.split()).rstrip(".") if doc else None
 
 
 def _ms(v: float | None) -> str:

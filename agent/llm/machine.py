@@ -155,7 +155,7 @@ HARNESS = ("The harness: every call gets an output whose every element was poiso
 def machine_facts(task: Task) -> str:
     gpu = task.backend.gpu
     lines = gpu_facts(task) if gpu else cpu_facts()
-    lines += toolchain(task) + [timing(task), tolerance(task), values(task),
+    lines += toolchain(task) + [timing(task), tolerance(task), values(task), *dims(task), *launch_rules(task),
               HARNESS.format(**alignment(task), wide=", and on a GPU one shape past 2^31 elements" if gpu else "",
                              own_streams=", streams of its own" if gpu else "",
                              streams=", each on a CUDA stream of its own (launch on the stream you are given)"
@@ -163,6 +163,26 @@ def machine_facts(task: Task) -> str:
                              sanitizer="; before a keep it runs under compute-sanitizer memcheck and racecheck"
                              if gpu else "")]
     return "\n".join(f"- {ln}" for ln in lines)
+
+
+def dims(task: Task) -> list[str]:
+    """The ranges parity's shapes are drawn over (task.toml [dims]): a model told only "rows of 1-17, the longest
+    reductions" guessed this task's bounds (issue 63)."""
+    d = task.spec.dims
+    if not d:
+        return []
+    return ["The sizes parity draws shapes from (task.toml [dims]): " + ", ".join(
+        f"{name} {r.min}..{r.max}" + (" (a reduction: its longest is checked)" if r.reduction else "")
+        for name, r in d.items())]
+
+
+def launch_rules(task: Task) -> list[str]:
+    """The launch check's task rules (tools/measure/launch.py), beside the device limits gpu_facts gives."""
+    if not task.backend.gpu:
+        return []
+    ls = task.spec.launch
+    return [f"The launch check on the main shape (task.toml [launch]): the main kernel's CTAs at least "
+            f"{ls.min_ctas_per_sm:g} x the SM count, and at least {ls.collapse_ratio:g} x the current best's CTA count"]
 
 
 def values(task: Task) -> str:

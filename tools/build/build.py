@@ -153,7 +153,7 @@ def write_ninja(task: Task, build_dir: Path, src_dir: Path, tools: dict[str, str
         own += unbound if rule == "cxx" else []
         compiler, cflags = (tools["nvcc"], nv_flags) if rule == "nvcc" else (tools["c++"], cxx_flags)
         # a linked object's command too (the same flags compiled it: tools.build.reuse, objcache), said as such
-        commands.append(f"{Path(compiler).name} {q(cflags + (pch_args if with_pch else []) + own)} -c {rel}"
+        commands.append(f"{Path(compiler).name} {q(cflags + (pch_args if with_pch else []) + own)} -c {rel} -o {obj}"
                         + ("   # linked, compiled by an earlier build with these flags" if rel in prebuilt else ""))
         if rel in prebuilt:
             return
@@ -177,7 +177,7 @@ def write_ninja(task: Task, build_dir: Path, src_dir: Path, tools: dict[str, str
     link_cmd = " ".join(link).replace("$nvcc", Path(tools.get("nvcc") or "nvcc").name).replace(
         "$cxx", Path(tools["c++"]).name)
     objects = [o for _, o in edges] + [str(p) for p in prebuilt.values()]
-    commands.append(f"{link_cmd} {q(link_flags)} -o {lib} " + " ".join(Path(o).name for o in objects)
+    commands.append(f"{link_cmd} {q(link_flags)} -o {lib} " + " ".join(f"obj/{Path(o).name}" for o in objects)
                     + (" " + q(form.link) if form.link else ""))
     lines += [f"build {_nj(lib)}: link {' '.join(_nj(o) for o in objects)}", f"default {_nj(lib)}", ""]
     text = "\n".join(lines)
