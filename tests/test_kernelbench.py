@@ -365,7 +365,7 @@ def test_a_model_takes_the_scaffold_from_there(tmp_path):
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
     from agent.runlog import read_iterations
     its = read_iterations(root / "runs" / "kbllm")
-    assert its[0].outcome.value in ("kept", "not_faster"), its[0]          # built and passed parity either way
+    assert its[0].outcome.value in ("kept", "not_faster", "inconclusive"), its[0]   # built and passed parity either way
     assert its[0].parity is not None and its[0].parity.status.value == "ok", its[0].parity
     # the unrolled loop drops the tail: parity's odd shape (131 x 67 elements, not a multiple of 8) refuses it
     assert its[1].outcome.value == "parity_failed", (its[1].outcome, its[1].reason)

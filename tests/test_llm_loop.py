@@ -63,8 +63,9 @@ def test_llm_run_end_to_end(tmp_path):
     run = runs[0]
     recs = read_iterations(run)
     outcomes = [r.outcome for r in recs]
-    assert outcomes == [Outcome.kept, Outcome.proposal_failed, Outcome.edit_outside_editable,
-                        Outcome.not_faster], [(r.outcome, r.reason) for r in recs]
+    # the comment is a no-op: not faster, or (doubt its re-benches did not settle) inconclusive; never kept
+    assert outcomes[:3] == [Outcome.kept, Outcome.proposal_failed, Outcome.edit_outside_editable] and len(outcomes) == 4 \
+        and outcomes[3] in (Outcome.not_faster, Outcome.inconclusive), [(r.outcome, r.reason) for r in recs]
     assert recs[0].decision == Decision.kept and recs[0].usage.prompt_tokens > 0
     assert "schema" in recs[1].reason.lower() or "json" in recs[1].reason.lower()
     assert "not editable" in recs[2].reason or "refused" in recs[2].reason

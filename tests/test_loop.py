@@ -124,9 +124,11 @@ def test_twenty_no_op_candidates_are_never_kept(tmp_path):
     recs = read_iterations(_only_run(root))
     assert len(recs) == 20
     assert [r for r in recs if r.decision == Decision.kept] == []
-    # each was built, passed parity and was timed: rejected by the statistics, not by a shortcut
-    assert all(r.outcome == Outcome.not_faster and r.bench is not None for r in recs), \
-        [(r.iteration, r.outcome.value, r.reason) for r in recs if r.outcome != Outcome.not_faster or r.bench is None]
+    # each was built, passed parity and was timed: rejected by the statistics, not by a shortcut (inconclusive: doubt
+    # its re-benches did not settle, agent/attempt.py: not kept either)
+    fair = (Outcome.not_faster, Outcome.inconclusive)
+    assert all(r.outcome in fair and r.bench is not None for r in recs), \
+        [(r.iteration, r.outcome.value, r.reason) for r in recs if r.outcome not in fair or r.bench is None]
 
 
 def _fast_then_slow_source() -> str:
