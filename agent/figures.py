@@ -97,15 +97,25 @@ def us(ms: float | None) -> str:
     return f"{ms:.3f} ms" if ms >= 1.0 else f"{ms * 1e3:.1f} us"
 
 
+def _confirmed_ms(st: RunState) -> dict[str, float] | None:
+    """The run's confirmation bench's medians by arm, where they are the best's (and the best is not the initial)."""
+    c = st.confirmed_ms if st.confirmed_sha and st.confirmed_sha == st.best_sha and st.best_iteration else None
+    return c if c and _finite(c.get("candidate")) else None
+
+
+def _kept_ms(st: RunState) -> dict[str, float] | None:
+    """The best's keep's confirmation bench's medians by arm, where the best has them."""
+    k = st.kept_ms if st.kept_sha and st.kept_sha == st.best_sha else None
+    return k if k and _finite(k.get("candidate")) else None
+
+
 def standing_times(st: RunState) -> tuple[float | None, float | None, str]:
     """The best's and the reference's medians from ONE bench where there is one, and which: the confirmation bench,
     else the best's keep's confirmation bench; else the best's from its keep and the reference's from the setup,
     said to be apart."""
-    c = st.confirmed_ms if st.confirmed_sha and st.confirmed_sha == st.best_sha and st.best_iteration else None
-    if c and _finite(c.get("candidate")):
+    if c := _confirmed_ms(st):
         return c["candidate"], c.get("reference"), "both from the run's confirmation bench"
-    k = st.kept_ms if st.kept_sha and st.kept_sha == st.best_sha else None
-    if k and _finite(k.get("candidate")):
+    if k := _kept_ms(st):
         return k["candidate"], k.get("reference"), "both from the best's keep's confirmation bench, side by side"
     if st.best_iteration is None:
         return st.best_ms, st.reference_ms, "both from the setup bench"
@@ -116,15 +126,13 @@ def times_line(st: RunState) -> str:
     """The best's, the initial kernel's and the reference's medians, each group labelled with the
     measurement it comes from: three medians from different benches minutes apart do not divide into
     the figures beside them, and a reader will divide them."""
-    c = st.confirmed_ms if st.confirmed_sha and st.confirmed_sha == st.best_sha and st.best_iteration else None
-    if c and _finite(c.get("candidate")):
+    if c := _confirmed_ms(st):
         ref = us(c["reference"]) if "reference" in c else "unstable"
         return f"{us(c['candidate'])} (initial {us(c.get('baseline'))}, reference {ref}; the confirmation bench)"
     ref = us(st.reference_ms) if st.reference_ms is not None else "unstable or not timed"
     if st.best_iteration is None:
         return f"{us(st.best_ms)}, the initial kernel (reference {ref}; the setup bench)"
-    k = st.kept_ms if st.kept_sha and st.kept_sha == st.best_sha else None
-    if k and _finite(k.get("candidate")):
+    if k := _kept_ms(st):
         kref = us(k["reference"]) if "reference" in k else "unstable"
         return (f"{us(k['candidate'])} (its parent {us(k.get('baseline'))}, reference {kref}; its keep's confirmation "
                 f"bench); initial {us(st.initial_ms)} (the setup bench, earlier)")

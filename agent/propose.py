@@ -73,15 +73,24 @@ def rewritten(records: list[IterationRecord], sources: dict[str, str]) -> dict[s
     for r in records:
         if r.outcome.value != "kept" or r.proposal is None:
             continue
+        changed = _changed_lines(r.patch)
         for f, text in sources.items():
             whole = any(e.file == f and e.content is not None for e in r.proposal.edits)
-            changed = 0
-            for block in r.patch.split("diff --git ")[1:]:
-                if block.split("\n", 1)[0].endswith("/" + f) or block.split("\n", 1)[0].endswith(" " + f):
-                    changed += sum(1 for ln in block.splitlines()[1:]
-                                   if ln[:1] in "+-" and not ln.startswith(("+++", "---")))
-            if whole or changed >= REWRITE_SHARE * max(1, len(text.splitlines())):
+            if whole or changed.get(f, 0) >= REWRITE_SHARE * max(1, len(text.splitlines())):
                 out[f] = r.iteration
+    return out
+
+
+def _changed_lines(patch: str) -> dict[str, int]:
+    """A git diff's changed lines per file, by the file's name relative to the task folder's last part on."""
+    out: dict[str, int] = {}
+    for block in patch.split("diff --git ")[1:]:
+        head, _, body = block.partition("\n")
+        name = head.rsplit(" b/", 1)[-1]
+        n = sum(1 for ln in body.splitlines() if ln[:1] in "+-" and not ln.startswith(("+++", "---")))
+        for i in range(len(name.split("/"))):     # kernels/softmax/softmax.cu counts for softmax.cu too
+            key = "/".join(name.split("/")[i:])
+            out[key] = out.get(key, 0) + n
     return out
 
 

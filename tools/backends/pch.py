@@ -124,7 +124,8 @@ def cache_root() -> Path:
 
 
 @lru_cache(maxsize=8)
-def _compiler_id(cxx: str) -> str:
+def compiler_id(cxx: str) -> str:
+    """`cxx --version`, cached: what a cache key of a compiler's output names (here and tools/measure/cpu_peak.py)."""
     try:
         out = subprocess.run([cxx, "--version"], capture_output=True, text=True, timeout=30)
     except (OSError, subprocess.TimeoutExpired):
@@ -170,7 +171,7 @@ def ensure(cxx: str, flags: list[str], timeout_s: float, make: bool = True) -> P
     from tools.isolation.sandbox import ProcStatus, run_isolated
     if os.environ.get("AGENT_PCH") == "0":
         return Pch(None, "off (AGENT_PCH=0)")
-    ident = _compiler_id(cxx)
+    ident = compiler_id(cxx)
     if "Free Software Foundation" not in ident:
         return Pch(None, f"{Path(cxx).name} is not gcc: no precompiled header")
     header = _torch_header(flags)

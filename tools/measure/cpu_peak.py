@@ -29,7 +29,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from tools.backends.pch import cache_root
+from tools.backends.pch import cache_root, compiler_id
 from tools.results import DevicePeak
 
 PROGRAM = r"""
@@ -102,20 +102,13 @@ def _cpu_model() -> str:
     return "\n".join(dict.fromkeys(keep))
 
 
-def _compiler(cxx: str) -> str:
-    try:
-        return subprocess.run([cxx, "--version"], capture_output=True, text=True, timeout=30).stdout
-    except (OSError, subprocess.SubprocessError):
-        return ""
-
-
 def cpu_peak(cxx: str | None = None, timeout_s: float = 120.0) -> DevicePeak | None:
     """This machine's one-thread fp32 FMA and triad peaks (the module docstring), from the cache or measured now; None
     where no compiler is found or the measurement fails (no figure is better than a made-up one)."""
     cxx = cxx or os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++")
     if not cxx:
         return None
-    version = _compiler(cxx)
+    version = compiler_id(cxx)
     key = hashlib.sha256("\0".join([PROGRAM, " ".join(FLAGS), version, _cpu_model()]).encode()).hexdigest()[:16]
     cache = cache_root() / f"cpu-peak-{key}.json"
     try:
