@@ -55,11 +55,18 @@ def resources(r: IterationRecord) -> str:
         occ, limiter, per_sm = estimate_occupancy(ln.threads, ln.registers, smem or None, lim)
         parts.append(f"{ln.kernel.split('(')[0]}: {ln.registers if ln.registers is not None else '?'} registers, {spills}, "
                      f"{ln.smem_static_bytes or 0}+{ln.smem_dynamic_bytes} B shared memory, block {ln.threads}, "
-                     f"{ln.ctas} CTAs; theoretical occupancy {occ:g}% ({per_sm} CTAs/SM, limited by {limiter})")
+                     f"{ln.ctas} CTAs; theoretical occupancy {occ:g}% ({per_sm} CTAs/SM, limited by {limiter})"
+                     + _notes(k))
     if not parts:   # no plan: ptxas alone
         parts = [f"{k.name.split('(')[0]}: {k.registers} registers, {k.spill_stores_bytes + k.spill_loads_bytes} B of "
-                 f"spills, {k.smem_static_bytes} B static shared memory" for k in r.build.kernels[:3]]
+                 f"spills, {k.smem_static_bytes} B static shared memory{_notes(k)}" for k in r.build.kernels[:3]]
     return "; ".join(parts)
+
+
+def _notes(k) -> str:
+    """ptxas' numbered performance notes for the kernel (tools/build/output.py: a serialized wgmma pipeline, an
+    injected wait), their line numbers the PTX's."""
+    return f"; ptxas (PTX line numbers): {' / '.join(k.advisories)}" if k is not None and k.advisories else ""
 
 
 REWRITE_SHARE = 0.4    # a kept change to this share of a file's lines (or a whole-file edit) is a rewrite
@@ -92,6 +99,24 @@ def _changed_lines(patch: str) -> dict[str, int]:
             key = "/".join(name.split("/")[i:])
             out[key] = out.get(key, 0) + n
     return out
+
+
+def noise(records: list[IterationRecord]) -> str:
+    """The noise this run's benches measured, from their own intervals (issue 63: the model was told the keep rule
+    but not how wide an interval this machine gives, so it could not tell a 3% idea from one that would be lost in
+    doubt): each first bench's half-width relative to its median, the smallest and the largest and their median."""
+    widths = sorted((ci.high - ci.low) / 2 / ci.median for r in records if r.bench is not None
+                    for ci in [r.bench.speedup_vs_baseline] if ci is not None and ci.median > 0)
+    if not widths:
+        return ""
+    conf = {f"{r.bench.speedup_vs_baseline.confidence:.0%}" for r in records
+            if r.bench is not None and r.bench.speedup_vs_baseline is not None}
+    mid = widths[len(widths) // 2] if len(widths) % 2 else (widths[len(widths) // 2 - 1] + widths[len(widths) // 2]) / 2
+    n = f"{len(widths)} bench{'es' if len(widths) > 1 else ''}"
+    span = (f"+-{100 * widths[0]:.1f}% to +-{100 * widths[-1]:.1f}% around their medians (median +-{100 * mid:.1f}%, "
+            f"{n})" if len(widths) > 1 else f"+-{100 * widths[0]:.1f}% around its median ({n})")
+    return (f"the first benches' {'/'.join(sorted(conf))} intervals on this run reached {span}: a gain well below "
+            f"that half-width is likely to end inconclusive, not kept")
 
 
 def last_failure(records: list[IterationRecord]) -> tuple[str | None, str | None]:
@@ -128,7 +153,7 @@ def context(task: Task, i: int, d: Path, records: list[IterationRecord], state: 
                    vs_reference=best_figure(state, "reference"),
                    vs_initial=best_figure(state, "initial"), peak=state.peak,
                    knobs=task.read_knobs(), measured_knobs=[state.initial_knobs], rewritten=rewritten(records, sources),
-                   feedback=feedback, feedback_kind=kind, iter_dir=str(d), run_end=run_end)
+                   noise=noise(records), feedback=feedback, feedback_kind=kind, iter_dir=str(d), run_end=run_end)
 
 
 def task_error(task_dir: Path) -> str | None:

@@ -263,3 +263,46 @@ def test_hopper_builds_for_its_arch_specific_target_where_wgmma_builds_unless_th
     generic = build(load_task(d), tmp_path / "g")
     assert generic.status == BuildStatus.compile_error and generic.arch == "sm_90", generic.message
     assert "wgmma" in generic.log and "not supported on .target 'sm_90'" in generic.log, generic.log[-2000:]
+
+
+WGMMA_SERIALIZED = r'''
+#include <cstdint>
+// an accumulator written by a plain instruction between two wgmmas of one stage: ptxas serializes the pipeline
+__global__ void acc_touch(float* out, uint64_t da, uint64_t db, int flip) {
+    float d0 = 0.f, d1 = 0.f, d2 = 0.f, d3 = 0.f;
+    asm volatile("wgmma.fence.sync.aligned;\n");
+    asm volatile("wgmma.mma_async.sync.aligned.m64n8k16.f32.f16.f16 {%0,%1,%2,%3}, %4, %5, 1, 1, 1, 0, 0;\n"
+                 : "+f"(d0), "+f"(d1), "+f"(d2), "+f"(d3) : "l"(da), "l"(db));
+    if (flip) d0 = 3.f;
+    asm volatile("wgmma.mma_async.sync.aligned.m64n8k16.f32.f16.f16 {%0,%1,%2,%3}, %4, %5, 1, 1, 1, 0, 0;\n"
+                 : "+f"(d0), "+f"(d1), "+f"(d2), "+f"(d3) : "l"(da), "l"(db));
+    asm volatile("wgmma.commit_group.sync.aligned;\n");
+    asm volatile("wgmma.wait_group.sync.aligned 0;\n");
+    out[threadIdx.x] = d0 + d1 + d2 + d3;
+}
+'''
+
+
+@pytest.mark.nvcc
+@needs_nvcc
+def test_ptxas_performance_notes_on_a_wgmma_kernel_reach_the_history(tmp_path):
+    """Issue 63: the real model's wgmma kernel was slower and it asked why; ptxas had said so at build time (C75xx:
+    the wgmma pipeline serialized, waits injected). The build keeps those notes per kernel (sm_90a, the task's
+    arch-specific target) and the next prompt's history line carries them; a kernel without notes gets none."""
+    from agent.llm.context import format_history_item
+    from agent.propose import history_item
+    from agent.runlog import Decision, IterationRecord, Outcome
+    d = tmp_path / "t"
+    shutil.copytree(FIX / "cuda_launch", d)
+    (d / "scale.cu").write_text((d / "scale.cu").read_text() + WGMMA_SERIALIZED)
+    res = build(load_task(d), tmp_path / "b")
+    assert res.status == BuildStatus.ok and res.arch == "sm_90a", res.message
+    ks = {k.name.split("(")[0]: k for k in res.kernels}
+    assert ks["scale_kernel"].advisories == []
+    notes = ks["acc_touch"].advisories
+    assert any(n.startswith("(C7511) Potential Performance Loss: wgmma.mma_async instructions are serialized")
+               or n.startswith("(C7515)") for n in notes), notes
+    rec = IterationRecord(run_id="r", iteration=2, started="t", finished="t", build=res,
+                          decision=Decision.reverted, outcome=Outcome.not_faster, reason="speedup 0.91x: slower")
+    line = format_history_item(history_item(rec))
+    assert "acc_touch: " in line and "ptxas (PTX line numbers): (C75" in line and "wgmma.mma_async" in line, line

@@ -103,6 +103,20 @@ def test_init_then_check_then_optimize_in_a_fresh_repository(tmp_path):
     assert git(root, "status", "--porcelain", "--untracked-files=no") == ""
 
 
+def test_an_init_task_says_which_function_is_timed(tmp_path):
+    """A task made by `agent init` has a two-line task.py, no timing_reference docstring: the prompt names the user's
+    function from [signature] instead, and that parity's truth is the same function in float64 (issue 63: the
+    model read the parity reference as the timed one)."""
+    from agent.llm.context import timing_doc
+    from tools.task import load_task
+    root = _user(tmp_path)
+    r = agent(root, "init", "fma", "--cpp", "src/fma.cpp", "--reference", "ops.ref:fma", "--scalar", "alpha=0.5")
+    assert r.returncode == 0, r.stderr + r.stdout
+    said = timing_doc(load_task(root / "kernels" / "fma"))
+    assert said is not None and said.startswith("`ops.ref:fma` (task.toml [signature] reference"), said
+    assert "x float32, y float32" in said and "float64" in said, said
+
+
 @pytest.mark.slow
 def test_a_row_reduction_with_two_dtypes_a_scalar_and_an_output_of_another_shape(tmp_path):
     root = _user(tmp_path)

@@ -85,6 +85,8 @@ def test_llm_run_end_to_end(tmp_path):
     # of this machine's measured peaks, figures and times from one bench, and nothing of a GPU
     assert "The build, as the harness runs it" in second and " -O3" in second, second
     assert "Kept only if the interval lies above 1" in second and "inconclusive" in second
+    assert re.search(r"- Noise: the first benches' 95% intervals on this run reached \+-[\d.]+% around its median "
+                     r"\(1 bench\)", second), second
     assert re.search(r"FLOP/s = [\d.]+% of peak, .*B/s = [\d.]+% of peak \(peaks: this CPU, measured on 1 thread", second)
     assert "both from the best's keep's confirmation bench, side by side" in second, second
     messages = json.dumps(next(r.body["messages"] for r in reqs if "# Iteration 2:" in r.body["messages"][-1]["content"]))

@@ -138,3 +138,34 @@ def test_a_knob_whose_file_a_kept_iteration_rewrote_is_flagged_with_what_the_fil
     vec = next(ln for ln in text.splitlines() if ln.startswith("- VEC"))
     assert "iteration 3 rewrote softmax.cu: what VEC does now is what the code says" in vec, vec
     assert "its #define's comment now: rows a warp keeps in registers" in vec, vec
+    restr = next(ln for ln in text.splitlines() if ln.startswith("- restrictions:"))
+    assert "written for softmax.cu as the task shipped it, rewritten since" in restr, restr
+    assert "rewritten since" not in format_knobs(ctx([small]))
+
+
+def test_the_noise_this_run_measured_is_in_where_it_stands():
+    """Issue 63: the model was told the keep rule, not how wide an interval this machine gives. The first benches'
+    half-widths (relative to their medians) are stated once a bench exists, with their confidence; none before."""
+    from pathlib import Path
+
+    from agent.llm.context import format_standing
+    from agent.propose import noise
+    from agent.proposers.base import Context
+    from agent.runlog import Decision, IterationRecord, Outcome
+    from tools.results import BenchResult, BenchStatus, SpeedupCI
+    from tools.task import load_task
+
+    def rec(i, lo, med, hi):
+        return IterationRecord(run_id="r", iteration=i, started="t", finished="t", decision=Decision.reverted,
+                               outcome=Outcome.not_faster, reason="r", bench=BenchResult(
+                                   status=BenchStatus.ok, shape={}, speedup_vs_baseline=SpeedupCI(
+                                       median=med, low=lo, high=hi, rounds=10)))
+    assert noise([]) == ""
+    said = noise([rec(1, 0.98, 1.0, 1.02), rec(2, 1.05, 1.1, 1.21), rec(3, 0.9, 1.0, 1.1)])
+    # half-widths 2%, 7.3% (0.08 of 1.1), 10%: their median 7.3%
+    assert "95% intervals on this run reached +-2.0% to +-10.0% around their medians (median +-7.3%, 3 benches)" in said, said
+    task = load_task(Path(__file__).resolve().parent.parent / "kernels" / "softmax")
+    ctx = Context(task=task, iteration=4, sources={}, profile=None, noise=said)
+    assert f"- Noise: {said}" in format_standing(ctx)
+    assert "Noise" not in format_standing(Context(task=task, iteration=1, sources={}, profile=None))
+

@@ -119,14 +119,15 @@ def test_a_candidate_slower_than_its_baseline_does_not_pay_for_the_probe(tmp_pat
 
 def test_a_candidate_short_of_the_loops_minimum_gain_does_not_pay_for_the_probe(tmp_path):
     """The loop's candidate check (run_candidate) told the run's minimum gain: the kernel against itself (about 1x)
-    cannot reach a 50% gain, so the probe is not run and the message says why; the honest kernel against the slow
-    one (about 8x) reaches it, and pays for the probe as before."""
+    cannot reach a 400% gain, so the probe is not run and the message says why (a 50% gain was asked here once: an
+    identical library measured 1.71x [1.03, 1.83] in 3 rounds on a loaded 2-core machine); the honest kernel
+    against the slow one (about 8x) reaches a 50% gain, and pays for the probe as before."""
     from tools.judge.candidate import run_candidate
     task, honest = make_task(tmp_path, "correct", rounds=3)
     same = compile_lib(source("correct"), tmp_path / "libsame.so")
-    _, par, [res], _ = run_candidate(task, same, honest, shapes=[SHAPE], parity_extent="quick", keep_gain=0.5)
+    _, par, [res], _ = run_candidate(task, same, honest, shapes=[SHAPE], parity_extent="quick", keep_gain=4.0)
     assert par.status.value == "ok" and res.status.value == "ok", (par.message, res.message)
-    assert res.speedup_vs_baseline.median < 1.5
+    assert res.speedup_vs_baseline.median < 5.0
     assert "reentrant probe not run" in res.message and "reentrant" not in res.probe_seconds, res.message
     slow = _slow_scratch(tmp_path)
     _, par, [res], _ = run_candidate(task, honest, slow, shapes=[SHAPE], parity_extent="quick", keep_gain=0.5)

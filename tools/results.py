@@ -33,6 +33,7 @@ class KernelResources(BaseModel):
     stack_frame_bytes: int = 0
     smem_static_bytes: int = 0
     cmem_bytes: int = 0
+    advisories: list[str] = []   # ptxas' performance notes for it, as "(C7511) ..." (wgmma serialized, waits injected)
 
 
 class BuildResult(BaseModel):

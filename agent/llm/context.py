@@ -58,7 +58,10 @@ def format_knobs(ctx: Context) -> str:
                      + (f"; its #define's comment now: {said}" if said else "") + "]")
         lines.append(f"- {k.name} = {cur} (allowed: {', '.join(map(str, k.values))}) in {k.file}{desc}")
     if spec.restrictions:
-        lines.append(f"- restrictions: {'; '.join(spec.restrictions)}")
+        stale = sorted({k.file for k in spec.knobs if k.file in ctx.rewritten})
+        lines.append(f"- restrictions: {'; '.join(spec.restrictions)}" + (
+            f" [task.toml's, written for {', '.join(stale)} as the task shipped it, rewritten since: `agent sweep` "
+            f"still keeps to them; what the code needs now is what it says]" if stale else ""))
     return "\n".join(lines)
 
 
@@ -132,6 +135,8 @@ def format_standing(ctx: Context) -> str:
     if (doc := timing_doc(ctx.task)) is not None:
         lines.append(f"- The reference as timed (task.py timing_reference): {doc}; correctness is checked against "
                      f"task.py's reference")
+    if ctx.noise:
+        lines.append(f"- Noise: {ctx.noise}")
     for name, f in (("the PyTorch reference", ctx.vs_reference), ("the initial kernel", ctx.vs_initial)):
         if f is not None and (f.confirmed or abs(f.value - 1.0) > 1e-9 or name.endswith("reference")):
             lines.append(f"- The best against {name}: {f.text()} ({f.source})")
@@ -167,7 +172,15 @@ def timing_doc(task) -> str | None:
         return None
     fn = next((n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "timing_reference"), None)
     doc = ast.get_docstring(fn) if fn is not None else None
-    return " ".join(doc.split()).rstrip(".") if doc else None
+    if doc:
+        return " ".join(doc.split()).rstrip(".")
+    sig = task.spec.signature
+    if sig is None:
+        return None
+    ins = ", ".join(f"{a.name} {a.dtype}" for a in sig.args if a.kind == "input")
+    return (f"`{sig.reference}` (task.toml [signature] reference, an `agent init` task), called as a user calls it on "
+            f"the inputs as drawn ({ins}), on the task's device; parity compares against the same function run in "
+            f"float64 where it runs so")
 
 
 def _ms(v: float | None) -> str:

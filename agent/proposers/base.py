@@ -71,6 +71,7 @@ class Context:
     knobs: dict[str, int | None] = field(default_factory=dict)   # current knob values in the best
     measured_knobs: list[dict[str, int]] = field(default_factory=list)  # configurations already measured (initial too)
     rewritten: dict[str, int] = field(default_factory=dict)   # editable file -> the kept iteration that rewrote it last
+    noise: str = ""                         # the noise this run's benches measured (propose.noise), "" before any
     feedback: str | None = None             # repair context: why the last attempt failed (patch miss, ...)
     feedback_kind: str | None = None        # runlog.Outcome value of that failure: picks the repair prompt
     iter_dir: str | None = None             # where a proposer may save prompts / raw replies

@@ -13,14 +13,24 @@ _ENTRY = re.compile(r"Compiling entry function '([^']+)'")
 _PROPS = re.compile(r"Function properties for (\S+)")
 _FRAME = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
 _USED = re.compile(r"Used (\d+) registers")
+# ptxas' numbered notes on an sm_90a kernel's wgmma pipeline (C7511: serialized for want of registers, C7515: an
+# accumulator written between wgmmas, C7517/C7519: a wait or an arrive it injected): why a wgmma kernel is slow, said by
+# the assembler before anything runs (issue 63: the real model asked for them)
+_NOTE = re.compile(r"ptxas info\s*:\s*\((C\d{4})\)\s*(.*?)\s*(?:in (?:the )?function '([^']+)')?\s*$")
+NOTE_CHARS = 200
 
 
 def parse_ptxas(text: str) -> list[KernelResources]:
     """Entry functions from `-Xptxas -v` output (mangled names; see demangle())."""
     kernels: dict[str, KernelResources] = {}
+    notes: dict[str, list[str]] = {}
     entry = props_for = None
     for line in text.splitlines():
-        if m := _ENTRY.search(line):
+        if (m := _NOTE.search(line)) and m.group(3):
+            said = f"({m.group(1)}) {m.group(2)}"
+            if said not in notes.setdefault(m.group(3), []):
+                notes[m.group(3)].append(said[:NOTE_CHARS])
+        elif m := _ENTRY.search(line):
             entry = m.group(1)
             kernels.setdefault(entry, KernelResources(name=entry, mangled=entry))
         elif m := _PROPS.search(line):
@@ -34,6 +44,9 @@ def parse_ptxas(text: str) -> list[KernelResources]:
             if s := re.search(r"(\d+) bytes smem", line):
                 k.smem_static_bytes = int(s.group(1))
             k.cmem_bytes = sum(int(c) for c in re.findall(r"(\d+) bytes cmem\[\d+\]", line))
+    for name, said in notes.items():
+        if name in kernels:
+            kernels[name].advisories = said
     return list(kernels.values())
 
 
