@@ -8,13 +8,14 @@ profile. Its speedups are agent/figures.py's: the confirmation bench's once the 
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 from rich.markup import escape
 
 from agent.evaluate import Evaluator, IterationEnded, snapshot_lib
 from agent.figures import Figure, best_figure, estimate
-from agent.runlog import RunConfig, RunState, StageTimes, write_json_atomic
+from agent.runlog import Outcome, RunConfig, RunState, StageTimes, write_json_atomic
 from agent.view import View
 from tools.profile.model import ProfileReport
 from tools.judge.budgets import derive
@@ -22,6 +23,9 @@ from tools.results import BenchResult, LaunchResult
 from tools.measure.cpu_peak import peak_for
 from tools.measure.stats import ci_text
 from tools.task import shape_label
+
+
+PROFILE_MIN_S = 30.0    # a rejected candidate is profiled only with this much of the run's time budget left
 
 
 class SetupFailed(Exception):
@@ -100,6 +104,25 @@ class Best:
         rep = profile_task(task, self.lib, tier=self.cfg.profile_tier, out_dir=out_dir)
         dump(out_dir / "profile.json", rep)
         self.profile = rep if rep.kernels else self.profile
+
+    def profile_rejected(self, lib: Path, out_dir: Path, a, outcome, run_end: float) -> None:
+        """A GPU candidate the keep rule rejected as not faster or inconclusive, profiled as the best is (tier and
+        shape), where the run asks for it (--profile-rejected; on by default for a model, which reads it) and its time
+        budget leaves room: the model is told why it was slower, not left to guess (issue 63: three of its four
+        hypotheses after a rejection were guesses). Its few figures go in the record (profile_summary), the report in
+        the iteration's folder; a profiler's failure costs the record nothing."""
+        left = run_end - time.monotonic()
+        if (not self.cfg.profile_rejected or not self.evaluator.task.backend.gpu or left < PROFILE_MIN_S
+                or outcome not in (Outcome.not_faster, Outcome.inconclusive)):
+            return
+        from tools.profile import profile_task
+        from tools.profile.compact import profile_summary
+        t0 = time.monotonic()
+        rep = profile_task(self.evaluator.task, lib, tier=self.cfg.profile_tier, out_dir=out_dir,
+                           timeout_s=min(300.0, left))
+        dump(out_dir / "profile.json", rep)
+        a.profile_summary = profile_summary(rep)
+        a.times.profile += time.monotonic() - t0
 
     def load_profile(self, path: Path) -> None:
         if path.exists():

@@ -231,6 +231,7 @@ class Loop:
                 self.evaluator.rebench(lib, self.best.lib, a, v, save)
             v = decide(a, rule)
         if v.action == "reject":
+            self.best.profile_rejected(lib, self._iter_dir(a.iteration), a, v.outcome, self.run_end)
             raise {Outcome.implausible: Implausible, Outcome.inconclusive: Inconclusive}.get(v.outcome, NotFaster)(
                 v.reason)
         self.stage(i, "launch")   # about to be kept: the real geometry (profiler trace) must match plan and limits

@@ -63,6 +63,19 @@ def resources(r: IterationRecord) -> str:
     return "; ".join(parts)
 
 
+def own_profile(r: IterationRecord) -> str:
+    """A rejected GPU candidate's own profile (Best.profile_rejected), its main kernel's few figures beside the best's
+    whole profile the prompt carries: why it was slower, measured, not guessed (issue 63). "" for a kept one (its
+    profile is the best's) or one not profiled."""
+    p = r.profile_summary
+    if not p or r.outcome.value == "kept":
+        return ""
+    pct = lambda v: f"{v:.1f}%" if isinstance(v, (int, float)) else "?"   # noqa: E731
+    return (f"{p.get('kernel')} ({p.get('source')}): achieved occupancy {pct(p.get('occupancy_achieved_pct'))}, "
+            f"{p.get('registers')} registers, {p.get('ctas')} CTAs, SOL compute {pct(p.get('sol_compute_pct'))}, "
+            f"memory {pct(p.get('sol_memory_pct'))}, DRAM {pct(p.get('dram_pct'))}; bottleneck {p.get('bottleneck')}")
+
+
 def _notes(k) -> str:
     """ptxas' numbered performance notes for the kernel (tools/build/output.py: a serialized wgmma pipeline, an
     injected wait), their line numbers the PTX's."""
@@ -139,7 +152,7 @@ def history_item(r: IterationRecord) -> HistoryItem:
                        reason=r.reason, speedup=r.speedup_vs_best, knobs=p.knobs if p else None, ms=candidate_ms(r),
                        predicted=p.predicted.speedup if p else None, interval=(ci.low, ci.high) if ci else None,
                        patch=r.patch, repairs=[f"{x.outcome.value}: {x.reason}" for x in r.attempts],
-                       resources=resources(r))
+                       resources=resources(r), profile=own_profile(r))
 
 
 def context(task: Task, i: int, d: Path, records: list[IterationRecord], state: RunState,

@@ -98,6 +98,7 @@ class RunConfig(BaseModel):
     workers: int | None = None         # --workers N: a local dask cluster (agent/executor.py)
     scheduler: str | None = None       # --scheduler ADDRESS: a running one
     profile_tier: int = 1
+    profile_rejected: bool = False     # a GPU candidate rejected as not faster or inconclusive profiled too
     started: str
     env: EnvFingerprint = Field(default_factory=EnvFingerprint)
     extra: dict = Field(default_factory=dict)

@@ -168,7 +168,7 @@ def start_run(task_dir: Path, *, target: float, iters: int, proposer_kind: str, 
               runs_dir: Path | None = None, budget_seconds: float | None = None, budget_tokens: int | None = None,
               budget_usd: float | None = None, profile_tier: int = 1, extra: dict | None = None,
               past_target: bool = False, repairs: int = 2, candidates: int = 1, workers: int | None = None,
-              scheduler: str | None = None, at_once: bool = False) -> Loop:
+              scheduler: str | None = None, at_once: bool = False, profile_rejected: bool | None = None) -> Loop:
     extra = extra or {}
     task = load_task(task_dir)        # validate before touching anything
     repo = gitops.open_repo(task.root)
@@ -203,6 +203,8 @@ def start_run(task_dir: Path, *, target: float, iters: int, proposer_kind: str, 
                     budget_tokens=budget_tokens, budget_usd=budget_usd, budget_seconds=budget_seconds, repairs=repairs,
                     candidates=candidates, workers=workers, scheduler=scheduler, at_once=at_once,
                     profile_tier=profile_tier, started=now(), env=fingerprint(repo),
+                    # a model reads a rejected candidate's profile; the heuristic and a replay read none
+                    profile_rejected=proposer_kind == "llm" if profile_rejected is None else profile_rejected,
                     extra={k: v for k, v in extra.items() if k != "llm_overrides"})
     write_json_atomic(run_dir / "run.json", cfg)
     loop = Loop(run_dir, cfg, rgit, proposer, view)

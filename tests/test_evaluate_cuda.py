@@ -87,3 +87,42 @@ def test_two_iterations_on_softmax(tmp_path):
     assert state.best_iteration == (kept[-1].iteration if kept else None), (state.best_iteration, kept)
     if kept:
         assert state.best_sha == kept[-1].commit_sha == git(root, "rev-parse", read_config(root / "runs" / "g").branch)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _cuda(), reason="needs a CUDA GPU")
+def test_a_slower_candidate_is_profiled_when_asked_and_its_figures_reach_the_next_prompt(tmp_path):
+    """Issue 63: a model told only that a candidate was slower guessed why. With --profile-rejected (a model's
+    default) the rejected candidate gets its own Nsight Compute profile: achieved occupancy and SOL in its record and
+    on its history line; without it, nothing is profiled."""
+    import json
+
+    from agent.llm.context import format_history_item
+    from agent.proposal import Edit, PredictedEffect, Proposal
+    from agent.propose import history_item
+    root = tmp_path / "user"
+    shutil.copytree(REPO / "kernels" / "softmax", root / "kernels" / "softmax")
+    git(root, "init", "-q", "-b", "main")
+    git(root, "add", "-A")
+    git(root, "commit", "-qm", "init")
+    anchor = "    const int gl = threadIdx.x % GROUP;\n"
+    slow = Proposal(hypothesis="a dependent chain of 4000 FMAs a thread before the row: slower on purpose",
+                    predicted=PredictedEffect(metric="t", direction="up", speedup=0.5),
+                    edits=[Edit(file="softmax.cu", search=anchor, replace=anchor + (
+                        "    { float z = threadIdx.x; for (int k = 0; k < 4000; ++k) z = z * 0.999f + 1e-3f;\n"
+                        "      if (z == -1.f) y[0] = __float2half(z); }\n"))])
+    (tmp_path / "p.json").write_text(json.dumps([slow.model_dump()]))
+    for run, flag in (("on", "--profile-rejected"), ("off", "--no-profile-rejected")):
+        res = agent(root, "optimize", "kernels/softmax", "--proposer", "replay", "--replay", str(tmp_path / "p.json"),
+                    "--iters", "1", "--target", "100x", "--quiet", "--run-id", run, flag)
+        assert res.returncode == 0, res.stderr[-3000:]
+        [r] = read_iterations(root / "runs" / run)
+        assert r.outcome == Outcome.not_faster and r.speedup_vs_best < 1.0, (r.outcome, r.reason)
+        if run == "off":
+            assert r.profile_summary is None and not (root / "runs" / run / "iter-1" / "profile.json").exists()
+            continue
+        p = r.profile_summary
+        assert p is not None and p["source"] == "ncu" and p["occupancy_achieved_pct"] > 0, p
+        assert (root / "runs" / run / "iter-1" / "profile.json").exists() and r.times.profile > 0
+        line = format_history_item(history_item(r))
+        assert "its own profile: softmax_kernel" in line and "achieved occupancy" in line, line

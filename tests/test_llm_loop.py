@@ -85,6 +85,8 @@ def test_llm_run_end_to_end(tmp_path):
     # of this machine's measured peaks, figures and times from one bench, and nothing of a GPU
     assert "The build, as the harness runs it" in second and " -O3" in second, second
     assert "Kept only if the interval lies above 1" in second and "inconclusive" in second
+    assert re.search(r"hardware counters: (none readable here \(.+\)|this machine lets a process open them)", second)
+    assert "each with an output of its own" in second and "L2 flushed" not in second
     assert re.search(r"- Noise: the first benches' 95% intervals on this run reached \+-[\d.]+% around its median "
                      r"\(1 bench\)", second), second
     assert re.search(r"FLOP/s = [\d.]+% of peak, .*B/s = [\d.]+% of peak \(peaks: this CPU, measured on 1 thread", second)

@@ -169,3 +169,35 @@ def test_the_noise_this_run_measured_is_in_where_it_stands():
     assert f"- Noise: {said}" in format_standing(ctx)
     assert "Noise" not in format_standing(Context(task=task, iteration=1, sources={}, profile=None))
 
+
+
+def test_timing_says_each_input_set_has_its_own_output_and_a_gpu_rep_a_cold_l2():
+    """The real model asked whether the output rotates with the inputs (it does: one output per set) and whether
+    the caches are warm; the GPU bench flushes the L2 before each rep, a CPU one does not."""
+    from pathlib import Path
+
+    from agent.llm.machine import timing
+    from tools.task import load_task
+    kernels = Path(__file__).resolve().parent.parent / "kernels"
+    gpu, cpu = timing(load_task(kernels / "softmax")), timing(load_task(kernels / "matmul_cpu"))
+    assert "each with an output of its own" in gpu and "each with an output of its own" in cpu
+    assert "the L2 flushed before each rep" in gpu and "L2" not in cpu
+
+
+def test_a_rejected_candidates_own_profile_is_shown_and_a_kept_ones_is_not():
+    """Best.profile_rejected's figures on the history line of a rejected GPU candidate; a kept one's profile is the
+    best's, carried whole in the prompt's profile section, not repeated."""
+    from agent.llm.context import format_history_item
+    from agent.propose import history_item
+    from agent.runlog import Decision, IterationRecord, Outcome
+    summary = {"kernel": "softmax_kernel", "ctas": 4096, "sol_compute_pct": 31.25, "sol_memory_pct": 78.5,
+               "dram_pct": 70.0, "occupancy_achieved_pct": 41.2, "registers": 40, "bottleneck": "memory",
+               "source": "ncu"}
+    rec = IterationRecord(run_id="r", iteration=2, started="t", finished="t", decision=Decision.reverted,
+                          outcome=Outcome.not_faster, reason="slower", profile_summary=summary)
+    line = format_history_item(history_item(rec))
+    assert ("its own profile: softmax_kernel (ncu): achieved occupancy 41.2%, 40 registers, 4096 CTAs, SOL compute "
+            "31.2%, memory 78.5%, DRAM 70.0%; bottleneck memory") in line, line
+    kept = rec.model_copy(update={"outcome": Outcome.kept, "decision": Decision.kept})
+    assert "its own profile" not in format_history_item(history_item(kept))
+    assert "its own profile" not in format_history_item(history_item(rec.model_copy(update={"profile_summary": None})))

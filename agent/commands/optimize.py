@@ -57,6 +57,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--budget-usd", type=float, help="stop cleanly when the LLM has cost this much")
     p.add_argument("--budget-seconds", type=float, help="stop cleanly after this much wall time")
     p.add_argument("--tier", type=int, choices=[1, 2], default=1, help="profile tier for the best (default 1)")
+    p.add_argument("--profile-rejected", action=argparse.BooleanOptionalAction, default=None,
+                   help="profile a GPU candidate rejected as not faster or inconclusive too, so that the model reads "
+                        "why (one Nsight Compute pass, about 7 s on an H200; default: on with --proposer llm)")
     p.add_argument("--run-id", help="name of the run (default: timestamp)")
     p.add_argument("--runs-dir", type=Path, help="where runs go (default: REPO/runs)")
     p.add_argument("--quiet", action="store_true", help="no live view, summary only")
@@ -130,7 +133,8 @@ def cmd_optimize(args) -> int:
                          budget_seconds=args.budget_seconds, budget_tokens=args.budget_tokens,
                          budget_usd=args.budget_usd, profile_tier=args.tier, extra=extra,
                          past_target=args.past_target, repairs=args.repairs, candidates=args.candidates,
-                         workers=args.workers, scheduler=args.scheduler, at_once=args.at_once)
+                         workers=args.workers, scheduler=args.scheduler, at_once=args.at_once,
+                         profile_rejected=args.profile_rejected)
         return _run_and_summarize(loop)
     except (UsageError, gitops.GitError, LogError, SettingsError) as e:
         console.print(f"[red]error[/red]: {escape(str(e))}", highlight=False)

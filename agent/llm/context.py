@@ -101,6 +101,8 @@ def format_history_item(h: HistoryItem, with_diff: bool = False) -> str:
         lines.append("  " + "; ".join(x for x in (predicted, measured) if x))
     if h.resources:
         lines.append(f"  build and launch plan: {h.resources}")
+    if h.profile:
+        lines.append(f"  its own profile: {h.profile}")
     lines += [f"  repair {n}: {' '.join(r.split())[:300]}" for n, r in enumerate(h.repairs, 1)]
     lines.append(f"  result: {' '.join(h.reason.split())}")
     diff = short_diff(h.patch) if with_diff else ""

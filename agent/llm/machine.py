@@ -36,7 +36,36 @@ def cpu_facts() -> list[str]:
         caches.append(f"L{level}{'d' if kind == 'Data' else 'i' if kind == 'Instruction' else ''} {size}")
     return [f"CPU: {model.group(1).strip() if model else 'unknown model'}, {os.cpu_count()} logical cores"
             f"{topology()}; ISA extensions: {', '.join(have) or 'none of ' + ', '.join(ISA[:5])}"
-            + (f"; caches per core: {', '.join(caches)}" if caches else "") + clock(info)]
+            + (f"; caches per core: {', '.join(caches)}" if caches else "") + clock(info) + "; " + hw_counters()]
+
+
+# perf_event_open's number where the counters could be asked for (x86-64, arm64)
+PERF_EVENT_OPEN = {"x86_64": 298, "aarch64": 241}
+
+
+def hw_counters() -> str:
+    """Whether this process can open a hardware counter (perf_event_open, instructions retired, user space only): a
+    model asked for IPC and cache misses (issue 63). Many VMs expose no PMU (ENOENT); perf_event_paranoid 3 refuses."""
+    import ctypes
+    import errno
+    import struct
+    nr = PERF_EVENT_OPEN.get(os.uname().machine)
+    if nr is None:
+        return f"hardware counters: not tried on {os.uname().machine}"
+    # perf_event_attr, its first 64 bytes (PERF_ATTR_SIZE_VER0): type HARDWARE, config INSTRUCTIONS, flags
+    # disabled | exclude_kernel | exclude_hv
+    attr = ctypes.create_string_buffer(struct.pack("IIQQQQQ", 0, 64, 1, 0, 0, 0, 1 | 1 << 5 | 1 << 6) + bytes(16))
+    libc = ctypes.CDLL(None, use_errno=True)
+    fd = libc.syscall(nr, attr, 0, -1, -1, 0)
+    if fd >= 0:
+        os.close(fd)
+        return ("hardware counters: this machine lets a process open them (perf_event_open), but the harness does "
+                "not collect them for a candidate: the figures' share of the measured peaks is the profile")
+    err = ctypes.get_errno()
+    why = {errno.ENOENT: "no hardware PMU is exposed, a VM's usual case",
+           errno.EACCES: "refused by perf_event_paranoid", errno.EPERM: "refused by perf_event_paranoid or seccomp",
+           errno.ENOSYS: "the syscall is absent"}.get(err, errno.errorcode.get(err, str(err)))
+    return f"hardware counters: none readable here ({why}): the figures' share of the measured peaks is the profile"
 
 
 def topology() -> str:
@@ -68,8 +97,9 @@ def timing(task: Task) -> str:
     b = task.spec.bench
     return (f"Timing and the keep rule: on the main shape, the candidate and the current best are each warmed for "
             f"{b.warmup_ms:g} ms, then timed in {b.rounds} rounds of about {b.rep_ms:g} ms of calls each, their order "
-            f"rotated round by round, the calls going over {b.input_sets} input sets in turn (a repeat does not find "
-            f"its inputs in the cache); the speedup over the best is the median of the rounds' ratios with a {b.confidence:.0%} "
+            f"rotated round by round, the calls going over {max(2, b.input_sets)} input sets in turn, each with an output of its own, "
+            f"refilled with new values before each round (a repeat does not find its inputs in the cache)"
+            f"{'; the L2 flushed before each rep' if task.backend.gpu else ''}; the speedup over the best is the median of the rounds' ratios with a {b.confidence:.0%} "
             f"interval. Kept only if the interval lies above 1 and the median "
             f"is at least {b.min_gain:.0%} over it (task.toml [bench] min_gain; a run's --min-gain overrides it), and "
             f"a second interleaved bench in a fresh process shows it again. A bench whose median clears that gain "

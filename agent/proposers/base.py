@@ -52,6 +52,7 @@ class HistoryItem:
     patch: str = ""                                 # its diff against its parent
     repairs: list[str] = field(default_factory=list)   # the attempts before the last, one line each
     resources: str = ""     # a GPU candidate's registers, spills, shared memory and occupancy (propose.resources)
+    profile: str = ""       # a rejected GPU candidate's own profile, its few figures (propose.own_profile)
 
 
 @dataclass
