@@ -2,7 +2,7 @@
 
 They live at the top of the tree, where the design card puts them and a reader looks for them, as the
 only copies. A wheel has no top level of its own, so build_py copies them into the package, under
-agent/_shipped/, where agent.prompts reads them through importlib.resources. An editable install and a
+agent/_shipped/, where agent.llm.prompts reads them through importlib.resources. An editable install and a
 plain checkout read the top-level files in place (nothing is copied, so nothing can go stale).
 Everything else about the package is in pyproject.toml.
 """
@@ -14,7 +14,7 @@ from setuptools import setup
 from setuptools.command.build_py import build_py
 
 ROOT = Path(__file__).resolve().parent
-SHIPPED = ("AGENT.md", "prompts")     # agent.prompts.SHIPPED names the same two
+SHIPPED = ("AGENT.md", "prompts")     # agent.llm.prompts.SHIPPED names the same two
 
 
 class BuildPyWithPrompts(build_py):

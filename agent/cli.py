@@ -13,7 +13,8 @@ from tools.console import make_console
 
 # one module per command family; each registers its own subcommands
 COMMAND_MODULES = [
-    "agent.commands.check",      # check, doctor
+    "agent.commands.check",      # check
+    "agent.commands.doctor",     # doctor
     "agent.commands.profile",    # profile
     "agent.commands.optimize",   # optimize, resume, sweep
     "agent.commands.review",     # runs, show, report, cherry-pick, gate

@@ -21,7 +21,7 @@ for r in 1 2 3; do
     PYTHONPATH=$here python3 - "$run" "$v" "$r" <<'PY'
 import sys, statistics
 from pathlib import Path
-from agent.runlog import read_iterations
+from agent.records.store import read_iterations
 recs = read_iterations(Path(sys.argv[1]))
 rej = [r.wall_s for r in recs if r.decision.value != "kept" and r.bench is not None]
 kept = [round(r.wall_s, 2) for r in recs if r.decision.value == "kept"]

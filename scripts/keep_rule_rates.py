@@ -17,7 +17,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from agent.runlog import read_iterations  # noqa: E402
+from agent.records.store import read_iterations  # noqa: E402
 from tests.fixtures.keep_rule import busy, honest, make_repo, noop, optimize  # noqa: E402
 from tests.userrepo import agent  # noqa: E402
 from tools.measure.bench import never_kept  # noqa: E402

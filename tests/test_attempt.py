@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from agent.attempt import REBENCH_CONFIDENCE, Attempt, KeepRule, Verdict, decide
-from agent.runlog import Outcome
+from agent.evaluation.attempt import REBENCH_CONFIDENCE, Attempt, KeepRule, Verdict, decide
+from agent.records.schema import Outcome
 from tools.results import BenchResult, BenchStatus, SpeedupCI
 
 RULE = KeepRule(min_gain=0.02, implausible=10.0)

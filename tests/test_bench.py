@@ -490,10 +490,10 @@ def test_beside_busy_processes_a_threaded_reference_gives_a_right_figure_or_none
 @pytest.mark.slow
 def test_a_run_against_an_unstable_reference_prints_no_figure_against_it_anywhere(tmp_path):
     """Through `agent optimize` and `agent show`: the setup says the reference is unstable, and no
-    figure against it is made elsewhere from the two medians (agent/figures.py's fallback for old runs)."""
+    figure against it is made elsewhere from the two medians (agent/records/figures.py's fallback for old runs)."""
     import json as _json
 
-    from agent.runlog import read_state
+    from agent.records.store import read_state
     from tests.userrepo import agent, git, make_user_repo
     root = make_user_repo(tmp_path / "user")
     py = root / "kernels" / "matmul_cpu" / "task.py"

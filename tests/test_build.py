@@ -290,8 +290,8 @@ def test_ptxas_performance_notes_on_a_wgmma_kernel_reach_the_history(tmp_path):
     the wgmma pipeline serialized, waits injected). The build keeps those notes per kernel (sm_90a, the task's
     arch-specific target) and the next prompt's history line carries them; a kernel without notes gets none."""
     from agent.llm.context import format_history_item
-    from agent.propose import history_item
-    from agent.runlog import Decision, IterationRecord, Outcome
+    from agent.optimize.propose import history_item
+    from agent.records.schema import Decision, IterationRecord, Outcome
     d = tmp_path / "t"
     shutil.copytree(FIX / "cuda_launch", d)
     (d / "scale.cu").write_text((d / "scale.cu").read_text() + WGMMA_SERIALIZED)

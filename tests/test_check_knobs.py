@@ -20,7 +20,7 @@ NO_COMPILE_AT_K32 = "#if BLOCK_K == 32\n#error planted: does not compile at BLOC
 WRONG_AT_M32 = "#if BLOCK_M == 32\n    C[0] += 1.0f;\n#endif\n"
 
 
-# not slow: the fast tier's one pass through agent/knobcheck.py and the batch child's --parity-only
+# not slow: the fast tier's one pass through agent/sweep/knobcheck.py and the batch child's --parity-only
 @pytest.mark.slow        # a build and a check of every knob value: 13-16 s on 2 cores
 def test_each_value_is_built_and_checked_and_the_failures_are_one_table(tmp_path):
     d = planted_task(tmp_path, VALUES, head=SEGFAULT_AT_M8 + NO_COMPILE_AT_K32, tail=WRONG_AT_M32)

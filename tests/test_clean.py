@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from agent.proposal import Edit, PredictedEffect, Proposal
-from agent.runlog import read_state
+from agent.records.store import read_state
 from tests.userrepo import agent, git, make_user_repo, snapshot
 
 # the module's fixture makes three runs of the loop (14-15 s on 2 cores): every test here drives runs, as slow tests do

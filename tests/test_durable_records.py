@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.runlog import read_iterations, read_state
+from agent.records.store import read_iterations, read_state
 from tests.test_kill_safety import _comment, _faster, _start, _wait_stage
 from tests.userrepo import agent, make_user_repo
 
@@ -90,7 +90,7 @@ def test_a_keep_the_kill_interrupted_after_its_commit_stays_kept_on_resume(tmp_p
     is the kept commit, state.json still names its parent. `record`: its record was cut too, and is rebuilt from the
     commit's message and trailers; `state`: the record is whole and the state follows it. Either way `agent resume`
     keeps the commit on the branch as the best, the run goes on from it, and report/show/runs read the run."""
-    from agent.runlog import read_config
+    from agent.records.store import read_config
     from tests.userrepo import git
     root, run = _killed_in_second_iteration(tmp_path, "keep")
     [kept] = read_iterations(run)

@@ -8,9 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from agent.attempt import Attempt
-from agent.evaluate import Evaluator, LaunchRejected
-from agent.runlog import Decision, Outcome, StageTimes, read_config, read_iterations, read_state
+from agent.evaluation.attempt import Attempt
+from agent.evaluation.ended import LaunchRejected
+from agent.evaluation.evaluate import Evaluator
+from agent.records.schema import Decision, Outcome, StageTimes
+from agent.records.store import read_config, read_iterations, read_state
 from tests.userrepo import REPO, agent, git
 from tools.backends.device import device_limits
 from tools.results import BenchStatus, LaunchStatus, ParityStatus
@@ -64,7 +66,7 @@ def test_two_iterations_on_softmax(tmp_path):
     state = read_state(root / "runs" / "g")
     assert len(recs) == 2 and state.status == "done"
     assert all(r.launch is None or r.launch.status.value in ("ok", "rejected") for r in recs)
-    # each iteration ended with a verdict of its own (agent/loop.py): an outcome and a decision that agree, and the
+    # each iteration ended with a verdict of its own (agent/optimize/loop.py): an outcome and a decision that agree, and the
     # reason given; none interrupted or cut by a budget in a run that finished
     assert [(r.run_id, r.iteration) for r in recs] == [("g", 1), ("g", 2)]
     for r in recs:
@@ -99,7 +101,7 @@ def test_a_slower_candidate_is_profiled_when_asked_and_its_figures_reach_the_nex
 
     from agent.llm.context import format_history_item
     from agent.proposal import Edit, PredictedEffect, Proposal
-    from agent.propose import history_item
+    from agent.optimize.propose import history_item
     root = tmp_path / "user"
     shutil.copytree(REPO / "kernels" / "softmax", root / "kernels" / "softmax")
     git(root, "init", "-q", "-b", "main")

@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from agent.runlog import Decision, read_iterations, read_state
+from agent.records.schema import Decision
+from agent.records.store import read_iterations, read_state
 from tests.userrepo import REPO, agent, fast_bench, git, snapshot
 from tools.build.build import build
 from tools.measure.parity import run_parity

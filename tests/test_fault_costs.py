@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from agent.proposal import Edit, PredictedEffect, Proposal
-from agent.runlog import read_iterations
+from agent.records.store import read_iterations
 from tests.userrepo import REPO, make_user_repo
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="needs /proc")]
@@ -98,7 +98,8 @@ def _slower(times: int) -> str:
 
 
 def test_a_hang_costs_its_stage_budget_and_a_slower_honest_kernel_is_not_killed(tmp_path):
-    from agent.runlog import Outcome, read_state
+    from agent.records.schema import Outcome
+    from agent.records.store import read_state
     root = make_user_repo(tmp_path / "user", scan_allow=True)
     hang = [Edit(file="matmul.cpp", search=SIG, replace=SIG + "    volatile int spin = 1;\n    while (spin) {}\n")]
     _, res = _run_peak(root, hang, tmp_path)
@@ -123,7 +124,8 @@ def test_every_fault_of_the_issue_costs_seconds_and_leaves_nothing(tmp_path):
     import signal
     import uuid
 
-    from agent.runlog import Decision, read_state
+    from agent.records.schema import Decision
+    from agent.records.store import read_state
     from tests.fixtures.faults.faults import FAULTS, tagged
     from tests.userrepo import snapshot
     root = make_user_repo(tmp_path / "user", scan_allow=True)

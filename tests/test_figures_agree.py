@@ -40,7 +40,7 @@ def _num(fig: str) -> tuple[float, float, float]:
 
 
 def _us(text: str) -> float:
-    """'236.6 us' or '1.019 ms' (agent/figures.py us()) in microseconds."""
+    """'236.6 us' or '1.019 ms' (agent/records/figures.py us()) in microseconds."""
     value, unit = text.split()
     return float(value) * (1e3 if unit == "ms" else 1.0)
 
@@ -59,7 +59,7 @@ def test_every_figure_against_the_reference_agrees_from_check_to_the_commit(tmp_
     run_id = re.search(r"agent show (\S+)", out).group(1)
     setup = re.search(r"initial: [\d.]+ us, reference [\d.]+ us: ([\d.]+)x \[([\d.]+), ([\d.]+)\] vs reference", out)
     summary = re.search(r"speedup: (.*?\)) ", out).group(1)
-    # agent/figures.py us(): a time under 1 ms in us, from 1 ms in ms (a slow machine's initial kernel crosses it)
+    # agent/records/figures.py us(): a time under 1 ms in us, from 1 ms in ms (a slow machine's initial kernel crosses it)
     t = r"[\d.]+ (?:us|ms)"
     best_line = re.search(rf"best: ({t}) \(initial ({t}), reference ({t}|unstable); the confirmation bench\)", out)
     assert best_line, out   # the best was kept and confirmed: its times come from the confirmation bench
@@ -110,7 +110,7 @@ def test_every_figure_against_the_reference_agrees_from_check_to_the_commit(tmp_
 
     # the kept commits' messages carry measured figures only: against the reference, the one their confirmation bench
     # timed beside them, never the setup's multiplied in
-    from agent.runlog import read_iterations
+    from agent.records.store import read_iterations
     kept = [rec for rec in read_iterations(root / "runs" / run_id) if rec.decision.value == "kept"]
     assert kept
     for rec in kept:
@@ -127,8 +127,8 @@ def test_a_kept_best_is_shown_against_the_reference_timed_beside_it_not_a_produc
     """Issue 63: the prompt said 3.160x (the product of the kept steps times the setup's figure) beside times that gave
     1.32x, the reference having moved since the setup. A best kept since has its keep's confirmation bench figure,
     and the times shown with it are that bench's; a best without one falls back to the product, said so."""
-    from agent.figures import SIDE_BY_SIDE, best_figure, standing_times, times_line
-    from agent.runlog import RunState
+    from agent.records.figures import SIDE_BY_SIDE, best_figure, standing_times, times_line
+    from agent.records.schema import RunState
     st = RunState(best_sha="b2", best_iteration=2, best_ms=2.1, initial_ms=9.0, reference_ms=0.5,
                   chain_vs_initial=3.0, initial_vs_reference=0.3,
                   kept_sha="b2", kept_vs_reference=0.48, kept_vs_reference_low=0.45, kept_vs_reference_high=0.51,

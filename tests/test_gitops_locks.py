@@ -15,7 +15,7 @@ from pathlib import Path
 import git
 import pytest
 
-from agent.gitops import RunGit, _after_locks
+from agent.optimize.gitops import RunGit, _after_locks
 from tests.userrepo import make_user_repo
 
 

@@ -142,7 +142,7 @@ def test_a_candidate_that_changes_the_function_is_refused_before_its_build(tmp_p
     """The generated task.py calls the declared ABI: a candidate whose function takes a long where int was
     declared would be called with the wrong argument; the loop refuses the patch before it builds."""
     from agent.proposal import Edit, PredictedEffect, Proposal
-    from agent.runlog import read_iterations
+    from agent.records.store import read_iterations
     root = _user(tmp_path)
     assert agent(root, "init", "fma", "--cpp", "src/fma.cpp", "--reference", "ops.ref:fma", fresh=False).returncode == 0
     fast_bench(root / "kernels" / "fma")

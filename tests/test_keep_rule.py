@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from agent.runlog import Decision, Outcome, read_config, read_iterations
+from agent.records.schema import Decision, Outcome
+from agent.records.store import read_config, read_iterations
 from tests.fixtures.keep_rule import HONEST_GAIN, busy, honest, make_repo, noop, optimize
 from tests.userrepo import agent, git
 

@@ -363,7 +363,7 @@ def test_a_model_takes_the_scaffold_from_there(tmp_path):
         r = agent(root, "optimize", "kernels/ew", "--proposer", "llm", "--iters", "2", "--repairs", "0", "--run-id",
                   "kbllm", "--target", "100x", timeout=900, env={"AGENT_API_KEY": "sk-test"})
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
-    from agent.runlog import read_iterations
+    from agent.records.store import read_iterations
     its = read_iterations(root / "runs" / "kbllm")
     assert its[0].outcome.value in ("kept", "not_faster", "inconclusive"), its[0]   # built and passed parity either way
     assert its[0].parity is not None and its[0].parity.status.value == "ok", its[0].parity

@@ -24,7 +24,8 @@ from pathlib import Path
 import pytest
 
 from agent.proposal import Edit, PredictedEffect, Proposal
-from agent.runlog import Decision, read_config, read_iterations, read_state
+from agent.records.schema import Decision
+from agent.records.store import read_config, read_iterations, read_state
 from tests.userrepo import REPO, agent, git, make_user_repo, snapshot
 
 pytestmark = pytest.mark.slow

@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 
 from agent.llm.costs import estimate_tokens
-from agent.patch import PatchStatus, apply_edits
+from agent.optimize.patch import PatchStatus, apply_edits
 from agent.proposers.base import BudgetExhausted, Context, HistoryItem, ProposalFailed
-from agent.proposers.llm import LLMProposer, LLMUnusable
-from agent.settings import LLMSettings, Price
+from agent.llm.proposer import LLMProposer, LLMUnusable
+from agent.llm.settings import LLMSettings, Price
 from tests.fake_openai import FakeOpenAI, error_body
 from tools.task import load_task
 
@@ -37,12 +37,12 @@ def srv():
 @pytest.fixture
 def waits(monkeypatch):
     """The waits the retry machinery asked for, in order: tenacity's (its backoff, or a server's Retry-After) and the
-    pause between two failed calls (agent/proposers/llm.py), each still slept. What the retries did is checked on
+    pause between two failed calls (agent/llm/proposer.py), each still slept. What the retries did is checked on
     these, not on the wall clock, which a loaded machine stretches."""
     asked, real = [], time.sleep
 
     def sleep(seconds):
-        if sys._getframe(1).f_globals.get("__name__") in ("tenacity.nap", "agent.proposers.llm"):
+        if sys._getframe(1).f_globals.get("__name__") in ("tenacity.nap", "agent.llm.proposer"):
             asked.append(seconds)
         real(seconds)
     monkeypatch.setattr(time, "sleep", sleep)
@@ -487,7 +487,7 @@ GPU_WORDS = ("GPU", "CUDA", "SM count", "CTA", "occupancy", "SOL ", "shared memo
 
 
 def test_a_cpu_tasks_model_reads_no_gpu_rule_or_metric_and_a_gpu_tasks_keeps_them(srv, task, tmp_path):
-    """Issue 63: AGENT.md's device blocks (agent/prompts.py rules_for): a CPU task's whole request (the system prompt,
+    """Issue 63: AGENT.md's device blocks (agent/llm/prompts.py rules_for): a CPU task's whole request (the system prompt,
     the schema, the iteration prompt) names nothing of a GPU, and none of the note AGENT.md keeps for people; a CUDA
     task's system prompt has the GPU rules (launch safety, the profile's metrics). One answer section."""
     srv.push_proposal(GOOD)
@@ -508,7 +508,7 @@ def test_a_cpu_tasks_model_reads_no_gpu_rule_or_metric_and_a_gpu_tasks_keeps_the
 def test_agent_md_markers_out_of_place_are_an_error_not_a_lost_rule():
     """A block left open would take every rule after it from the model without a word: refused, as is a stray close
     and a block inside a block; no device but the two."""
-    from agent.prompts import PromptError, rules_for
+    from agent.llm.prompts import PromptError, rules_for
     assert rules_for("a\n<!-- gpu -->\nb\n<!-- /gpu -->\n<!-- cpu -->\nc\n<!-- /cpu -->\nd\n", "cpu") == "a\nc\nd"
     assert rules_for("<!-- people -->\nnote\n<!-- /people -->\nrule\n", "gpu") == "rule"
     for bad in ("a\n<!-- gpu -->\nb\n", "a\n<!-- /cpu -->\n", "<!-- gpu -->\n<!-- cpu -->\n<!-- /cpu -->\n<!-- /gpu -->\n",

@@ -8,7 +8,8 @@ import re
 
 import pytest
 
-from agent.runlog import Decision, Outcome, read_iterations, read_state
+from agent.records.schema import Decision, Outcome
+from agent.records.store import read_iterations, read_state
 from tests.fake_openai import FakeOpenAI, error_body
 from tests.test_llm import GPU_WORDS
 from tests.userrepo import agent, configure_llm, make_user_repo, snapshot

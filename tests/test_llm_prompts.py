@@ -5,7 +5,7 @@ import json
 import pytest
 
 from agent.llm.structured import ReplyInvalid, extract_json, parse_proposal, proposal_schema
-from agent.prompts import PROMPTS_DIR, PromptError, placeholders, render, render_text
+from agent.llm.prompts import PROMPTS_DIR, PromptError, placeholders, render, render_text
 
 TEMPLATES = ["system", "iteration", "bootstrap", "repair_patch", "repair_compile", "repair_parity",
              "repair_launch", "repair_schema"]
@@ -84,8 +84,8 @@ def test_a_rejected_gpu_candidate_is_shown_with_what_its_build_and_launch_plan_k
     """Issue 63: the model was told that four attention candidates were slower and not why; ptxas and the launch plan
     already knew their registers, spills and shared memory, and the occupancy those allow."""
     from agent.llm.context import format_history_item
-    from agent.propose import history_item
-    from agent.runlog import Decision, IterationRecord, Outcome
+    from agent.optimize.propose import history_item
+    from agent.records.schema import Decision, IterationRecord, Outcome
     from tools.results import BuildResult, BuildStatus, DeviceLimits, KernelResources, Launch, LaunchResult, LaunchStatus
     lim = DeviceLimits(name="NVIDIA H200", arch="sm_90", sm_count=132, max_smem_per_block_optin=232448, source="device")
     build = BuildResult(status=BuildStatus.ok, build_dir="b", kernels=[KernelResources(name="attn_fwd(const half*)", registers=168,
@@ -112,9 +112,9 @@ def test_a_knob_whose_file_a_kept_iteration_rewrote_is_flagged_with_what_the_fil
 
     from agent.llm.context import format_knobs
     from agent.proposal import Edit, PredictedEffect, Proposal
-    from agent.propose import rewritten
+    from agent.optimize.propose import rewritten
     from agent.proposers.base import Context
-    from agent.runlog import Decision, IterationRecord, Outcome
+    from agent.records.schema import Decision, IterationRecord, Outcome
     from tools.task import load_task
     task = load_task(Path(__file__).resolve().parent.parent / "kernels" / "softmax")
     src = (task.root / "softmax.cu").read_text()
@@ -149,9 +149,9 @@ def test_the_noise_this_run_measured_is_in_where_it_stands():
     from pathlib import Path
 
     from agent.llm.context import format_standing
-    from agent.propose import noise
+    from agent.optimize.propose import noise
     from agent.proposers.base import Context
-    from agent.runlog import Decision, IterationRecord, Outcome
+    from agent.records.schema import Decision, IterationRecord, Outcome
     from tools.results import BenchResult, BenchStatus, SpeedupCI
     from tools.task import load_task
 
@@ -188,8 +188,8 @@ def test_a_rejected_candidates_own_profile_is_shown_and_a_kept_ones_is_not():
     """Best.profile_rejected's figures on the history line of a rejected GPU candidate; a kept one's profile is the
     best's, carried whole in the prompt's profile section, not repeated."""
     from agent.llm.context import format_history_item
-    from agent.propose import history_item
-    from agent.runlog import Decision, IterationRecord, Outcome
+    from agent.optimize.propose import history_item
+    from agent.records.schema import Decision, IterationRecord, Outcome
     summary = {"kernel": "softmax_kernel", "ctas": 4096, "sol_compute_pct": 31.25, "sol_memory_pct": 78.5,
                "dram_pct": 70.0, "occupancy_achieved_pct": 41.2, "registers": 40, "bottleneck": "memory",
                "source": "ncu"}

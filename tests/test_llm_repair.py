@@ -1,4 +1,4 @@
-"""Repair inside the iteration (issue 43, agent/repair.py): `agent optimize --proposer llm` as a subprocess, the real
+"""Repair inside the iteration (issue 43, agent/optimize/repair.py): `agent optimize --proposer llm` as a subprocess, the real
 openai client, a local server playing a strong model that makes a model's mistakes. Its first answer does not
 compile (a semicolon dropped), its repair computes the wrong result on odd row counts (rows taken in pairs, the odd
 last row dropped), its second repair is right: with `--iters 1` the candidate is kept in that one iteration, the
@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from agent.runlog import Decision, Outcome, read_iterations
+from agent.records.schema import Decision, Outcome
+from agent.records.store import read_iterations
 from tests.fake_openai import FakeOpenAI
 from tests.userrepo import agent, configure_llm, git, make_user_repo, snapshot
 
@@ -118,12 +119,13 @@ def test_a_launch_rejection_goes_back_with_the_broken_limit_and_the_shape_and_it
     The same conversation through `agent optimize` runs on the device (the script), where the setup bench can run."""
     import subprocess
 
-    from agent.attempt import Attempt
-    from agent.evaluate import LaunchRejected, launch_ok
+    from agent.evaluation.attempt import Attempt
+    from agent.evaluation.ended import LaunchRejected
+    from agent.evaluation.evaluate import launch_ok
     from agent.proposers.base import Context
-    from agent.proposers.llm import LLMProposer
-    from agent.repair import feedback
-    from agent.settings import LLMSettings
+    from agent.llm.proposer import LLMProposer
+    from agent.optimize.repair import feedback
+    from agent.llm.settings import LLMSettings
     from tools.backends.device import table_limits
     from tools.build.build import build, find_nvcc
     from tools.measure.launch import static_check

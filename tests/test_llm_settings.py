@@ -1,8 +1,8 @@
-"""agent/settings.py: where the LLM configuration comes from, and that the key stays out of files."""
+"""agent/llm/settings.py: where the LLM configuration comes from, and that the key stays out of files."""
 
 import pytest
 
-from agent.settings import LLMSettings, SettingsError, load_llm_settings
+from agent.llm.settings import LLMSettings, SettingsError, load_llm_settings
 
 PYPROJECT = """
 [tool.agent]

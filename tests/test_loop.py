@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from agent.proposal import Edit, PredictedEffect, Proposal
-from agent.runlog import Decision, Outcome, read_config, read_iterations, read_state
+from agent.records.schema import Decision, Outcome
+from agent.records.store import read_config, read_iterations, read_state
 from tests.userrepo import REPO, agent, git, make_user_repo, snapshot
 
 pytestmark = pytest.mark.slow
@@ -125,7 +126,7 @@ def test_twenty_no_op_candidates_are_never_kept(tmp_path):
     assert len(recs) == 20
     assert [r for r in recs if r.decision == Decision.kept] == []
     # each was built, passed parity and was timed: rejected by the statistics, not by a shortcut (inconclusive: doubt
-    # its re-benches did not settle, agent/attempt.py: not kept either)
+    # its re-benches did not settle, agent/evaluation/attempt.py: not kept either)
     fair = (Outcome.not_faster, Outcome.inconclusive)
     assert all(r.outcome in fair and r.bench is not None for r in recs), \
         [(r.iteration, r.outcome.value, r.reason) for r in recs if r.outcome not in fair or r.bench is None]

@@ -1,4 +1,4 @@
-"""agent/patch.py on real files in a temp task folder (the CPU matmul source as the subject)."""
+"""agent/optimize/patch.py on real files in a temp task folder (the CPU matmul source as the subject)."""
 
 import os
 import shutil
@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.patch import PatchStatus, apply_edits, unified_diff
+from agent.optimize.patch import PatchStatus, apply_edits, unified_diff
 from agent.proposal import Edit
 
 REPO = Path(__file__).resolve().parent.parent

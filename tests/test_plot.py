@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 
 from agent.proposal import Edit, PredictedEffect, Proposal
-from agent.review.plot import (move_label, plot_roofline, plot_speedup, roofline_figure, shorten, speedup_figure,
-                               target_vs_initial)
+from agent.review.plot import move_label, plot_speedup, shorten, speedup_figure, target_vs_initial
+from agent.review.roofline import plot_roofline, roofline_figure
 from agent.review.runs import Run, load_run
-from agent.runlog import (Decision, IterationRecord, Outcome, RunConfig, RunState, append_iteration,
-                          write_json_atomic)
+from agent.records.schema import Decision, IterationRecord, Outcome, RunConfig, RunState
+from agent.records.store import append_iteration, write_json_atomic
 from tools.results import BenchResult, BenchStatus, SpeedupCI, TimingStats
 
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -116,7 +116,7 @@ def test_a_target_vs_reference_is_drawn_converted_to_vs_initial(tmp_path):
     assert y == pytest.approx(24.0) and lo < y < hi
 
     # the initial kernel's speedup over the reference timed interleaved at setup, where the state has it,
-    # is what the run's figures use (agent/figures.py): the target follows it
+    # is what the run's figures use (agent/records/figures.py): the target follows it
     run = make_run(tmp_path / "interleaved", baseline="reference", target=1.5, reference_ms=0.5,
                    initial_vs_reference=0.4)
     assert target_line(speedup_figure(run).axes[0]).get_ydata()[0] == pytest.approx(3.75)

@@ -12,12 +12,12 @@ import pytest
 from agent.proposers import base
 from agent.proposers.base import BudgetExhausted, ProposalFailed, ProposerError, ProposerExhausted
 from agent.proposers.heuristic import HeuristicProposer
-from agent.proposers.llm import LLMProposer, LLMUnusable
+from agent.llm.proposer import LLMProposer, LLMUnusable
 from agent.proposers.replay import ReplayProposer
 from agent.proposal import Edit, PredictedEffect, Proposal
 from agent.proposers.retry import RetryFirst, is_retry, undecided
-from agent.runlog import Decision, IterationRecord, Outcome, Usage
-from agent.settings import LLMSettings
+from agent.records.schema import Decision, IterationRecord, Outcome, Usage
+from agent.llm.settings import LLMSettings
 from tools.task import load_task
 
 ROOT = Path(__file__).resolve().parent.parent

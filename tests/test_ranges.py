@@ -87,7 +87,7 @@ def test_the_loop_pays_for_the_range_shapes_only_before_a_keep(tmp_path):
     a range shape; an honest faster kernel is kept with both parities in its record."""
     import json
 
-    from agent.runlog import read_iterations
+    from agent.records.store import read_iterations
     from tests.fixtures.cheats.cheats import GOOD, CASES, proposal
     from tests.test_verification import verification_repo
     from tests.userrepo import agent, git

@@ -8,8 +8,9 @@ import json
 
 import pytest
 
-from agent.recover import set_aside_damaged
-from agent.runlog import Decision, IterationRecord, LogError, Outcome, read_iterations
+from agent.records.recover import set_aside_damaged
+from agent.records.schema import Decision, IterationRecord, Outcome
+from agent.records.store import LogError, read_iterations
 
 
 def _rec(i: int) -> str:

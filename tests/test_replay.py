@@ -11,7 +11,8 @@ import pytest
 from agent.proposal import Edit, PredictedEffect, Proposal
 from agent.proposers.base import ProposerExhausted
 from agent.proposers.replay import ReplayProposer, load_proposals
-from agent.runlog import Decision, IterationRecord, Outcome, append_iteration
+from agent.records.schema import Decision, IterationRecord, Outcome
+from agent.records.store import append_iteration
 
 
 def _p(n: int) -> Proposal:

@@ -19,7 +19,7 @@ import pytest
 from agent.cli import main
 from agent.review.cherrypick import CherryPickError, cherry_pick
 from agent.review.runs import load_run
-from agent.runlog import Decision
+from agent.records.schema import Decision
 from tests.userrepo import agent, shared_by_workers
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -388,7 +388,7 @@ def test_one_run_shows_the_same_figures_everywhere(run_repo, cli, monkeypatch):
     """The best's speedups in the summary, `agent show`, `agent show --json` and report.md are one
     measurement (the confirmation bench, named); each kept commit's message states the estimate that
     the report's ablation table and `agent show --iter` state for it."""
-    from agent.figures import Figure, best_figure, figures_line
+    from agent.records.figures import Figure, best_figure, figures_line
     run = load_run(run_repo / "runs" / RUN_ID)
     st = run.state
     vi, vr = best_figure(st, "initial"), best_figure(st, "reference")

@@ -94,7 +94,7 @@ def test_a_check_that_did_not_run_is_not_a_pass(tmp_path, monkeypatch):
     """Issue 62: a sanitizer missing (here AGENT_SANITIZER names no executable) fails the parity before a keep as
     `unchecked`, named, unless the user allows the keep without it by name; then the message, the record's, says
     so, and so does the kept commit's trailer. The judge's own path (tools/judge/judge.py sanitized), on the CPU."""
-    from agent.gitops import kept_message
+    from agent.optimize.gitops import kept_message
     from tools.judge.judge import sanitized
     from tools.results import ParityResult, ParityStatus, SanitizerResult
     monkeypatch.setenv("AGENT_SANITIZER", str(tmp_path / "no-such-sanitizer"))
@@ -125,7 +125,7 @@ def test_a_check_that_did_not_run_is_not_a_pass(tmp_path, monkeypatch):
 
 def _kept(parity):
     """A kept attempt as the loop records one (a proposal, a bench with its ratio and candidate timing), this parity."""
-    from agent.attempt import Attempt
+    from agent.evaluation.attempt import Attempt
     from agent.proposal import Edit, PredictedEffect, Proposal
     from tools.results import BenchResult, BenchStatus, SpeedupCI, TimingStats
     prop = Proposal(hypothesis="VEC 8", predicted=PredictedEffect(metric="time.median_ms", direction="down", speedup=1.2),

@@ -1,4 +1,4 @@
-"""Scale-out (issue 44, agent/executor.py): a sweep on a local dask cluster of two CPU workers, each pinned to a core
+"""Scale-out (issue 44, agent/evaluation/executor.py): a sweep on a local dask cluster of two CPU workers, each pinned to a core
 of its own, gives the in-process executor's verdicts (a configuration that does not compile, one that segfaults, one
 that computes the wrong result, the rest measured); a worker killed while it evaluates is survived (its chunk goes to
 a worker again); a chunk whose workers die twice is recorded `lost` and the sweep ends cleanly. Real compiler, real
@@ -18,8 +18,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from agent.executor import Dask, ExecutorError, Local, worker_envs
-from agent.sweep import sweep
+from agent.evaluation.executor import Dask, ExecutorError, Local, worker_envs
+from agent.sweep.run import sweep
 from tests.test_kill_safety import _gone
 from tests.test_sweep import planted_task
 from tests.userrepo import agent
@@ -170,8 +170,8 @@ def test_a_chunk_carries_what_a_worker_on_another_host_needs(tmp_path):
     import shutil
     import tempfile
 
-    from agent.executor import pack_folder
-    from agent.sweep import Chunk, Shipped, evaluate_chunk
+    from agent.evaluation.executor import pack_folder
+    from agent.sweep.batches import Chunk, Shipped, evaluate_chunk
     from tools.build.build import build
     d = planted_task(tmp_path, tail=TAIL.replace("LOOP_ORDER == 1 && BLOCK_M == 16 && BLOCK_K == 32", "1"))
     (d / "build").mkdir()
@@ -195,7 +195,8 @@ def test_optimize_with_two_candidates_on_two_workers_gives_the_in_process_verdic
     """`agent optimize --candidates 2`: the heuristic's two best moves in one iteration, the loop order (3-4x) and a
     smaller tile planted not to compile; here and on two dask workers alike, the loop order is kept, the other is
     recorded compile_failed with its ref, and on the workers the kept one names its worker."""
-    from agent.runlog import Decision, read_iterations
+    from agent.records.schema import Decision
+    from agent.records.store import read_iterations
     from tests.userrepo import git
     d = planted_task(tmp_path, head="#if BLOCK_M == 8\n#error planted: does not compile\n#endif\n")
     root = d.parents[1]
@@ -222,7 +223,8 @@ def test_optimize_with_two_candidates_on_two_workers_gives_the_in_process_verdic
 def test_a_models_second_candidate_is_asked_knowing_the_first(tmp_path):
     """With --candidates 2 and a model (the real client, a scripted server), the second request's history lists the
     first proposal as being evaluated beside it; both are evaluated, the faster kept, the other recorded."""
-    from agent.runlog import Decision, read_iterations
+    from agent.records.schema import Decision
+    from agent.records.store import read_iterations
     from tests.fake_openai import FakeOpenAI
     from tests.userrepo import configure_llm, make_user_repo
 
@@ -250,7 +252,8 @@ def test_a_models_second_candidate_is_asked_knowing_the_first(tmp_path):
 def test_with_at_once_the_models_k_requests_go_out_together(tmp_path):
     """--at-once: the two requests reach the scripted server before either is answered (each answer waits 2 s), each
     told it is one of two and asked for its rank; both proposals are built and evaluated, the faster kept."""
-    from agent.runlog import Decision, read_iterations
+    from agent.records.schema import Decision
+    from agent.records.store import read_iterations
     from tests.fake_openai import FakeOpenAI
     from tests.userrepo import configure_llm, make_user_repo
 
@@ -328,7 +331,7 @@ def _optimize_killing(tmp_path, kills: int):
 
 
 def test_optimize_survives_a_worker_killed_mid_candidate(tmp_path):
-    from agent.runlog import read_iterations
+    from agent.records.store import read_iterations
     rc, err, killed, root = _optimize_killing(tmp_path, kills=1)
     assert rc == 0, err[-3000:]
     assert len(killed) == 1
@@ -339,7 +342,7 @@ def test_optimize_survives_a_worker_killed_mid_candidate(tmp_path):
 
 
 def test_optimize_records_a_candidate_whose_workers_die_twice_as_lost_and_ends(tmp_path):
-    from agent.runlog import read_iterations
+    from agent.records.store import read_iterations
     rc, err, killed, root = _optimize_killing(tmp_path, kills=8)
     assert rc == 0, err[-3000:]
     assert len(killed) >= 2
@@ -350,11 +353,11 @@ def test_optimize_records_a_candidate_whose_workers_die_twice_as_lost_and_ends(t
 
 
 def test_the_live_line_names_each_candidates_worker_then_its_verdict():
-    """What the live view shows while an iteration's candidates are on the workers (agent/candidates.py Board)."""
+    """What the live view shows while an iteration's candidates are on the workers (agent/optimize/candidates.py Board)."""
     from types import SimpleNamespace
 
-    from agent.attempt import Attempt
-    from agent.candidates import Board
+    from agent.evaluation.attempt import Attempt
+    from agent.optimize.candidates import Board
     from agent.proposal import Proposal
     lines: list[str] = []
     cands = []
@@ -389,7 +392,8 @@ def test_where_the_fastest_candidate_fails_before_its_keep_the_next_that_passed_
     iteration ended parity_failed, the honest candidate recorded as merely slower). The record names candidate 1's
     failure and its ref."""
     from agent.proposal import Edit, PredictedEffect, Proposal
-    from agent.runlog import Decision, read_iterations
+    from agent.records.schema import Decision
+    from agent.records.store import read_iterations
     from tests.test_verification import verification_repo
     root = verification_repo(tmp_path / "user")
     head = '\nextern "C" void matmul(const float* A, const float* B, float* C, int M, int N, int K) {\n'

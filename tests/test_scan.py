@@ -249,7 +249,7 @@ def test_through_the_loop_the_rejection_quotes_the_line_and_an_allowed_rule_buil
     """`agent optimize` (replay proposer, real g++ and git): a faster kernel with a debug print left in ends
     compile_failed / scan_rejected before any compile, the line quoted; with host_output allowed in task.toml the
     same kernel builds and is judged (kept: it is right and faster)."""
-    from agent.runlog import read_iterations
+    from agent.records.store import read_iterations
     from tests.fixtures.cheats.cheats import GOOD, proposal
     from tests.userrepo import agent, git, make_user_repo
     root = make_user_repo(tmp_path / "user")

@@ -11,7 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from agent.sweep import SweepPoint, SweepResult, sweep, write_knobs
+from agent.sweep.build import write_knobs
+from agent.sweep.points import SweepPoint, SweepResult
+from agent.sweep.run import sweep
 from tests.userrepo import agent, make_user_repo, snapshot
 from tools.judge import batch
 from tools.build.build import build
@@ -48,7 +50,7 @@ def _by_knobs(res: SweepResult) -> dict[tuple, SweepPoint]:
     return {tuple(p.knobs.values()): p for p in res.points}
 
 
-# not slow: the fast tier's one pass through agent/sweep.py, tools/judge/batch.py and the batch child
+# not slow: the fast tier's one pass through agent/sweep/run.py, tools/judge/batch.py and the batch child
 @pytest.mark.slow        # a whole sweep (screen, measure, verify): 13-15 s on 2 cores
 def test_sample_is_measured_and_the_best_verified(tmp_path):
     task = load_task(planted_task(tmp_path))

@@ -28,7 +28,8 @@ from pathlib import Path
 
 import pytest
 
-from agent.runlog import Decision, IterationRecord, read_iterations, read_state
+from agent.records.schema import Decision, IterationRecord
+from agent.records.store import read_iterations, read_state
 from tests.fixtures.cheats.trust import FORGERIES, GOOD, TRUST_CASES, WRITE_RELATIVE, WRITES, proposal
 from tests.test_verification import verification_repo
 from tests.userrepo import agent, git, shared_by_workers, snapshot

@@ -120,7 +120,7 @@ def refused_then_kept(root: Path, names: list[str], folder: Path, cases: list[tu
     one): each case refused at parity by its draw, labelled `label`; the last kept."""
     import json
 
-    from agent.runlog import read_iterations
+    from agent.records.store import read_iterations
     from tests.userrepo import agent
     props = root.parent / f"{label.strip()}.json"
     props.write_text(json.dumps(values_proposals(names, folder)))

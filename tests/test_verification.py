@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from agent.runlog import Decision, read_config, read_iterations, read_state
+from agent.records.schema import Decision
+from agent.records.store import read_config, read_iterations, read_state
 from tests.fixtures.cheats.cheats import CASES, GOOD, Case, proposal, source
 from tests.userrepo import agent, git, make_user_repo, snapshot
 
@@ -226,7 +227,7 @@ def test_cuda_launch_faults_are_rejected_statically_without_a_gpu(tmp_path):
     spec = importlib.util.spec_from_file_location("verify_gpu", path)
     vg = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(vg)
-    from agent.evaluate import Evaluator
+    from agent.evaluation.evaluate import Evaluator
     from tools.judge import batch as batch_eval
     from tools.judge.candidate import prestart_candidate
     cases = {c[0]: c for c in vg.CASES}

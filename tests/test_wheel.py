@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from agent.runlog import Decision, read_iterations
+from agent.records.schema import Decision
+from agent.records.store import read_iterations
 from tests.fake_openai import FakeOpenAI
 from tests.test_llm_loop import GOOD
 from tests.userrepo import configure_llm, make_user_repo
@@ -85,7 +86,7 @@ def test_agent_optimize_from_the_wheel_renders_its_prompts_from_the_installed_pa
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "AGENT_BASE_URL", "AGENT_MODEL",
                                                            "OPENAI_BASE_URL", "OPENAI_API_KEY", "AGENT_API_KEY")}
     where = subprocess.run([str(env_dir / "bin" / "python"), "-c",
-                            "import agent.prompts as p; print(p.PROMPTS_DIR); print(p.AGENT_RULES)"],
+                            "import agent.llm.prompts as p; print(p.PROMPTS_DIR); print(p.AGENT_RULES)"],
                            cwd=tmp_path, env=env, capture_output=True, text=True, check=True).stdout.split()
     assert all(Path(w).is_relative_to(env_dir) and "_shipped" in w for w in where), where
     root = make_user_repo(tmp_path / "user")
@@ -98,7 +99,7 @@ def test_agent_optimize_from_the_wheel_renders_its_prompts_from_the_installed_pa
         assert res.returncode == 0, res.stderr + res.stdout
         (req,) = srv.chat_requests
     system, user = req.body["messages"][0]["content"], req.body["messages"][-1]["content"]
-    from agent.prompts import rules_for
+    from agent.llm.prompts import rules_for
     rules = rules_for((REPO / "AGENT.md").read_text(), "cpu")
     assert rules in system                                   # AGENT.md's CPU rules, whole, in the system prompt
     # the iteration prompt's fixed text (each line of the template without a placeholder) is in the request

@@ -281,7 +281,7 @@ class KnobFailure(BaseModel):
 
 
 class KnobCheck(BaseModel):
-    """`agent check --knobs each|all` (agent/knobcheck.py): every other allowed value built and parity-checked."""
+    """`agent check --knobs each|all` (agent/sweep/knobcheck.py): every other allowed value built and parity-checked."""
     which: KnobWhich
     committed: dict[str, int]
     configurations: int          # checked besides the committed one

@@ -117,7 +117,7 @@ class BenchSpec(Strict):
     input_sets: int = Field(default=4, ge=1)   # rotated so that repeats do not measure a warm cache
     min_gain: float = Field(default=0.02, ge=0)
     timeout_s: float = 300.0
-    # the speedup interval's coverage; the loop's re-bench of a doubtful candidate asks for 0.99 (agent/attempt.py)
+    # the speedup interval's coverage; the loop's re-bench of a doubtful candidate asks for 0.99 (agent/evaluation/attempt.py)
     confidence: float = Field(default=0.95, ge=0.5, lt=1.0)
 
 

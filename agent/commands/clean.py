@@ -24,7 +24,7 @@ from rich.markup import escape
 
 from agent.commands.review import default_runs_dir
 from agent.review.runs import Run, Unreadable, list_runs, load_run, resolve_run
-from agent.runlog import LogError
+from agent.records.store import LogError
 from tools.console import make_console
 
 FINISHED = ("done", "interrupted", "failed")

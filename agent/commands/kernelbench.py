@@ -36,7 +36,7 @@ def register(subparsers) -> None:
 
 def repo_root() -> Path:
     """The git repository's root (where `kernels/` goes), as the other commands find it; else this folder."""
-    from agent import gitops
+    from agent.optimize import gitops
     try:
         return Path(gitops.open_repo(Path.cwd()).working_tree_dir)
     except gitops.GitError:
@@ -129,7 +129,7 @@ def _export(args) -> int:
 
     from agent.commands.review import default_runs_dir
     from agent.review.runs import load_run, resolve_run
-    from agent.runlog import LogError
+    from agent.records.store import LogError
     from tools.kernelbench.export import ExportError, splice
     out = args.kernelbench
     if out.exists() and not args.force:

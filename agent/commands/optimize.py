@@ -9,16 +9,17 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from agent import gitops
-from agent.best import SetupFailed
-from agent.figures import figures_line, times_line
+from agent.optimize import gitops
+from agent.optimize.best import SetupFailed
+from agent.records.figures import figures_line, times_line
 from agent.review.plot import shorten
-from agent.loop import Loop
-from agent.runlog import Decision, LogError, find_run, read_iterations
-from agent.settings import SettingsError
-from agent.session import (Repaired, UsageError, check_limits, choose_task, default_proposer, parse_target,
-                           repair_run, repo_root_of, resume_run, start_run)
-from agent.view import make_view
+from agent.optimize.loop import Loop
+from agent.records.schema import Decision
+from agent.records.store import LogError, find_run, read_iterations
+from agent.llm.settings import SettingsError
+from agent.optimize.session import (Repaired, UsageError, check_limits, choose_task, default_proposer, parse_target,
+                                    repair_run, repo_root_of, resume_run, start_run)
+from agent.optimize.view import make_view
 from tools.backends.backend import slow_rebuild_note
 from tools.console import make_console
 from tools.task import load_task
@@ -188,8 +189,9 @@ def _run_and_summarize(loop: Loop) -> int:
 
 
 def cmd_sweep(args) -> int:
-    from agent.evaluate import IterationEnded
-    from agent.sweep import describe, sweep
+    from agent.evaluation.ended import IterationEnded
+    from agent.sweep.points import describe
+    from agent.sweep.run import sweep
     from tools.judge.batch import BatchError
     console = make_console(stderr=True)
     try:
@@ -201,7 +203,7 @@ def cmd_sweep(args) -> int:
         console.print("[red]error[/red]: --jobs, --batch, --screen and --workers must be at least 1")
         return 2
     task = load_task(task_dir)
-    from agent.executor import ExecutorError, make_executor
+    from agent.evaluation.executor import ExecutorError, make_executor
     try:
         ex = make_executor(args.workers, args.scheduler, task.backend.gpu)
     except ExecutorError as e:

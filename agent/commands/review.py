@@ -10,8 +10,8 @@ from pathlib import Path
 from rich.console import Console
 from rich.markup import escape
 
-from agent import gitops
-from agent.runlog import LogError
+from agent.optimize import gitops
+from agent.records.store import LogError
 from tools.console import make_console
 
 
@@ -166,7 +166,7 @@ def cmd_cherry_pick(args) -> int:
 # --- gate -------------------------------------------------------------------------------------
 def cmd_gate(args) -> int:
     from agent.review.gate import GateError, gate, parse_limit
-    from agent.session import UsageError, choose_task
+    from agent.optimize.session import UsageError, choose_task
     try:
         limit = parse_limit(args.max_regression)
         task_dir, _ = choose_task(args.task, Path.cwd())

@@ -25,8 +25,8 @@ from tenacity.stop import stop_base
 
 from agent.llm.costs import call_cost, estimate_tokens, no_price_note
 from agent.llm.errors import ErrorKind, LLMError, from_exception, is_retryable
-from agent.runlog import Usage
-from agent.settings import LLMSettings
+from agent.records.schema import Usage
+from agent.llm.settings import LLMSettings
 
 log = logging.getLogger("agent.llm")
 BAD_REPLY = ErrorKind("bad_reply", False, False, "the endpoint's reply is not a chat completion")

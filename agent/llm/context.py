@@ -11,7 +11,7 @@ import re
 from pathlib import PurePosixPath
 
 from agent.llm.costs import CHARS_PER_TOKEN, estimate_tokens
-from agent.prompts import render
+from agent.llm.prompts import render
 from agent.proposers.base import Context, HistoryItem
 from tools.profile.model import ProfileReport
 from tools.task import shape_label
@@ -128,7 +128,7 @@ def _si(v: float, unit: str) -> str:
 
 def format_standing(ctx: Context) -> str:
     """Where the best stands: its time, its speedups over the reference and the initial kernel (each saying which
-    measurement it comes from, agent/figures.py), and the task's work on the main shape with the throughput the best
+    measurement it comes from, agent/records/figures.py), and the task's work on the main shape with the throughput the best
     achieves and its share of the device's peak."""
     spec = ctx.task.spec
     when = f" ({ctx.times_from})" if ctx.times_from and ctx.reference_ms else ""

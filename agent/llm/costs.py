@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from agent.proposers.base import BudgetExhausted
-from agent.runlog import Usage
-from agent.settings import Price
+from agent.records.schema import Usage
+from agent.llm.settings import Price
 
 CHARS_PER_TOKEN = 4     # the estimate used before a call, where no tokenizer is at hand
 

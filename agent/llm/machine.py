@@ -9,7 +9,7 @@ import os
 import re
 from pathlib import Path
 
-from agent.envinfo import first_line, gpu_clocks
+from agent.records.envinfo import first_line, gpu_clocks
 from tools.backends.device import nvcc_info
 from tools.task import Task
 

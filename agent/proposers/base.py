@@ -5,9 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import ClassVar, Protocol
 
-from agent.figures import Figure
+from agent.records.figures import Figure
 from agent.proposal import Proposal
-from agent.runlog import Usage
+from agent.records.schema import Usage
 from tools.profile.model import ProfileReport
 from tools.results import DevicePeak
 from tools.task import Task
@@ -66,7 +66,7 @@ class Context:
     best_ms: float | None = None
     reference_ms: float | None = None
     times_from: str = ""                    # which bench best_ms and reference_ms come from (figures.standing_times)
-    vs_reference: Figure | None = None      # the best's speedup over the reference, with its source (agent/figures.py)
+    vs_reference: Figure | None = None      # the best's speedup over the reference, with its source (agent/records/figures.py)
     vs_initial: Figure | None = None
     peak: DevicePeak | None = None          # the device's spec-sheet peaks for the task's dtype (a GPU's bench said)
     knobs: dict[str, int | None] = field(default_factory=dict)   # current knob values in the best

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 from agent.proposal import Edit, Evidence, PredictedEffect, Proposal
 from agent.proposers.base import Context, ProposerExhausted
-from agent.runlog import Usage
+from agent.records.schema import Usage
 from tools.profile.model import Bottleneck, KernelProfile, ProfileReport
 from tools.task import Knob, Task, knob_pattern
 

@@ -13,8 +13,9 @@ from pathlib import Path
 
 from agent.proposal import Proposal
 from agent.proposers.base import Context, ProposerExhausted
-from agent.runlog import Decision, read_iterations
-from agent.runlog import Usage
+from agent.records.schema import Decision
+from agent.records.store import read_iterations
+from agent.records.schema import Usage
 
 
 class ReplayProposer:

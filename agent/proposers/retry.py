@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from agent.proposal import Proposal
 from agent.proposers.base import Context, Proposer
-from agent.runlog import Decision, IterationRecord, Usage
+from agent.records.schema import Decision, IterationRecord, Usage
 
 RETRY_MARK = "retry of iteration"
 

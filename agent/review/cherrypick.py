@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from agent.review.runs import Run
-from agent.runlog import Decision, IterationRecord
+from agent.records.schema import Decision, IterationRecord
 
 
 class CherryPickError(Exception):

@@ -21,10 +21,12 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
-from agent.attempt import Attempt
-from agent.evaluate import CompileFailed, Evaluator, IterationEnded, snapshot_lib
+from agent.evaluation.attempt import Attempt
+from agent.evaluation.ended import CompileFailed, IterationEnded
+from agent.evaluation.evaluate import Evaluator, snapshot_lib
 from agent.review.runs import Run, list_runs, load_run, resolve_run
-from agent.runlog import LogError, StageTimes
+from agent.records.schema import StageTimes
+from agent.records.store import LogError
 from tools.results import ParityResult, SpeedupCI
 from tools.task import Task, load_task, shape_label
 

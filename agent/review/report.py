@@ -6,11 +6,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from agent.figures import figures_line, times_line
-from agent.review.plot import PlotUnavailable, plot_roofline, plot_speedup
+from agent.records.figures import figures_line, times_line
+from agent.review.plot import PlotUnavailable, plot_speedup
+from agent.review.roofline import plot_roofline
 from agent.review.runs import Run
 from agent.review.show import env_pairs, throughput, us, xs
-from agent.runlog import Decision, IterationRecord
+from agent.records.schema import Decision, IterationRecord
 from tools.results import BenchResult
 
 PROFILE_KEYS = ("ctas", "sol_compute_pct", "sol_memory_pct", "dram_pct", "occupancy_achieved_pct", "registers")

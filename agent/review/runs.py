@@ -1,4 +1,4 @@
-"""Finding and loading runs for review: one folder per run under runs/, read through agent/runlog.py.
+"""Finding and loading runs for review: one folder per run under runs/, read through agent/records/store.py.
 
 A folder that is not a run (sweep-*, stray files) is skipped; a run whose log this agent cannot read
 (another schema version, a damaged file) is returned as `Unreadable` with the reason, never misread.
@@ -12,9 +12,9 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from agent.figures import Figure, best_figure
-from agent.runlog import (Decision, IterationRecord, LogError, RunConfig, RunState, read_config, read_iterations,
-                          read_state)
+from agent.records.figures import Figure, best_figure
+from agent.records.schema import Decision, IterationRecord, RunConfig, RunState
+from agent.records.store import LogError, read_config, read_iterations, read_state
 
 
 @dataclass
@@ -42,7 +42,7 @@ class Run:
         raise LogError(f"run {self.id} has no iteration {n} (iterations: {have})")
 
     def best_speedup(self, which: str) -> Figure | None:
-        """The best's speedup over "initial" or "reference", as every view shows it (agent/figures.py)."""
+        """The best's speedup over "initial" or "reference", as every view shows it (agent/records/figures.py)."""
         return best_figure(self.state, which)
 
 
@@ -100,7 +100,7 @@ def _state_from_branch(cfg: RunConfig, state: RunState) -> tuple[RunState, str]:
     between them. Said: where the best was taken from."""
     try:
         import git
-        from agent.recover import is_kept_commit
+        from agent.records.recover import is_kept_commit
         repo = git.Repo(cfg.repo)
         tip = repo.commit(cfg.branch)
         n = is_kept_commit(cfg, tip)
@@ -116,7 +116,7 @@ def _state_from_branch(cfg: RunConfig, state: RunState) -> tuple[RunState, str]:
 def _with_lost_kept(run_dir: Path, cfg: RunConfig, state: RunState, records: list[IterationRecord],
                     notes: list[str]) -> list[IterationRecord]:
     """The records, with every kept iteration the state's best line holds and the log lacks rebuilt from its commit
-    (agent/recover.py), and a note for each iteration that has no record."""
+    (agent/records/recover.py), and a note for each iteration that has no record."""
     have = {r.iteration for r in records}
     missing = sorted(set(range(1, state.iterations_done + 1)) - have)
     if state.best_iteration is not None and state.best_iteration not in have and state.best_iteration not in missing:
@@ -126,7 +126,7 @@ def _with_lost_kept(run_dir: Path, cfg: RunConfig, state: RunState, records: lis
     rebuilt: list[IterationRecord] = []
     try:
         import git
-        from agent.recover import missing_kept
+        from agent.records.recover import missing_kept
         rebuilt = missing_kept(cfg, state.best_sha, have, git.Repo(cfg.repo), "for this view", run_dir)
         why = ""
     except Exception as e:   # noqa: BLE001 - the repository moved, the branch deleted, the commit gone: said, not raised

@@ -13,10 +13,10 @@ from rich.syntax import Syntax
 from rich.table import Table
 from rich.text import Text
 
-from agent.figures import figures_line, times_line, us
+from agent.records.figures import figures_line, times_line, us
 from agent.review.plot import shorten
 from agent.review.runs import Run
-from agent.runlog import Decision, IterationRecord
+from agent.records.schema import Decision, IterationRecord
 from tools.results import DevicePeak, ParityResult, TimingStats
 from tools.task import shape_label
 
@@ -147,7 +147,7 @@ def stage_medians(run: Run) -> dict[str, float]:
 
 
 def r_fields() -> list[str]:
-    from agent.runlog import StageTimes
+    from agent.records.schema import StageTimes
     return list(StageTimes.model_fields)
 
 
@@ -200,7 +200,7 @@ def iteration_detail(run: Run, rec: IterationRecord) -> RenderableType:
     head = Text.assemble((f"iteration {rec.iteration} ", "bold"), (rec.decision.value, style),
                          f" ({rec.outcome.value}): {rec.reason}")
     parts.append(head)
-    if rec.attempts:   # the attempts before the last, each sent back to the model for repair (agent/repair.py)
+    if rec.attempts:   # the attempts before the last, each sent back to the model for repair (agent/optimize/repair.py)
         t = _kv()
         for at in rec.attempts:
             t.add_row(f"attempt {at.attempt}", Text(f"{at.outcome.value}: {at.reason}  [{at.hypothesis}]  "
@@ -209,7 +209,7 @@ def iteration_detail(run: Run, rec: IterationRecord) -> RenderableType:
                                                     + (f"  ({at.rejected_ref})" if at.rejected_ref else "")))
         t.add_row(f"attempt {len(rec.attempts) + 1}", Text(f"{rec.outcome.value} (below)"))
         parts.append(Panel(t, title="attempts (repaired within the iteration)", expand=False))
-    if rec.candidates:   # --candidates K: the others of the iteration's K (agent/candidates.py)
+    if rec.candidates:   # --candidates K: the others of the iteration's K (agent/optimize/candidates.py)
         t = _kv()
         for c in rec.candidates:
             vs = f", {c.speedup:.3f}x" if c.speedup is not None else ""

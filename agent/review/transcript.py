@@ -1,7 +1,7 @@
 """One iteration's conversation with the model, as the model saw it, rendered from the run's records.
 
 `agent show RUN --iter N --transcript` prints it as markdown: runs/RUN/iter-N/prompt-K.json (the messages of call K,
-agent/proposers/llm.py) and response-K.json (the reply as received), every message once and in order: a repair's
+agent/llm/proposer.py) and response-K.json (the reply as received), every message once and in order: a repair's
 request repeats the whole conversation, and only what it adds is shown. Each reply is shown field by field (its
 edits as code, not as JSON strings), then what the harness made of each attempt (the record's `attempts`) and the
 iteration's verdict. docs/TRANSCRIPT.md is this output for a real run on a GPU (tests/test_transcript.py renders it
@@ -14,7 +14,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from agent.runlog import IterationRecord, LogError
+from agent.records.schema import IterationRecord
+from agent.records.store import LogError
 
 FENCE = "````"   # a message's own ``` fences stay inside
 

@@ -6,7 +6,7 @@ adversarial candidate's run, repeated, on the GPU box:
 Each repeat runs one adversary of tests/fixtures/cuda_cheats/softmax/ through the judge's candidate check (in
 turn: the shared-state kernels with their device counters and workspaces, the out-of-bounds ones, the faults),
 then the honest initial kernel of a shipped CUDA task (softmax, attention_fwd, attention_ext in turn) through the
-same check the loop's setup makes (agent.best: parity, then the bench with the reference and every probe, the
+same check the loop's setup makes (agent.optimize.best: parity, then the bench with the reference and every probe, the
 side-stream probe among them). Prints one line per repeat and writes $OUT/honest_after.json; the summary line
 counts refusals (a refused honest kernel prints its reason: the evidence of what made it look wrong).
 """

@@ -138,7 +138,7 @@ def _git(cwd: Path, *args: str) -> None:
 
 def main(out: Path, work: Path) -> int:
     sys.path.insert(0, str(ROOT))
-    from agent.runlog import read_iterations
+    from agent.records.store import read_iterations
     from tests.fake_openai import FakeOpenAI
     user = work / "user"
     shutil.rmtree(user, ignore_errors=True)

@@ -30,7 +30,7 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from agent.proposal import Edit, PredictedEffect, Proposal   # noqa: E402
-from agent.runlog import read_config, read_iterations, read_state   # noqa: E402
+from agent.records.store import read_config, read_iterations, read_state   # noqa: E402
 from verify_gpu import _device, _stage, git, initial_wide, make_user_repo, snapshot, wide_seconds   # noqa: E402
 
 CHEATS = REPO / "tests" / "fixtures" / "cuda_cheats" / "attention"

@@ -28,7 +28,7 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 from agent.proposal import Edit, PredictedEffect, Proposal   # noqa: E402
-from agent.runlog import read_config, read_iterations, read_state   # noqa: E402
+from agent.records.store import read_config, read_iterations, read_state   # noqa: E402
 
 KERNEL_SIG = "softmax_kernel(const __half* __restrict__ x, __half* __restrict__ y, int M, int N) {\n"
 LAUNCH = "softmax_kernel<<<dim3(plan[0], plan[1], plan[2]), dim3(plan[3], plan[4], plan[5]), plan[6], stream>>>("

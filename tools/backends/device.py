@@ -177,7 +177,7 @@ def ncu_report_info(ncu_path: str | None) -> ToolInfo:
 
 def visible_gpus() -> list[str]:
     """The GPUs this process may use, as CUDA_VISIBLE_DEVICES names them (the variable's own entries where it is set,
-    else nvidia-smi's indices), without a CUDA context: one dask worker each (agent/executor.py)."""
+    else nvidia-smi's indices), without a CUDA context: one dask worker each (agent/evaluation/executor.py)."""
     env = os.environ.get("CUDA_VISIBLE_DEVICES")
     if env is not None:
         return [g.strip() for g in env.split(",") if g.strip() and g.strip() != "-1"]

@@ -114,7 +114,7 @@ def latest_builds(task: Task, runs: Path, exclude: Path | None = None, most: int
 
 
 def _live(run_dir: Path) -> bool:
-    """A run another agent process drives now (runs/RUN/agent.lock names its pid: agent/runlog.py hold_run): its
+    """A run another agent process drives now (runs/RUN/agent.lock names its pid: agent/records/store.py hold_run): its
     build folder is rewritten for every candidate it builds, so an object found valid there may be another
     candidate's by the time it is linked. Read, not locked: a probe's lock would refuse that run's own resume."""
     import os

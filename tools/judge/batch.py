@@ -39,7 +39,7 @@ def evaluate(task: Task, libs: list[Path], baseline: Path, *, batch: int = 16, l
     """Parity then bench of each library in `libs`, `batch` per child, in order. With `screen`, only
     a short timing of each alone (no parity, no baseline): a ranking hint for a huge space. With
     `parity_only`, no bench (`agent check --knobs`: is every allowed value right, not how fast).
-    With `contexts` (one per library, agent.evaluate.Evaluator.launch_context), each library's own
+    With `contexts` (one per library, agent.evaluation.evaluate.Evaluator.launch_context), each library's own
     launch plan first gets the static launch check in the child, and a rejected one runs nothing.
 
     Yields, after each child, the (index into libs, result) pairs it settled; every index is settled

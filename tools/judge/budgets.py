@@ -1,6 +1,6 @@
 """Stage budgets from measurement (issue 41): a hang costs seconds, not the task's fixed minutes.
 
-At a run's setup the initial kernel goes through the same one-child check as every candidate (agent/best.py);
+At a run's setup the initial kernel goes through the same one-child check as every candidate (agent/optimize/best.py);
 the seconds its parity and its bench took are that stage's yardstick. A candidate's stage gets FACTOR times the
 initial kernel's, plus FLOOR_S, never more than the task's own timeout for it (task.toml [parity] / [bench]
 timeout_s, which still bound the child as a whole). FACTOR 4 keeps an honest candidate three times slower than the

@@ -207,7 +207,7 @@ def sanitized(task, mod, job: dict, par, checks: tuple[str, ...] = ("memcheck",)
 def unchecked(par, results: list, allowed: list[str]):
     """A check that did not run is not a pass (issue 62): a sanitizer missing ("skipped") or that could not start
     ("error") fails parity `unchecked`, unless the user allowed a keep without it by name (AGENT_ALLOW_UNCHECKED), and
-    then its message says so (the record keeps it; the kept commit's trailer names it: agent/gitops.py)."""
+    then its message says so (the record keeps it; the kept commit's trailer names it: agent/optimize/gitops.py)."""
     from tools.judge.sanitize import ALLOW_ENV
     from tools.results import ParityStatus
     missing = [r for r in results if r.status in ("skipped", "error")]
@@ -286,7 +286,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--baseline-lib")
     ap.add_argument("--shapes", help="JSON list of shape dicts (default: the main shape)")
     ap.add_argument("--no-reference", action="store_true")
-    ap.add_argument("--rounds", type=int, help="the bench's rounds instead of task.toml's (a re-bench: agent/attempt.py)")
+    ap.add_argument("--rounds", type=int, help="the bench's rounds instead of task.toml's (a re-bench: agent/evaluation/attempt.py)")
     ap.add_argument("--confidence", type=float, help="the bench interval's coverage instead of task.toml's")
     a = ap.parse_args(argv)
     out = private_stdout()

@@ -197,7 +197,7 @@ def measure(task: Task, mod, lib, *, baseline=None, shapes: list[dict], with_ref
 
 def never_kept(ci, keep_gain: float | None) -> str | None:
     """Why a candidate with this speedup over its baseline is never kept, or None: slower than it; or, given the loop's
-    minimum gain, short of the keep rule (the interval above 1 and the median at 1 + gain; agent/attempt.py decide
+    minimum gain, short of the keep rule (the interval above 1 and the median at 1 + gain; agent/evaluation/attempt.py decide
     applies this same function)."""
     if ci is None:
         return None

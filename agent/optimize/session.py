@@ -11,17 +11,17 @@ from pathlib import Path
 
 from rich.markup import escape
 
-from agent import gitops
-from agent.envinfo import fingerprint
-from agent.best import SetupFailed
-from agent.loop import Loop
+from agent.optimize import gitops
+from agent.records.envinfo import fingerprint
+from agent.optimize.best import SetupFailed
+from agent.optimize.loop import Loop
 from agent.proposers.base import Proposer
 from agent.proposers.retry import RetryFirst, is_retry, undecided
-from agent.evaluate import snapshot_lib
-from agent.recover import mend_records
-from agent.runlog import (Decision, LogError, RunConfig, RunState, StageTimes, hold_run, now, read_config,
-                          read_state, write_json_atomic)
-from agent.view import View
+from agent.evaluation.evaluate import snapshot_lib
+from agent.records.recover import mend_records
+from agent.records.schema import Decision, RunConfig, RunState, StageTimes, now
+from agent.records.store import LogError, hold_run, read_config, read_state, write_json_atomic
+from agent.optimize.view import View
 from tools.build.reuse import latest_builds
 from tools.task import Task, first_fitting_task, load_task
 
@@ -132,8 +132,8 @@ def make_proposer(kind: str, task: Task, cfg_extra: dict, repo_root: Path) -> Pr
             raise UsageError(f"--replay {src}: no such run or file")
         return ReplayProposer(p, kept_only=bool(cfg_extra.get("replay_kept_only")))
     if kind == "llm":
-        from agent.proposers.llm import LLMProposer
-        from agent.settings import load_llm_settings
+        from agent.llm.proposer import LLMProposer
+        from agent.llm.settings import load_llm_settings
         settings = load_llm_settings(cfg_extra.get("llm_overrides", {}), repo_root)
         if settings is None:
             raise UsageError("--proposer llm needs an endpoint: --base-url/--model, AGENT_BASE_URL/AGENT_MODEL, or "
@@ -149,7 +149,7 @@ def _compact_view(report) -> str:
 
 def default_proposer(repo_root: Path, overrides: dict) -> str:
     try:
-        from agent.settings import load_llm_settings
+        from agent.llm.settings import load_llm_settings
     except ImportError:
         return "heuristic"
     return "llm" if load_llm_settings(overrides, repo_root) is not None else "heuristic"
@@ -246,7 +246,7 @@ class Repaired(Exception):
 
 def repair_run(run_dir: Path, view: View, only: bool = False) -> None:
     """The records of a run that will not go on (finished, failed at setup, or `agent resume --repair`) made whole
-    (agent/recover.py repair), each step said. Raises Repaired (done: exit 0) or UsageError (a finished run with
+    (agent/records/recover.py repair), each step said. Raises Repaired (done: exit 0) or UsageError (a finished run with
     nothing to mend, as before)."""
     cfg, state = load_run(run_dir)
     hold_run(run_dir)

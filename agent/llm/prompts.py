@@ -24,7 +24,7 @@ def shipped(name: str) -> Traversable:
     packaged = resources.files("agent") / "_shipped" / name
     if packaged.is_file() or packaged.is_dir():
         return packaged
-    return Path(__file__).resolve().parent.parent / name
+    return Path(__file__).resolve().parents[2] / name
 
 
 PROMPTS_DIR = shipped("prompts")

@@ -10,7 +10,7 @@ import socket
 import subprocess
 from importlib import metadata
 
-from agent.runlog import EnvFingerprint
+from agent.records.schema import EnvFingerprint
 from tools.backends.device import driver_info, ncu_info, nvcc_info, torch_cuda_available
 
 

@@ -18,7 +18,8 @@ import shutil
 from collections.abc import Callable
 from pathlib import Path
 
-from agent.sweep import SweepPoint, build_configurations
+from agent.sweep.build import build_configurations
+from agent.sweep.points import SweepPoint
 from tools.judge import batch as batch_eval
 from tools.backends.device import task_limits
 from tools.results import KnobCheck, KnobFailure

@@ -28,11 +28,11 @@ from agent.llm.costs import Budget, estimate_tokens
 from agent.llm.errors import LLMError
 from agent.llm.machine import machine_facts
 from agent.llm.structured import ReplyInvalid, parse_proposal, proposal_schema
-from agent.prompts import agent_rules, render
+from agent.llm.prompts import agent_rules, render
 from agent.proposal import Proposal
 from agent.proposers.base import BudgetExhausted, Context, ProposalFailed, ProposerError
-from agent.runlog import Usage
-from agent.settings import LLMSettings
+from agent.records.schema import Usage
+from agent.llm.settings import LLMSettings
 from tools.profile.model import ProfileReport
 from tools.task import Task
 
@@ -82,7 +82,7 @@ class LLMProposer:
         self.system = render("system", agent_rules=agent_rules(device), role=device.upper())
         self.machine = machine_facts(task)   # once a run: the machine, the toolchain, the tolerance, the harness
         # the last exchange of each candidate (its iteration folder): a repair continues its own conversation, also
-        # when an iteration's K requests were made at once (agent/candidates.py)
+        # when an iteration's K requests were made at once (agent/optimize/candidates.py)
         self._last: dict[str | None, _Conversation] = {}
 
     @property

@@ -4,7 +4,7 @@ conversation, with what it changed and why it failed, at most `--repairs` times 
 model at kernels does this (KernelAgent's refinement rounds, GEAK's reflector, Kevin's multi-turn repair); without it
 one typo costs the whole iteration.
 
-The loop (agent/loop.py `_attempts`) sets a failed attempt aside here: its commit stays under a rejected ref, its
+The loop (agent/optimize/loop.py `_attempts`) sets a failed attempt aside here: its commit stays under a rejected ref, its
 summary (hypothesis, outcome, reason, diff, tokens) goes into the iteration's record (`attempts`), and the attempt's
 stage results are cleared for the next one. The iteration's verdict is its last attempt's. A proposer that cannot
 repair (the heuristic, replay) gets no repairs: each of its proposals is an iteration of its own.
@@ -15,9 +15,9 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from agent.attempt import Attempt
-from agent.evaluate import IterationEnded
-from agent.runlog import Outcome, RepairAttempt, Usage
+from agent.evaluation.attempt import Attempt
+from agent.evaluation.ended import IterationEnded
+from agent.records.schema import Outcome, RepairAttempt, Usage
 
 REPAIRABLE = (Outcome.compile_failed, Outcome.launch_rejected, Outcome.parity_failed, Outcome.edit_outside_editable)
 ERRORS_SHOWN = 3         # compiler errors quoted, each with the code around its line

@@ -20,7 +20,7 @@ from typing import Literal
 from pydantic import BaseModel, Field
 
 from agent.proposal import Proposal
-from agent.runlog import CandidateTried, IterationRecord, Outcome, RepairAttempt, StageTimes, Usage
+from agent.records.schema import CandidateTried, IterationRecord, Outcome, RepairAttempt, StageTimes, Usage
 from tools.measure.bench import never_kept
 from tools.results import BenchResult, BuildResult, LaunchResult, ParityResult, ScratchFile, SpeedupCI
 

@@ -4,7 +4,7 @@ The proposer is asked K times; each request is told the proposals before it (a m
 being evaluated beside its own; the heuristic counts their configurations as measured), so the K are different moves.
 Each is applied, committed and built here in turn (builds share this host's CPUs); its library and its task folder are
 taken, its commit kept under refs/agent/RUN/candidate/N.K, and the branch goes back to the best. The K are then
-evaluated at once on the executor (agent/executor.py), each in its own judge and host, on its own worker and GPU: the
+evaluated at once on the executor (agent/evaluation/executor.py), each in its own judge and host, on its own worker and GPU: the
 static launch check, quick parity and the bench against the best, timed side by side with the best on that worker. The
 fastest that passed, by that speedup, becomes the iteration's candidate: the branch moves to its commit and the loop
 confirms it (the confirmation bench and the parity quick left out: the other seeds, the [dims] extremes), checks its
@@ -20,12 +20,13 @@ import tempfile
 import time
 from pathlib import Path
 
-from agent.attempt import Attempt
-from agent.best import dump_results
-from agent.evaluate import BenchFailed, Evaluator, IterationEnded, snapshot_lib
-from agent.executor import Executor, Local, make_executor, pack_folder, unpack_folder
+from agent.evaluation.attempt import Attempt
+from agent.optimize.best import dump_results
+from agent.evaluation.ended import BenchFailed, IterationEnded
+from agent.evaluation.evaluate import Evaluator, snapshot_lib
+from agent.evaluation.executor import Executor, Local, make_executor, pack_folder, unpack_folder
 from agent.proposers.base import HistoryItem
-from agent.runlog import CandidateTried, StageTimes, Usage, now
+from agent.records.schema import CandidateTried, StageTimes, Usage, now
 from tools.backends.device import task_limits
 from tools.measure.bench import never_kept
 from tools.task import load_task
@@ -168,7 +169,7 @@ class Candidates:
         from concurrent.futures import ThreadPoolExecutor
 
         from agent.proposers.base import ProposerError
-        from agent.propose import context
+        from agent.optimize.propose import context
         lp, n = self.loop, self.loop.cfg.candidates
 
         def ask(k: int) -> tuple:
@@ -191,7 +192,7 @@ class Candidates:
         """Propose (told the earlier ones; with `first`, the answer asked at once with the others), apply, commit,
         build candidate k; its commit kept under a ref and the branch back at the best. Returns its attempt, what a
         worker needs to evaluate it (None: it failed here) and why."""
-        from agent.propose import context, propose_and_apply
+        from agent.optimize.propose import context, propose_and_apply
         lp = self.loop
         ak = Attempt(iteration=i, run_id=lp.cfg.run_id, started=now(), parent_sha=lp.state.best_sha or "")
         dk = d / f"candidate-{k}"

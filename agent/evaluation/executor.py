@@ -38,7 +38,7 @@ from typing import Any, Protocol
 POLL_S = 0.2            # how often the scheduler is asked where items run, while none has finished
 ALLOWED_FAILURES = 1     # a task is given to another worker once after its worker died; a second death: lost
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("agent.executor")
 
 
 class ExecutorError(Exception):

@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from agent.runlog import RunState
+from agent.records.schema import RunState
 
 SOURCES = {
     True: "confirmation bench: best, initial kernel and reference timed interleaved",

@@ -7,13 +7,13 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from agent.attempt import Attempt
-from agent.evaluate import EditOutsideEditable, NoChange, PatchDidNotApply
-from agent.figures import best_figure, standing_times
-from agent.patch import PatchStatus, apply_edits
+from agent.evaluation.attempt import Attempt
+from agent.evaluation.ended import EditOutsideEditable, NoChange, PatchDidNotApply
+from agent.records.figures import best_figure, standing_times
+from agent.optimize.patch import PatchStatus, apply_edits
 from agent.proposal import Proposal
 from agent.proposers.base import Context, HistoryItem, Proposer, ProposerError
-from agent.runlog import IterationRecord, Outcome, RunState
+from agent.records.schema import IterationRecord, Outcome, RunState
 from tools.profile.model import ProfileReport
 from tools.task import Task, TaskError, load_task
 

@@ -10,88 +10,14 @@ import os
 import shutil
 import time
 from pathlib import Path
-from typing import ClassVar
 
-from agent.attempt import Attempt
-from agent.runlog import Outcome, StageTimes
+from agent.evaluation.attempt import Attempt
+from agent.evaluation.ended import (BenchFailed, CompileFailed, IterationEnded, LaunchRejected, ParityFailed,
+                                    RangeParityFailed, TouchedCheckout)
+from agent.records.schema import StageTimes
 from tools.results import (BenchResult, BenchStatus, BuildResult, BuildStatus, DeviceLimits, LaunchResult,
                            LaunchStatus, ParityResult, ParityStatus)
 from tools.task import Task
-
-
-StageResult = BuildResult | LaunchResult | ParityResult | BenchResult
-
-
-class IterationEnded(Exception):
-    """Ends an iteration with an outcome and a reason (the proposer sees the reason next time). A stage
-    that fails carries its typed result, which goes into the Attempt's field named by `field`: the log
-    shows which check rejected a candidate (its parity status, its bench message, its build log)."""
-    outcome: ClassVar[Outcome] = Outcome.proposal_failed
-    field: ClassVar[str | None] = None
-
-    def __init__(self, reason: str, result: StageResult | None = None):
-        super().__init__(reason)
-        self.reason, self.result = reason, result
-
-    def fill(self, a: Attempt) -> bool:
-        """Put the failed stage's result into the attempt, unless the stage already did. True if it did."""
-        if self.field is None or self.result is None or getattr(a, self.field) is not None:
-            return False
-        setattr(a, self.field, self.result)
-        return True
-
-
-class PatchDidNotApply(IterationEnded):
-    outcome = Outcome.patch_did_not_apply
-
-
-class EditOutsideEditable(IterationEnded):
-    outcome = Outcome.edit_outside_editable
-
-
-class NoChange(IterationEnded):
-    outcome = Outcome.no_change
-
-
-class CompileFailed(IterationEnded):
-    field = "build"
-    outcome = Outcome.compile_failed
-
-
-class LaunchRejected(IterationEnded):
-    field = "launch"
-    outcome = Outcome.launch_rejected
-
-
-class ParityFailed(IterationEnded):
-    field = "parity"
-    outcome = Outcome.parity_failed
-
-
-class RangeParityFailed(ParityFailed):
-    """Parity before a keep (the other seeds, the [dims] extremes: Evaluator.confirm_bench), run with the
-    confirmation bench, failed."""
-
-
-class BenchFailed(IterationEnded):
-    field = "bench"
-    outcome = Outcome.bench_failed
-
-
-class NotFaster(IterationEnded):
-    outcome = Outcome.not_faster
-
-
-class Implausible(IterationEnded):
-    outcome = Outcome.implausible
-
-
-class Inconclusive(IterationEnded):
-    outcome = Outcome.inconclusive
-
-
-class TouchedCheckout(IterationEnded):
-    outcome = Outcome.touched_checkout
 
 
 class Evaluator:
@@ -100,7 +26,7 @@ class Evaluator:
     def __init__(self, task: Task, build_dir: Path, limits: DeviceLimits | None, scratch_root: Path | None = None,
                  checkout: Path | str | None = None):
         self.task, self.build_dir, self.limits = task, build_dir, limits
-        # the loop's candidate stages' time limits, measured at the run's setup (agent/best.py, tools/judge/budgets.py)
+        # the loop's candidate stages' time limits, measured at the run's setup (agent/optimize/best.py, tools/judge/budgets.py)
         self.budgets: dict = {}
         # the loop's minimum gain (--min-gain): a candidate's first bench below it skips the probes only a keep needs
         self.keep_gain: float | None = None
@@ -197,7 +123,7 @@ class Evaluator:
         listed shapes get seeds the first parity did not use, its hidden shapes are new ones (a full parity's worth of
         checks, not the first one's hidden shapes again). These checks join a.parity; their failure raises
         RangeParityFailed (the iteration's parity failure), the bench's BenchFailed. The bench times the reference too:
-        a kept candidate's figure against it is measured beside it (agent/best.py side_by_side)."""
+        a kept candidate's figure against it is measured beside it (agent/optimize/best.py side_by_side)."""
         tmp = Attempt(iteration=0, run_id="", started="", parent_sha="")
         try:   # on a GPU, compute-sanitizer memcheck after the range parity (tools/judge/sanitize.py)
             self.evaluate_candidate(lib, baseline, a.times, into=tmp, parity_extent="rest",

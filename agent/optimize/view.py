@@ -13,7 +13,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 from rich.text import Text
 
-from agent.runlog import Decision, IterationRecord, RunConfig, RunState
+from agent.records.schema import Decision, IterationRecord, RunConfig, RunState
 from tools.console import make_console
 
 _STYLE = {Decision.kept: "green", Decision.reverted: "red", Decision.skipped: "yellow", Decision.interrupted: "magenta"}

@@ -1,9 +1,9 @@
 """A kept iteration whose record a kill cut (issue 42), rebuilt on `agent resume` from its commit.
 
 A keep amends the candidate's commit with the kept message (tools' measured figures, the Agent-Run,
-Agent-Iteration and Speedup trailers: agent/gitops.py kept_message), then appends the record, then rewrites
+Agent-Iteration and Speedup trailers: agent/optimize/gitops.py kept_message), then appends the record, then rewrites
 state.json. A kill between the amend and the end of the record's write leaves the kept commit at the tip of the
-run's branch, its record torn (moved aside by agent.runlog.mend_tail) and state.json naming the parent as the
+run's branch, its record torn (moved aside by agent.records.store.mend_tail) and state.json naming the parent as the
 best. Without this the resumed run would put the commit aside and do the iteration again. The commit's message is
 written only after every check passed, so it is evidence of the keep: its record is rebuilt from it (the
 hypothesis, the prediction, the measured median and speedup, the diff and whole-file edits of the changed files),
@@ -23,8 +23,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from agent.proposal import Edit, PredictedEffect, Proposal
-from agent.runlog import (Decision, IterationRecord, LogError, Outcome, RunConfig, RunState, check_version, log_bytes,
-                          write_atomic)
+from agent.records.schema import Decision, IterationRecord, Outcome, RunConfig, RunState
+from agent.records.store import LogError, check_version, log_bytes, write_atomic
 from tools.results import BenchResult, ParityResult
 
 _TRAILER = re.compile(r"^([A-Za-z][\w-]*): (.+)$")
@@ -57,7 +57,7 @@ def is_kept_commit(cfg: RunConfig, commit, iteration: int | None = None) -> int 
 
 
 def _artifact(run_dir: Path | None, iteration: int, name: str, model):
-    """A typed result the iteration wrote to runs/RUN/iter-N/ (agent/best.py dump_results), or None."""
+    """A typed result the iteration wrote to runs/RUN/iter-N/ (agent/optimize/best.py dump_results), or None."""
     if run_dir is None:
         return None
     try:
@@ -140,8 +140,8 @@ def missing_kept(cfg: RunConfig, best_sha: str, have: set[int], repo, when_said:
 
 
 def follow_kept(state: RunState, rec: IterationRecord) -> RunState:
-    """The state after `rec`'s keep, as the loop leaves it (agent.best.Best.advance, then the keep's own fields)."""
-    from agent.figures import estimate
+    """The state after `rec`'s keep, as the loop leaves it (agent.optimize.best.Best.advance, then the keep's own fields)."""
+    from agent.records.figures import estimate
     before = estimate(state, "initial")
     chain = (before.value if before else 1.0) * rec.speedup_vs_best if rec.speedup_vs_best else state.chain_vs_initial
     return state.model_copy(update={"best_sha": rec.commit_sha, "best_iteration": rec.iteration,
@@ -153,7 +153,7 @@ def recover(run_dir, cfg: RunConfig, state: RunState, rgit) -> tuple[RunState, s
     """On resume, a keep a kill interrupted after its commit: the state follows the kept commit at the branch's
     tip, and where its record is missing (cut by the kill, or never written) it is rebuilt from the commit
     (kept_record). Returns the new state (written) and what to tell the user, or None where there was nothing."""
-    from agent.runlog import append_iteration, read_iterations, write_json_atomic
+    from agent.records.store import append_iteration, read_iterations, write_json_atomic
     head = rgit.head()
     if not head or head == state.best_sha:
         return None
@@ -206,9 +206,9 @@ def set_aside_damaged(run_dir: Path) -> tuple[Path, list[int]] | None:
 
 def repair(run_dir: Path, cfg: RunConfig, state: RunState, repo) -> list[str]:
     """`agent resume RUN --repair`, and `agent resume` before anything else, a finished run included: a torn last
-    record and damaged lines set aside (agent/runlog.py), then every kept iteration on the best's line of the run's
+    record and damaged lines set aside (agent/records/store.py), then every kept iteration on the best's line of the run's
     branch that has no record rebuilt from its commit and appended. What was done, a line each."""
-    from agent.runlog import append_iteration, mend_tail, read_iterations
+    from agent.records.store import append_iteration, mend_tail, read_iterations
     said = []
     if (torn := mend_tail(run_dir)) is not None:
         said.append(f"the last record was cut short by the kill ({torn[1]} bytes): moved to {torn[0]}, the records go "

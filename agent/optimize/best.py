@@ -1,7 +1,7 @@
 """The run's best version and the figures a run reports about it.
 
 The best is a commit (`RunState.best_sha`), its library (runs/RUN/best/), its launch geometry and its
-profile. Its speedups are agent/figures.py's: the confirmation bench's once the best is confirmed
+profile. Its speedups are agent/records/figures.py's: the confirmation bench's once the best is confirmed
 (here, `confirm`), else the estimate whose terms are measured here and in the loop's keep.
 """
 
@@ -13,10 +13,12 @@ from pathlib import Path
 
 from rich.markup import escape
 
-from agent.evaluate import Evaluator, IterationEnded, snapshot_lib
-from agent.figures import Figure, best_figure, estimate
-from agent.runlog import Outcome, RunConfig, RunState, StageTimes, write_json_atomic
-from agent.view import View
+from agent.evaluation.ended import IterationEnded
+from agent.evaluation.evaluate import Evaluator, snapshot_lib
+from agent.records.figures import Figure, best_figure, estimate
+from agent.records.schema import Outcome, RunConfig, RunState, StageTimes
+from agent.records.store import write_json_atomic
+from agent.optimize.view import View
 from tools.profile.model import ProfileReport
 from tools.judge.budgets import derive
 from tools.results import BenchResult, LaunchResult
@@ -65,7 +67,7 @@ class Best:
         cand, ref = bench.timing("candidate"), bench.timing("reference")
         st.initial_ms = st.best_ms = cand.median_ms if cand else None
         # the reference's time only where its figure stood (tools.measure.bench: no figure from rounds that
-        # disagree): agent/figures.py would otherwise make one of the two medians
+        # disagree): agent/records/figures.py would otherwise make one of the two medians
         st.reference_ms = ref.median_ms if ref and bench.speedup_vs_reference is not None else None
         st.chain_vs_initial, st.initial_vs_reference = 1.0, bench.speedup_vs_reference
         st.peak = bench.peak = peak_for(ev.task, bench.peak)   # a CPU task: this machine's, measured (cached)
@@ -130,7 +132,7 @@ class Best:
             self.profile = rep if rep.kernels else None
 
     def speedup_vs(self, which: str) -> Figure | None:
-        """The best's speedup over "initial" or "reference" (agent/figures.py)."""
+        """The best's speedup over "initial" or "reference" (agent/records/figures.py)."""
         return best_figure(self.state, which)
 
     def advance(self, bench: BenchResult) -> Figure | None:
@@ -143,7 +145,7 @@ class Best:
 
     def side_by_side(self, confirm: BenchResult | None, sha: str) -> None:
         """The new best `sha`'s keep: its confirmation bench timed it beside its parent and the reference, so its
-        figure against the reference and the medians shown with it come from that one bench (agent/figures.py); the
+        figure against the reference and the medians shown with it come from that one bench (agent/records/figures.py); the
         best's time is that bench's too. A bench without a stable reference leaves the figure to the estimate."""
         st = self.state
         st.kept_sha, st.kept_ms = sha, None
@@ -221,7 +223,7 @@ def _setup_reference_ci(run_dir: Path):
 
 
 def dump_results(d: Path, a) -> None:
-    """The typed results an attempt (agent/attempt.py) holds, as the iteration's artifacts."""
+    """The typed results an attempt (agent/evaluation/attempt.py) holds, as the iteration's artifacts."""
     for res, name in ((a.parity, "parity.json"), (a.bench, "bench.json")):
         if res is not None:
             dump(d / name, res)

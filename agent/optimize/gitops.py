@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING
 import git
 
 if TYPE_CHECKING:
-    from agent.attempt import Attempt
-    from agent.figures import Figure
+    from agent.evaluation.attempt import Attempt
+    from agent.records.figures import Figure
 
 AGENT_IDENTITY = {
     "GIT_AUTHOR_NAME": "kernel-agent", "GIT_AUTHOR_EMAIL": "kernel-agent@localhost",

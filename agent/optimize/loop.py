@@ -5,8 +5,8 @@
             -> profile the new best -> log one record
 
 The best lives in `Best`; an iteration's candidate in an `Attempt` each stage fills and `decide` reads; every way out
-is an `IterationEnded` (outcome, reason, the stage's result); a repairable one goes back to the model (agent/repair.py);
---candidates K: agent/candidates.py. session.prepare_resume continues a run from its log and branch.
+is an `IterationEnded` (outcome, reason, the stage's result); a repairable one goes back to the model (agent/optimize/repair.py);
+--candidates K: agent/optimize/candidates.py. session.prepare_resume continues a run from its log and branch.
 """
 
 from __future__ import annotations
@@ -15,19 +15,19 @@ import signal
 import time
 from pathlib import Path
 
-from agent import gitops
-from agent.attempt import Attempt, KeepRule, decide
-from agent.best import Best, dump, dump_results
-from agent.candidates import Candidates
-from agent.evaluate import (Evaluator, Implausible, Inconclusive, IterationEnded, NoChange, NotFaster,
-                            snapshot_lib)
-from agent.propose import StopRun, context, last_failure, propose_and_apply
+from agent.optimize import gitops
+from agent.evaluation.attempt import Attempt, KeepRule, decide
+from agent.optimize.best import Best, dump, dump_results
+from agent.optimize.candidates import Candidates
+from agent.evaluation.ended import Implausible, Inconclusive, IterationEnded, NoChange, NotFaster
+from agent.evaluation.evaluate import Evaluator, snapshot_lib
+from agent.optimize.propose import StopRun, context, last_failure, propose_and_apply
 from agent.proposers.base import Proposer, ProposerError
-from agent.repair import feedback, repairable, set_aside
-from agent.runlog import (Decision, IterationRecord, Outcome, RunConfig, RunState, append_iteration, now, read_iterations,
-                          read_state)
-from agent.signals import DeferSigint
-from agent.view import View
+from agent.optimize.repair import feedback, repairable, set_aside
+from agent.records.schema import Decision, IterationRecord, Outcome, RunConfig, RunState, now
+from agent.records.store import append_iteration, read_iterations, read_state
+from agent.optimize.signals import DeferSigint
+from agent.optimize.view import View
 from tools.isolation import scratch
 from tools.backends.device import task_limits
 from tools.profile.compact import profile_summary
@@ -48,7 +48,7 @@ class Loop:
         self.run_end = time.monotonic() + (cfg.budget_seconds or float("inf"))   # --budget-seconds; caps a model call
         self._iter_t0: float | None = None     # the iteration under way started (monotonic)
         self._interrupt_after_keep = self._sigint = False
-        self._k: Candidates | None = None    # --candidates K (agent/candidates.py), made on first use
+        self._k: Candidates | None = None    # --candidates K (agent/optimize/candidates.py), made on first use
 
     def task_dir(self) -> Path:
         return Path(self.cfg.worktree) / self.cfg.task_dir
@@ -164,8 +164,8 @@ class Loop:
 
     def _attempts(self, i: int, d: Path, a: Attempt) -> None:
         """Propose, commit, evaluate; a failure the model can repair goes back to it in the same conversation, at most
-        cfg.repairs times (agent/repair.py): the iteration's verdict is its last attempt's."""
-        if self.cfg.candidates > 1:   # K proposals, each on a worker; the fastest that passed goes on (agent/candidates.py)
+        cfg.repairs times (agent/optimize/repair.py): the iteration's verdict is its last attempt's."""
+        if self.cfg.candidates > 1:   # K proposals, each on a worker; the fastest that passed goes on (agent/optimize/candidates.py)
             self._k = self._k or Candidates.for_loop(self)
             return self._k.settle(i, d, a, self._settle)   # the fastest that passed; where it fails, the next
         fb, left = last_failure(self.records), (self.cfg.repairs if self.proposer.can_repair else 0)

@@ -1,0 +1,13 @@
+"""Evaluation: one candidate through the tools' instruments to a verdict, and where that runs.
+
+Entry points:
+- attempt: the candidate as typed data (Attempt) and the keep rule as one pure function (KeepRule, decide,
+  doubtful, Verdict).
+- evaluate: Evaluator (build, the static launch check, parity and the bench in one judge child, the confirmation,
+  the re-bench, the dynamic launch check), snapshot_lib, launch_ok.
+- ended: how an iteration ends early (IterationEnded and its family: CompileFailed, ParityFailed, NotFaster,
+  Inconclusive, ...), each with its record's outcome.
+- executor: where candidates run (Local, or dask workers: make_executor, on_worker, pack_folder/unpack_folder).
+
+May import: agent.records, agent.proposal and tools.
+"""

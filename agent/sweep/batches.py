@@ -1,0 +1,152 @@
+"""The built configurations through parity and the bench against the initial, in chunks on an executor (a chunk is
+what one worker runs: evaluate_chunk, sent to dask workers by reference), and the --screen's short timing first."""
+
+from __future__ import annotations
+
+import math
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+
+from agent.evaluation.executor import Executor, Local, pack_folder, unpack_folder
+from agent.sweep.build import Built
+from agent.sweep.points import SweepPoint, one_line
+from tools.judge import batch as batch_eval
+from tools.results import BatchItemResult, BatchStatus
+from tools.task import Task, load_task
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """Configurations evaluated together on one worker: their libraries (paths here; for a dask worker their bytes, so
+    that a worker on another host needs none of this host's files), launch contexts and numbers in `built`."""
+    libs: list[str]
+    contexts: list[dict | None]
+    indices: list[int]
+    data: list[bytes] | None = None
+
+
+@dataclass(frozen=True)
+class Shipped:
+    """What every chunk sent to a dask worker needs besides its libraries: the task's folder and the initial library."""
+    task: bytes
+    baseline: bytes
+    name: str                 # the libraries' file name
+
+
+def evaluate_chunk(task_root: str, baseline: str, batch: int, chunk: Chunk,
+                   shipped: Shipped | None = None) -> list[tuple[int, BatchItemResult]]:
+    """What a worker runs (or this process, with the local executor): parity and the bench against the initial of each
+    library of the chunk, `batch` per throwaway child (tools/judge/batch.py). With `shipped`, from the bytes it carries,
+    unpacked in a folder of the worker's own that is removed after."""
+    if shipped is None:
+        return _evaluate_chunk(Path(task_root), Path(baseline), [Path(p) for p in chunk.libs], batch, chunk)
+    with tempfile.TemporaryDirectory(prefix="agent-chunk-") as tmp:
+        root = unpack_folder(shipped.task, Path(tmp) / "task")
+        (Path(tmp) / "initial").mkdir()
+        base = Path(tmp) / "initial" / shipped.name
+        base.write_bytes(shipped.baseline)
+        libs = []
+        for k, data in enumerate(chunk.data or []):
+            (Path(tmp) / f"cfg-{k}").mkdir()
+            libs.append(Path(tmp) / f"cfg-{k}" / shipped.name)
+            libs[-1].write_bytes(data)
+        return _evaluate_chunk(root, base, libs, batch, chunk)
+
+
+def _evaluate_chunk(root: Path, baseline: Path, libs: list[Path], batch: int,
+                    chunk: Chunk) -> list[tuple[int, BatchItemResult]]:
+    task = load_task(root)
+    out: list[tuple[int, BatchItemResult]] = []
+    for settled in batch_eval.evaluate(task, libs, baseline, batch=batch, contexts=chunk.contexts):
+        out += [(chunk.indices[k], r) for k, r in settled]
+    return out
+
+
+def evaluate_built(task: Task, built: list[Built], base_lib: Path, batch: int, ex: Executor,
+                   record: Callable[[SweepPoint], None], saved: Callable[[], None],
+                   say: Callable[[str], None] = lambda _: None) -> None:
+    """Every built configuration through parity and the bench, in chunks: `batch` each here; on several workers an
+    equal share each (at most `batch`), so that the workers finish together. A chunk whose worker died twice is
+    recorded as lost, configuration by configuration."""
+    local = isinstance(ex, Local)
+    size = batch if local else max(1, min(batch, math.ceil(len(built) / ex.workers)))
+    chunks = [Chunk(libs=[str(b.lib) for b in built[i:i + size]], contexts=[b.launch_context for b in built[i:i + size]],
+                    indices=list(range(i, min(i + size, len(built)))),
+                    data=None if local else [b.lib.read_bytes() for b in built[i:i + size]])
+              for i in range(0, len(built), size)]
+    shipped = None if local else Shipped(task=pack_folder(task.root), baseline=base_lib.read_bytes(), name=base_lib.name)
+    fn = partial(evaluate_chunk, str(task.root), str(base_lib), batch, shipped=shipped)
+    if built:
+        say(f"evaluating {len(built)} configurations in {len(chunks)} chunk(s) of up to {size} on {ex.where} "
+            "(parity, then the bench against the initial; a chunk reports when its batch child is done)")
+    def started(n: int, worker: str) -> None:
+        if not local:
+            say(f"chunk {n + 1}/{len(chunks)} ({len(chunks[n].indices)} configurations) started on {worker}")
+    for done in ex.run(fn, chunks, started=started):
+        if done.error is not None:
+            raise done.error
+        if done.lost:
+            for k in chunks[done.index].indices:
+                b = built[k]
+                record(SweepPoint(knobs=b.knobs, index=b.index, ok=False, outcome="lost", reason=done.lost,
+                                  build_seconds=b.build_seconds, seconds=b.seconds, worker=done.worker))
+            saved()
+            continue
+        for k, r in done.value:
+            built[k].launch = r.launch or built[k].launch
+            p = _point(built[k], r)
+            p.worker = "" if ex.workers <= 1 and done.worker == "local" else done.worker
+            record(p)
+            if r.status != BatchStatus.ok:
+                built[k].lib.unlink(missing_ok=True)   # only the passing ones are kept for a second look
+        saved()
+
+
+def screen_built(task: Task, built: list[Built], base_lib: Path, keep: int, batch: int,
+            record: Callable[[SweepPoint], None], say: Callable[[str], None]) -> list[Built]:
+    """A short timing of each alone; returns the `keep` fastest. A configuration that fails the screen
+    (crash, hang, wrong in the bench's spot checks) is recorded with that outcome; the others that
+    are not kept, as screened_out."""
+    say(f"screening {len(built)} configurations by a short timing; the {keep} fastest get the full checks")
+    timed: list[Built] = []
+    for settled in batch_eval.evaluate(task, [c.lib for c in built], base_lib, batch=batch, screen=True,
+                                       contexts=[c.launch_context for c in built]):
+        for k, r in settled:
+            b = built[k]
+            b.seconds += r.seconds
+            b.launch = r.launch or b.launch
+            cand = r.bench.timing("candidate") if r.bench is not None else None
+            if r.status == BatchStatus.ok and cand is not None:
+                b.screen_ms = cand.median_ms
+                timed.append(b)
+            else:
+                b.lib.unlink(missing_ok=True)
+                record(SweepPoint(knobs=b.knobs, index=b.index, ok=False, outcome=r.status.value,
+                                  reason="on the screen: " + one_line(r.message), build_seconds=b.build_seconds,
+                                  eval_seconds=r.seconds, seconds=b.seconds))
+    timed.sort(key=lambda b: b.screen_ms)
+    for b in timed[keep:]:
+        b.lib.unlink(missing_ok=True)
+        record(SweepPoint(knobs=b.knobs, index=b.index, ok=False, outcome="screened_out", screen_ms=b.screen_ms,
+                          reason=f"screen: {b.screen_ms * 1e3:.1f} us alone, not among the {keep} fastest "
+                                 f"(the slowest kept: {timed[keep - 1].screen_ms * 1e3:.1f} us)",
+                          build_seconds=b.build_seconds, eval_seconds=b.seconds - b.build_seconds, seconds=b.seconds))
+    return sorted(timed[:keep], key=lambda b: b.index)
+
+
+def _point(b: Built, r: BatchItemResult) -> SweepPoint:
+    p = SweepPoint(knobs=b.knobs, index=b.index, ok=r.status == BatchStatus.ok, outcome=r.status.value,
+                   reason="" if r.status == BatchStatus.ok else one_line(r.message), screen_ms=b.screen_ms,
+                   build_seconds=b.build_seconds, eval_seconds=b.seconds - b.build_seconds + r.seconds,
+                   seconds=b.seconds + r.seconds)
+    if r.bench is not None and r.status == BatchStatus.ok:
+        cand = r.bench.timing("candidate")
+        p.median_ms = cand.median_ms if cand else None
+        p.ok = p.median_ms is not None
+        ci = r.bench.speedup_vs_baseline
+        if ci:
+            p.speedup_vs_initial, p.ci_low, p.ci_high = ci.median, ci.low, ci.high
+    return p
