@@ -144,3 +144,16 @@ def test_a_kept_best_is_shown_against_the_reference_timed_beside_it_not_a_produc
     f = best_figure(old, "reference")
     assert f.value == 3.0 * 0.3 and f.source.startswith("estimate")
     assert "the reference's from the setup bench, earlier" in standing_times(old)[2]
+
+
+def test_before_any_keep_the_figure_against_the_reference_names_the_setup_bench():
+    """Iteration 1's prompt said "0.171x (estimate: product of the kept steps ...)" with no step kept: the figure is
+    the setup bench's (the initial kernel and the reference interleaved), and it says so; once a step is kept the
+    product is an estimate again."""
+    from agent.records.figures import SETUP, SOURCES, best_figure
+    from agent.records.schema import RunState
+    st = RunState(best_iteration=None, initial_ms=2.87, best_ms=2.87, chain_vs_initial=1.0, initial_vs_reference=0.171)
+    f = best_figure(st, "reference")
+    assert f.value == 0.171 and f.source == SETUP
+    kept = st.model_copy(update={"best_iteration": 1, "best_ms": 0.34, "chain_vs_initial": 8.4})
+    assert best_figure(kept, "reference").source == SOURCES[False]

@@ -114,6 +114,7 @@ def test_an_init_task_says_which_function_is_timed(tmp_path):
     assert r.returncode == 0, r.stderr + r.stdout
     said = timing_doc(load_task(root / "kernels" / "fma"))
     assert said is not None and said.startswith("`ops.ref:fma` (task.toml [signature] reference"), said
+    assert "task.py" not in said, said
     assert "x float32, y float32" in said and "float64" in said, said
 
 

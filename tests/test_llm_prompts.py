@@ -201,3 +201,37 @@ def test_a_rejected_candidates_own_profile_is_shown_and_a_kept_ones_is_not():
     kept = rec.model_copy(update={"outcome": Outcome.kept, "decision": Decision.kept})
     assert "its own profile" not in format_history_item(history_item(kept))
     assert "its own profile" not in format_history_item(history_item(rec.model_copy(update={"profile_summary": None})))
+
+
+def test_a_cpu_bench_says_whether_its_sets_fit_the_last_level_cache(monkeypatch):
+    """Issue 63: told "a repeat does not find its inputs in the cache", a model took an 8 MiB working set in a 32 MiB
+    L3 for DRAM traffic and proposed streaming stores (0.94x). The timing line now gives the sets' bytes (the task's
+    bytes formula times the sets) against the last-level cache, whichever side they fall."""
+    from pathlib import Path
+
+    import agent.llm.machine as machine
+    from tools.task import load_task
+    task = load_task(Path(__file__).resolve().parent.parent / "kernels" / "matmul_cpu")
+    total = task.spec.bytes(task.spec.main) * max(2, task.spec.bench.input_sets)
+    monkeypatch.setattr(machine, "last_level_cache", lambda: ("L3", 4 * total))
+    assert f"sets hold about {total / 2**20:.1f} MiB" in machine.timing(task)
+    assert "against this CPU's L3" in machine.timing(task) and "not in DRAM" in machine.timing(task)
+    monkeypatch.setattr(machine, "last_level_cache", lambda: ("L3", total // 2))
+    assert "are past it: each call's data comes from DRAM" in machine.timing(task)
+    monkeypatch.setattr(machine, "last_level_cache", lambda: None)
+    assert "sets hold" not in machine.timing(task)
+
+
+def test_the_cpu_line_names_the_core_amds_numbers_mean():
+    from agent.llm.machine import core
+    assert core("vendor_id : AuthenticAMD\ncpu family : 25\nmodel : 1\n") == (
+        " (family 25, model 1: Zen 3 by AMD's numbering)")
+    assert core("vendor_id : AuthenticAMD\ncpu family\t: 25\nmodel\t\t: 17\n").endswith("Zen 4 by AMD's numbering)")
+    assert core("vendor_id : GenuineIntel\ncpu family : 6\nmodel : 143\n") == " (family 6, model 143)"
+    assert core("processor : 0\n") == ""
+
+
+def test_the_system_prompt_says_how_edits_apply():
+    from agent.llm.prompts import render
+    text = render("system", role="CPU", agent_rules="")
+    assert "The edits apply in their order, each to the file as the edits before it left it" in " ".join(text.split())

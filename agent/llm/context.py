@@ -135,8 +135,7 @@ def format_standing(ctx: Context) -> str:
     lines = [f"- Current best on the main shape ({shape_label(spec.main)}): {_ms(ctx.best_ms)}; the PyTorch reference: "
              f"{_ms(ctx.reference_ms)}{when}"]
     if (doc := timing_doc(ctx.task)) is not None:
-        lines.append(f"- The reference as timed (task.py timing_reference): {doc}; correctness is checked against "
-                     f"task.py's reference")
+        lines.append(f"- The reference as timed: {doc}")
     if ctx.noise:
         lines.append(f"- Noise: {ctx.noise}")
     for name, f in (("the PyTorch reference", ctx.vs_reference), ("the initial kernel", ctx.vs_initial)):
@@ -175,14 +174,15 @@ def timing_doc(task) -> str | None:
     fn = next((n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "timing_reference"), None)
     doc = ast.get_docstring(fn) if fn is not None else None
     if doc:
-        return " ".join(doc.split()).rstrip(".")
+        return (f"(task.py timing_reference) {' '.join(doc.split()).rstrip('.')}; correctness is checked against "
+                f"task.py's reference")
     sig = task.spec.signature
     if sig is None:
         return None
     ins = ", ".join(f"{a.name} {a.dtype}" for a in sig.args if a.kind == "input")
     return (f"`{sig.reference}` (task.toml [signature] reference, an `agent init` task), called as a user calls it on "
-            f"the inputs as drawn ({ins}), on the task's device; parity compares against the same function run in "
-            f"float64 where it runs so")
+            f"the inputs as drawn ({ins}), on the task's device; correctness is checked against the same function run "
+            f"in float64 where it runs so")
 
 
 def _ms(v: float | None) -> str:

@@ -34,7 +34,7 @@ def cpu_facts() -> list[str]:
         except OSError:
             continue
         caches.append(f"L{level}{'d' if kind == 'Data' else 'i' if kind == 'Instruction' else ''} {size}")
-    return [f"CPU: {model.group(1).strip() if model else 'unknown model'}, {os.cpu_count()} logical cores"
+    return [f"CPU: {model.group(1).strip() if model else 'unknown model'}{core(info)}, {os.cpu_count()} logical cores"
             f"{topology()}; ISA extensions: {', '.join(have) or 'none of ' + ', '.join(ISA[:5])}"
             + (f"; caches per core: {', '.join(caches)}" if caches else "") + clock(info) + "; " + hw_counters()]
 
@@ -68,6 +68,21 @@ def hw_counters() -> str:
     return f"hardware counters: none readable here ({why}): the figures' share of the measured peaks is the profile"
 
 
+def core(info: str) -> str:
+    """The family and model numbers /proc/cpuinfo gives (a VM's model name may be only "AMD EPYC"), and for AMD's the
+    core they number (a model asked which microarchitecture it was tuning for, issue 63)."""
+    fam = re.search(r"^cpu family\s*:\s*(\d+)", info, re.M)
+    mod = re.search(r"^model\s*:\s*(\d+)", info, re.M)
+    if not (fam and mod):
+        return ""
+    f, m = int(fam.group(1)), int(mod.group(1))
+    amd = "AuthenticAMD" in info
+    zen = (("Zen or Zen+" if m < 0x30 else "Zen 2") if f == 23 else
+           ("Zen 4" if 0x10 <= m <= 0x1F or 0x60 <= m <= 0xAF else "Zen 3") if f == 25 else
+           "Zen 5" if f == 26 else "") if amd else ""
+    return f" (family {f}, model {m}" + (f": {zen} by AMD's numbering)" if zen else ")")
+
+
 def topology() -> str:
     """Whether the logical cores are SMT siblings (a model asked: one physical core with two threads, or two?)."""
     try:
@@ -98,14 +113,48 @@ def timing(task: Task) -> str:
     return (f"Timing and the keep rule: on the main shape, the candidate and the current best are each warmed for "
             f"{b.warmup_ms:g} ms, then timed in {b.rounds} rounds of about {b.rep_ms:g} ms of calls each, their order "
             f"rotated round by round, the calls going over {max(2, b.input_sets)} input sets in turn, each with an output of its own, "
-            f"refilled with new values before each round (a repeat does not find its inputs in the cache)"
-            f"{'; the L2 flushed before each rep' if task.backend.gpu else ''}; the speedup over the best is the median of the rounds' ratios with a {b.confidence:.0%} "
+            f"refilled with new values before each round (no call is handed the buffers the call before it had)"
+            f"{'; the L2 flushed before each rep' if task.backend.gpu else working_set(task)}; the speedup over the best is the median of the rounds' ratios with a {b.confidence:.0%} "
             f"interval. Kept only if the interval lies above 1 and the median "
             f"is at least {b.min_gain:.0%} over it (task.toml [bench] min_gain; a run's --min-gain overrides it), and "
             f"a second interleaved bench in a fresh process shows it again. A bench whose median clears that gain "
             f"while its interval still reaches 1 is doubt, not slowness: it is benched again with twice, then four "
             f"times the rounds (99% intervals); one still undecided then is \"inconclusive\" (not kept, not called "
             f"slower). A median below the gain is rejected as within noise")
+
+
+def last_level_cache() -> tuple[str, int] | None:
+    """This CPU's last-level cache as sysfs names it (L3, or L2 where there is no L3) and its size in bytes."""
+    best = None
+    for d in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*"):
+        try:
+            level, kind, size = ((d / n).read_text().strip() for n in ("level", "type", "size"))
+        except OSError:
+            continue
+        m = re.fullmatch(r"(\d+)([KMG]?)", size)
+        if kind == "Instruction" or m is None:
+            continue
+        nbytes = int(m.group(1)) << {"": 0, "K": 10, "M": 20, "G": 30}[m.group(2)]
+        if best is None or int(level) > best[0]:
+            best = (int(level), nbytes)
+    return (f"L{best[0]}", best[1]) if best else None
+
+
+def working_set(task: Task) -> str:
+    """Where a CPU bench's data lives: the input sets' bytes (task.toml's byte formula on the main shape, times the
+    sets) against the last-level cache (issue 63: told "a repeat does not find its inputs in the cache", a model took
+    an 8 MiB working set in a 32 MiB L3 for DRAM traffic and proposed streaming stores, which lost)."""
+    spec, llc = task.spec, last_level_cache()
+    nbytes = spec.bytes(spec.main) if spec.metrics.bytes else None
+    if not nbytes or llc is None:
+        return ""
+    total = nbytes * max(2, spec.bench.input_sets)
+    where = ("fit in it together: a round's calls mostly find their data there, not in DRAM" if total <= llc[1] / 2
+             else "are past it: each call's data comes from DRAM" if total > llc[1]
+             else "take half of it or more: some of each call's data comes from DRAM")
+    return (f"; the {max(2, spec.bench.input_sets)} sets hold about {total / 2**20:.1f} MiB (task.toml's bytes "
+            f"formula, inputs and output, times the sets) against this CPU's {llc[0]} of {llc[1] / 2**20:.0f} MiB: they "
+            f"{where}")
 
 
 def gpu_facts(task: Task) -> list[str]:

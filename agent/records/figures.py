@@ -29,6 +29,7 @@ SOURCES = {
     False: "estimate: product of the kept steps, each timed against its parent interleaved",
 }
 SIDE_BY_SIDE = "its keep's confirmation bench: the best and the reference timed interleaved"
+SETUP = "the setup bench: the initial kernel and the reference timed interleaved"
 
 
 @dataclass(frozen=True)
@@ -38,6 +39,7 @@ class Figure:
     high: float | None = None
     confirmed: bool = False
     side_by_side: bool = False     # from the best's keep's confirmation bench (vs the reference only)
+    setup: bool = False            # the initial kernel is the best: the setup bench's figure, no step multiplied
 
     def text(self) -> str:
         ci = f" [{self.low:.3f}, {self.high:.3f}]" if self.low is not None and self.high is not None else ""
@@ -45,7 +47,9 @@ class Figure:
 
     @property
     def source(self) -> str:
-        return SIDE_BY_SIDE if self.side_by_side and not self.confirmed else SOURCES[self.confirmed]
+        if self.confirmed:
+            return SOURCES[True]
+        return SIDE_BY_SIDE if self.side_by_side else SETUP if self.setup else SOURCES[False]
 
 
 def _finite(v: float | None) -> bool:
@@ -78,7 +82,7 @@ def estimate(st: RunState, which: str) -> Figure | None:
     if st.kept_sha and st.kept_sha == st.best_sha and _finite(st.kept_vs_reference):
         return Figure(st.kept_vs_reference, st.kept_vs_reference_low, st.kept_vs_reference_high, side_by_side=True)
     base = initial_vs_reference(st)
-    return Figure(chain * base) if base is not None else None
+    return Figure(chain * base, setup=st.best_iteration is None and chain == 1.0) if base is not None else None
 
 
 def initial_vs_reference(st: RunState) -> float | None:

@@ -128,7 +128,8 @@ def cpu_peak(cxx: str | None = None, timeout_s: float = 120.0) -> DevicePeak | N
         return None
     peak = DevicePeak(tflops=got["gflops"] / 1e3, gbps=got["gbps"],
                       label=f"this CPU, measured on 1 thread: fp32 FMA on {got['lanes']}-lane {got['isa']} vectors, "
-                            f"a triad over 3 x 64 MiB")
+                            f"a triad over 3 x 64 MiB in DRAM, its bytes counted as STREAM counts them (a store's "
+                            f"write-allocate read not counted); data held in cache can move faster")
     try:
         cache.parent.mkdir(parents=True, exist_ok=True)
         tmp = cache.with_suffix(f".{os.getpid()}.tmp")
