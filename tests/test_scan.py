@@ -272,3 +272,120 @@ def test_through_the_loop_the_rejection_quotes_the_line_and_an_allowed_rule_buil
     assert res.returncode == 0, res.stderr[-3000:]
     rec = read_iterations(root / "runs" / "allowed")[0]
     assert rec.build.status.value == "ok" and rec.outcome.value == "kept", rec.reason
+
+
+# What only the preprocessor builds (issue 65): each a kernel line the written text does not show, refused from the
+# sources as compiled (tools/build/expand.py: the task's own compile command with -E, the user's lines picked out by
+# their line markers), the user's line quoted beside what it became.
+BUILT = {   # name -> (rule, macros after the includes, the line that uses them)
+    "object_like_static": ("mutable_static", "#define KEEP_STATE static\n", "KEEP_STATE float cache_[64];\n"),
+    "function_like_static": ("mutable_static", "#define DECL(T, n) static T n\n", "DECL(int, calls_);\n"),
+    "pasted_static": ("mutable_static", "#define PASTE(a, b) a##b\n", "PASTE(sta, tic) int calls_;\n"),
+    "pasted_fopen": ("file_io", "#define CAT(a, b) a##b\n#include <cstdio>\n",
+                     'static int probe() { FILE* f = CAT(fo, pen)("/tmp/k", "r"); return f != 0; }\n'),
+    "pasted_getenv": ("system_state", "#define CAT(a, b) a##b\n#include <cstdlib>\n",
+                      'static const char* knob() { return CAT(get, env)("K"); }\n'),
+    "proc_path_from_parts": ("system_state", "#define JOIN(a, b) a b\n#include <cstdio>\n",
+                             'static int peek() { FILE* f = std::fopen(JOIN("/pr", "oc/self/maps"), "r"); '
+                             'return f != 0; }\n'),
+    "pragma_in_a_macro": ("threads_processes", "#define ROWS_AT_ONCE(p) _Pragma(p)\n",
+                          'static void zero(float* p, int n) { ROWS_AT_ONCE("omp parallel for") '
+                          'for (int i = 0; i < n; ++i) p[i] = 0; }\n'),
+    "clock_by_name": ("clocks", "#define NOW(f) f()\n#include <ctime>\n", "static long stamp() { return NOW(clock); }\n"),
+}
+CUDA_BUILT = {
+    "pasted_device_global": ("mutable_static", "#define PASTE(a, b) a##b\n#define ON_GPU PASTE(__dev, ice__)\n",
+                             "ON_GPU int launches_;\n"),
+    "device_pass_only": ("mutable_static", "#ifdef __CUDA_ARCH__\n#define SCRATCH static __device__\n#else\n"
+                         "#define SCRATCH\n#endif\n", "SCRATCH float partial_[1024];\n"),
+}
+# an honest kernel that leans on macros (the shipped ones do): loops, shared and constant memory, const tables, unroll
+HONEST_MACROS = ("#define LOOP(i, n) for (int i = 0; i < (n); ++i)\n#define TABLE(n) static const float n[4]\n"
+                 "#define CHECK(c) static_assert(c, #c)\n#define UNROLL _Pragma(\"unroll\")\n#define CAT(a, b) a##b\n",
+                 "TABLE(weights_) = {1.f, 2.f, 3.f, 4.f};\nCHECK(sizeof(float) == 4);\n"
+                 "static float CAT(sum, 4)(const float* p) { float s = 0; UNROLL LOOP(i, 4) s += p[i] * weights_[i]; "
+                 "return s; }\n")
+
+
+def _with(task: str, tmp_path: Path, file: str, head: str, body: str) -> Path:
+    d = tmp_path / task
+    shutil.copytree(ROOT / "kernels" / task, d, ignore=shutil.ignore_patterns("__pycache__"))
+    lines = (d / file).read_text().splitlines(keepends=True)
+    last = max(i for i, ln in enumerate(lines) if ln.startswith("#include"))
+    (d / file).write_text("".join(lines[:last + 1]) + head + body + "".join(lines[last + 1:]))
+    return d
+
+
+def _as_compiled(d: Path):
+    from tools.build.expand import expand
+    from tools.build.scan import scan_expanded
+    task = load_task(d)
+    ex = expand(task)
+    assert not ex.failed and ex.passes, ex
+    return scan_expanded(ex.lines, d, set(task.spec.scan.allow), scan_task(task)), scan_task(task)
+
+
+@pytest.mark.parametrize("name", sorted(BUILT))
+def test_what_the_preprocessor_builds_is_refused_with_the_users_line(name, tmp_path):
+    rule, head, body = BUILT[name]
+    d = _with("matmul_cpu", tmp_path, "matmul.cpp", head, body)
+    hits, written = _as_compiled(d)
+    hit = next((h for h in hits + written if h.rule == rule and h.quote == " ".join(body.split())[:160]), None)
+    assert hit is not None, (hits, written)
+    if hit in hits:      # only the compiled text showed it: what it became is said too
+        assert hit.compiled and hit.compiled != hit.quote and "as the compiler reads it" in hit.describe()
+
+
+def test_the_written_text_alone_misses_most_of_them(tmp_path):
+    """The class is real: without the preprocessor's view, most of these pass (the written-text scan sees `_Pragma`
+    and a bare keyword in a #define, not what a macro pastes or builds)."""
+    missed = [n for n, (rule, head, body) in BUILT.items()
+              if rule not in {h.rule for h in scan_text(head + body, "matmul.cpp")}]
+    assert len(missed) >= 5, missed
+
+
+def test_an_honest_kernel_full_of_macros_passes_as_compiled(tmp_path):
+    hits, written = _as_compiled(_with("matmul_cpu", tmp_path, "matmul.cpp", *HONEST_MACROS))
+    assert hits == [] and written == [], (hits, written)
+
+
+@pytest.mark.nvcc
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not installed")
+@pytest.mark.parametrize("name", sorted(CUDA_BUILT) + ["object_like_static", "pasted_getenv"])
+def test_a_cuda_kernels_macros_are_read_in_the_host_and_the_device_pass(name, tmp_path):
+    rule, head, body = {**BUILT, **CUDA_BUILT}[name]
+    hits, written = _as_compiled(_with("softmax", tmp_path, "softmax.cu", head, body))
+    assert any(h.rule == rule and h.quote == " ".join(body.split()) for h in hits + written), (hits, written)
+
+
+@pytest.mark.nvcc
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not installed")
+def test_the_shipped_kernels_pass_as_compiled_too(tmp_path):
+    from tools.build.expand import expand
+    from tools.build.scan import scan_expanded
+    for d in sorted((ROOT / "kernels").iterdir()):
+        if (d / "task.toml").is_file():
+            task = load_task(d)
+            ex = expand(task)
+            assert ex.passes and not ex.failed, (d.name, ex.failed)
+            assert scan_expanded(ex.lines, d) == [], d.name
+    hits, written = _as_compiled(_with("softmax", tmp_path, "softmax.cu", *HONEST_MACROS))
+    assert hits == [] and written == [], (hits, written)
+
+
+def test_the_evaluator_refuses_a_macro_built_static_before_anything_runs(tmp_path):
+    """Through the loop's build step (Evaluator.build): the preprocessing runs beside the build, and its hit ends the
+    candidate as scan_rejected with the user's line quoted."""
+    from agent.evaluation.ended import CompileFailed
+    from agent.evaluation.evaluate import Evaluator
+    from agent.records.schema import StageTimes
+    rule, head, body = BUILT["function_like_static"]
+    d = _with("matmul_cpu", tmp_path, "matmul.cpp", head, body)
+    ev = Evaluator(load_task(d), tmp_path / "build", None)
+    with pytest.raises(CompileFailed) as e:
+        ev.build(StageTimes())
+    res = e.value.result
+    assert res.status.value == "scan_rejected" and "DECL(int, calls_);" in res.message, res.message
+    assert "as the compiler reads it: `static int calls_;`" in res.message, res.message
+    honest = _with("matmul_cpu", tmp_path / "h", "matmul.cpp", *HONEST_MACROS)
+    assert Evaluator(load_task(honest), tmp_path / "hb", None).build(StageTimes()).status.value == "ok"

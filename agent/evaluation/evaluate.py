@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import shutil
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from agent.evaluation.attempt import Attempt
@@ -56,15 +57,25 @@ class Evaluator:
         """The source scan (tools/build/scan.py: what no kernel needs, in milliseconds, the line quoted), then the
         build."""
         from tools.build.build import build
-        from tools.build.scan import rejection, scan_task
+        from tools.build.expand import expand
+        from tools.build.scan import rejection, scan_expanded, scan_task
         t0 = time.monotonic()
         hits = scan_task(self.task)
+        if not hits:
+            # the sources as the compiler reads them (macros expanded, tools/build/expand.py), preprocessed beside
+            # the build: what only the preprocessor builds is refused before anything runs
+            with ThreadPoolExecutor(1) as pool:
+                compiled = pool.submit(expand, self.task)
+                res = build(self.task, self.build_dir, reuse=self.reuse_objects)
+                ex = compiled.result()
+            hits = scan_expanded(ex.lines, self.task.root, set(self.task.spec.scan.allow))
+            if ex.failed:
+                res.log += "\nscan: the sources as compiled were not read (" + "; ".join(ex.failed) + ")\n"
         if hits:
             times.build += time.monotonic() - t0
             res = BuildResult(status=BuildStatus.scan_rejected, message=rejection(hits), build_dir=str(self.build_dir),
                               seconds=time.monotonic() - t0)
             raise CompileFailed(f"{res.status.value}: {first_lines(res.message, 8)}", res)
-        res = build(self.task, self.build_dir, reuse=self.reuse_objects)
         times.build += time.monotonic() - t0
         if res.status != BuildStatus.ok:
             raise CompileFailed(f"{res.status.value}: {first_lines(res.message, 8)}", res)

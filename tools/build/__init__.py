@@ -11,6 +11,9 @@ Entry points:
 - output.parse_ptxas, first_errors: what the compilers print, read.
 - commands.build_commands(task): each compile and link command a build would run, without building (what the
   model is told of the build).
+- scan.scan_task, scan_expanded: the source scan before a build (what no kernel needs, the line quoted), on the text
+  as written and on the text as compiled; expand.expand(task): the editable sources as the compiler reads them (the
+  compile commands with -E, nvcc's host and device passes, the user's lines by their line markers).
 
 May import: the task (tools.task) and the floors below it (tools.backends, tools.isolation, tools.results).
 """

@@ -90,10 +90,12 @@ class Hit:
     file: str
     line: int
     quote: str
+    compiled: str = ""     # the line as the preprocessor left it, where only that showed the hit (scan_expanded)
 
     def describe(self) -> str:
         why = next(r.why for r in RULES if r.name == self.rule)
-        return f"{self.file}:{self.line}: {self.rule}: {why}: `{self.quote}`"
+        return (f"{self.file}:{self.line}: {self.rule}: {why}: `{self.quote}`"
+                + (f" (as the compiler reads it: `{self.compiled}`)" if self.compiled else ""))
 
 
 _QUALIFIERS = {"const", "constexpr", "consteval", "__constant__", "__shared__"}
@@ -166,6 +168,32 @@ def scan_task(task, src_dir: Path | None = None) -> list[Hit]:
         if p.is_file():
             hits += scan_text(p.read_text(errors="replace"), rel, allow)
     return hits
+
+
+_ADJACENT = re.compile(r'"((?:\\.|[^"\\\n])*)"\s*"')
+
+
+def scan_expanded(lines: list[tuple[str, int, str]], root: Path, allow=(), known: list[Hit] = ()) -> list[Hit]:
+    """The hits in the sources as compiled (tools/build/expand.py: (file, line, the line as compiled)), less those
+    the written text already showed: each quotes the user's line and what it became. Adjacent string literals are
+    joined first, as the compiler joins them ("/pr" "oc/" is "/proc/")."""
+    if not lines:
+        return []
+    text = "\n".join(t for _, _, t in lines)
+    while (joined := _ADJACENT.sub(lambda m: '"' + m.group(1), text)) != text:
+        text = joined
+    have = {(h.rule, h.file, h.line) for h in known}
+    written: dict[str, list[str]] = {}
+    out: dict[tuple[str, str, int], Hit] = {}
+    for h in scan_text(text, "(as compiled)", allow):
+        rel, n, compiled = lines[h.line - 1]
+        if (h.rule, rel, n) in have or (h.rule, rel, n) in out:
+            continue
+        if rel not in written:
+            written[rel] = (root / rel).read_text(errors="replace").splitlines()
+        src = " ".join(written[rel][n - 1].split())[:160] if n <= len(written[rel]) else ""
+        out[(h.rule, rel, n)] = Hit(h.rule, rel, n, src, " ".join(compiled.split())[:160])
+    return sorted(out.values(), key=lambda h: (h.file, h.line, h.rule))
 
 
 def allow_all(why: str) -> str:
