@@ -389,3 +389,43 @@ def test_the_evaluator_refuses_a_macro_built_static_before_anything_runs(tmp_pat
     assert "as the compiler reads it: `static int calls_;`" in res.message, res.message
     honest = _with("matmul_cpu", tmp_path / "h", "matmul.cpp", *HONEST_MACROS)
     assert Evaluator(load_task(honest), tmp_path / "hb", None).build(StageTimes()).status.value == "ok"
+
+
+# Variables at namespace scope (issue 65): state a call leaves for the next without any keyword the written-text rule
+# looks for; read by a parser on the sources as compiled. Beside each, the honest neighbours a kernel has there.
+GLOBALS = {
+    "plain_global": "float cache_[64];\n",
+    "initialised_global": "int calls_ = 0;\n",
+    "anonymous_namespace": "namespace { int seen_rows_; }\n",
+    "extern_c_block": 'extern "C" { long last_n_; }\n',
+    "function_pointer": "static_assert(sizeof(int) == 4, \"int\");\nint (*chosen_)(int) = nullptr;\n",
+}
+GLOBAL_NEIGHBOURS = ('static const float kWeights[4] = {1.f, 2.f, 3.f, 4.f};\nconstexpr int kTile = 4;\n'
+                     'struct Pair { int a, b; };\nunion Bits { float f; unsigned u; };\ntemplate <int V> struct Width;\n'
+                     'using Index = long;\ntypedef float Real;\nstatic inline int twice(int x);\nextern int shared_counter;\n'
+                     'namespace detail { constexpr float kEps = 1e-6f; inline int half(int x) { return x / 2; } }\n'
+                     'inline int twice(int x) { return 2 * x; }\n')
+
+
+@pytest.mark.parametrize("name", sorted(GLOBALS))
+def test_a_variable_at_namespace_scope_is_state_and_is_refused(name, tmp_path):
+    body = GLOBALS[name]
+    assert "mutable_static" not in {h.rule for h in scan_text(body, "matmul.cpp")}   # what the keyword rule misses
+    hits, written = _as_compiled(_with("matmul_cpu", tmp_path, "matmul.cpp", "", body))
+    last = " ".join(body.splitlines()[-1].split())
+    assert any(h.rule == "mutable_static" and h.quote == last for h in hits), (hits, written)
+
+
+def test_namespace_scope_neighbours_that_hold_no_state_pass(tmp_path):
+    hits, written = _as_compiled(_with("matmul_cpu", tmp_path, "matmul.cpp", "", GLOBAL_NEIGHBOURS))
+    assert hits == [] and written == [], (hits, written)
+
+
+@pytest.mark.nvcc
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not installed")
+def test_a_cuda_global_is_state_and_its_constant_and_shared_neighbours_are_not(tmp_path):
+    hits, _ = _as_compiled(_with("softmax", tmp_path, "softmax.cu", "", "float host_cache_[8];\n"))
+    assert [h.quote for h in hits if h.rule == "mutable_static"] == ["float host_cache_[8];"], hits
+    honest = "__constant__ float kScale[4];\n" + GLOBAL_NEIGHBOURS
+    hits, written = _as_compiled(_with("softmax", tmp_path / "h", "softmax.cu", "", honest))
+    assert hits == [] and written == [], (hits, written)

@@ -170,7 +170,7 @@ def scan_task(task, src_dir: Path | None = None) -> list[Hit]:
     return hits
 
 
-_ADJACENT = re.compile(r'"((?:\\.|[^"\\\n])*)"\s*"')
+_ADJACENT = re.compile(r'"((?:\\.|[^"\\\n])*)"[ \t]*"')   # on one line: the text's lines map to the user's
 
 
 def scan_expanded(lines: list[tuple[str, int, str]], root: Path, allow=(), known: list[Hit] = ()) -> list[Hit]:
@@ -185,7 +185,10 @@ def scan_expanded(lines: list[tuple[str, int, str]], root: Path, allow=(), known
     have = {(h.rule, h.file, h.line) for h in known}
     written: dict[str, list[str]] = {}
     out: dict[tuple[str, str, int], Hit] = {}
-    for h in scan_text(text, "(as compiled)", allow):
+    found = scan_text(text, "(as compiled)", allow)
+    if "mutable_static" not in allow:
+        found += [Hit("mutable_static", "(as compiled)", n, "") for n in namespace_globals(lines)]
+    for h in found:
         rel, n, compiled = lines[h.line - 1]
         if (h.rule, rel, n) in have or (h.rule, rel, n) in out:
             continue
@@ -194,6 +197,41 @@ def scan_expanded(lines: list[tuple[str, int, str]], root: Path, allow=(), known
         src = " ".join(written[rel][n - 1].split())[:160] if n <= len(written[rel]) else ""
         out[(h.rule, rel, n)] = Hit(h.rule, rel, n, src, " ".join(compiled.split())[:160])
     return sorted(out.values(), key=lambda h: (h.file, h.line, h.rule))
+
+
+# what makes a namespace-scope variable no state: read-only, declared elsewhere, or memory of one launch
+_NOT_STATE = {"const", "constexpr", "constinit", "extern", "__shared__", "__constant__"}
+
+
+def namespace_globals(lines: list[tuple[str, int, str]]) -> list[int]:
+    """The positions (1-based, in `lines`) of variables defined at namespace scope that are not const: a plain global,
+    one in an anonymous namespace or an extern "C" block, a __device__ or __managed__ one. Each is state a call leaves
+    for the next, which the written-text rule (a `static`, `thread_local`, `__device__` or `__managed__` keyword) does
+    not see in `float cache[64];`. Read by tree-sitter's CUDA grammar (a superset of C++'s), one file's lines at a
+    time; [] where it is not installed (the keyword rule still runs)."""
+    try:
+        import tree_sitter
+        import tree_sitter_cuda
+    except ImportError:
+        return []
+    parser = tree_sitter.Parser(tree_sitter.Language(tree_sitter_cuda.language()))
+    out: list[int] = []
+    for rel in dict.fromkeys(f for f, _, _ in lines):
+        index = [i for i, (f, _, _) in enumerate(lines) if f == rel]
+        tree = parser.parse("\n".join(lines[i][2] for i in index).encode())
+        scopes = [tree.root_node]
+        while scopes:
+            for node in scopes.pop().children:
+                if node.type in ("namespace_definition", "linkage_specification"):
+                    body = node.child_by_field_name("body")
+                    scopes += [body] if body is not None else []
+                elif node.type == "declaration":
+                    declarators = node.children_by_field_name("declarator")
+                    words = set(re.findall(r"[A-Za-z_]\w*", node.text.decode(errors="replace")))
+                    if declarators and not all(d.type == "function_declarator" for d in declarators) \
+                            and not words & _NOT_STATE:
+                        out.append(index[node.start_point[0]] + 1)
+    return out
 
 
 def allow_all(why: str) -> str:
