@@ -255,3 +255,26 @@ def test_init_with_a_kernelbench_file_is_the_import(tmp_path):
     assert r.returncode == 0, r.stderr + r.stdout
     meta = json.loads((root / "kernels" / "ew" / "kernelbench.json").read_text())
     assert tomllib.loads((root / "kernels" / "ew" / "task.toml").read_text())["name"] == "ew" and meta["kernel"]
+
+
+def test_the_prototype_is_read_by_a_parser():
+    """Issue 65: [signature] is checked against the function's prototype before every build. A parser reads it as the
+    compiler does: a helper of the same name in a namespace before the extern "C" one (a regular expression took the
+    first `fma(`), a function-pointer parameter (it stopped at the first ')'), comments, __restrict__, a default, a
+    declaration in an extern "C" block before the definition."""
+    from tools.signature import prototype, returns
+    two = 'namespace detail { static void fma(int n) {} }\nextern "C" void fma(const float* x, float* out, int n) {}'
+    assert [(p["type"], p["pointer"], p["const"], p["name"]) for p in prototype(two, "fma")] == [
+        ("float", True, True, "x"), ("float", True, False, "out"), ("int", False, False, "n")]
+    fnptr = 'extern "C" void apply(float* y, int n, float (*op)(float)) {}'
+    assert [p["name"] for p in prototype(fnptr, "apply")] == ["y", "n", "op"]
+    multi = ('extern "C" cudaError_t scale(const float* __restrict__ x, // the input, read once\n'
+             '    float* __restrict__ y, /* the output */ int n, float a = 2.f, cudaStream_t stream = 0) { return 0; }')
+    assert [(p["type"], p["pointer"], p["const"]) for p in prototype(multi, "scale")] == [
+        ("float", True, True), ("float", True, False), ("int", False, False), ("float", False, False),
+        ("cudaStream_t", False, False)]
+    assert returns(multi, "scale") == "cudaError_t"
+    block = 'extern "C" {\nint rows(const double* a, int64_t M);\n}\nint rows(const double* a, int64_t M) { return 0; }'
+    assert [p["type"] for p in prototype(block, "rows")] == ["double", "int64_t"] and returns(block, "rows") == "int"
+    assert prototype('extern "C" int g(void) { return 0; }', "g") == []
+    assert prototype("// fma(int n) is not here\nvoid other(int n) {}", "fma") is None

@@ -42,34 +42,88 @@ C_SCALAR = {"int": ctypes.c_int, "int32_t": ctypes.c_int32, "unsigned": ctypes.c
 _QUALIFIERS = re.compile(r"\b(const|volatile|__restrict__|__restrict|restrict|struct)\b")
 
 
-def _strip_comments(text: str) -> str:
-    return re.sub(r"//[^\n]*|/\*.*?\*/", " ", text, flags=re.S)
+def _parse(text: str):
+    """The source's syntax tree (tree-sitter's CUDA grammar, a superset of C++'s): the prototype is read from the
+    grammar's function declarators, so a parameter that is a function pointer, a comment or an attribute between the
+    parameters, a default argument or a second function of the same name in a namespace reads as the compiler reads
+    it (issue 65: a regular expression over `name(...)` took the first match and stopped at the first ')')."""
+    import tree_sitter
+    import tree_sitter_cuda
+    return tree_sitter.Parser(tree_sitter.Language(tree_sitter_cuda.language())).parse(text.encode()).root_node
+
+
+def _find(text: str, function: str):
+    """The function_declarator of `function` and the node declaring it: a definition before a declaration, and one
+    with C linkage (extern "C", alone or in a block) before one without; None where the source has none."""
+    found = []      # (not a definition, not extern "C", order, declarator, node)
+    scopes = [(_parse(text), False)]
+    while scopes:
+        scope, c_linkage = scopes.pop()
+        for node in scope.children:
+            if node.type in ("namespace_definition", "linkage_specification"):
+                body = node.child_by_field_name("body")
+                value = node.child_by_field_name("value")
+                linked = c_linkage or (value is not None and value.text == b'"C"')
+                if body is not None and body.type == "declaration_list":
+                    scopes.append((body, linked))
+                elif body is not None:            # extern "C" int f(...) { ... }: the definition is the body
+                    _consider(body, function, found, linked)
+                continue
+            _consider(node, function, found, c_linkage)
+    if not found:
+        return None
+    found.sort(key=lambda f: f[:3])
+    return found[0][3], found[0][4]
+
+
+def _consider(node, function: str, found: list, c_linkage: bool) -> None:
+    if node.type not in ("function_definition", "declaration"):
+        return
+    d = node.child_by_field_name("declarator")
+    while d is not None and d.type in ("pointer_declarator", "reference_declarator"):
+        d = d.child_by_field_name("declarator")
+    if d is not None and d.type == "function_declarator":
+        name = d.child_by_field_name("declarator")
+        if name is not None and name.text.decode() == function:
+            found.append((node.type != "function_definition", not c_linkage, len(found), d, node))
+
+
+def _param(p) -> dict | None:
+    """One parameter_declaration: {type, pointer, const, name}; None for a lone `void`."""
+    tnode = p.child_by_field_name("type")
+    base = tnode.text.decode() if tnode is not None else ""
+    d, pointer, name = p.child_by_field_name("declarator"), False, ""
+    while d is not None:
+        if "pointer" in d.type or "array" in d.type:
+            pointer = True
+        if d.type in ("identifier", "field_identifier"):
+            name = d.text.decode()
+            break
+        d = d.named_children[0] if d.type == "parenthesized_declarator" and d.named_children else \
+            d.child_by_field_name("declarator")
+    if base == "void" and not pointer and not name:
+        return None
+    const = any(c.type == "type_qualifier" and c.text == b"const" for c in p.children)
+    return {"type": " ".join(_QUALIFIERS.sub(" ", base).split()), "pointer": pointer, "const": const, "name": name}
 
 
 def prototype(text: str, function: str) -> list[dict] | None:
     """The parameters of `function` where the source defines or declares it (extern "C", alone or in a block): each
     {type, pointer, const, name}; None where the source has no such function."""
-    code = _strip_comments(text)
-    m = re.search(r"\b" + re.escape(function) + r"\s*\(([^()]*)\)\s*[{;]", code)
-    if m is None:
+    got = _find(text, function)
+    if got is None:
         return None
-    params = [p.strip() for p in m.group(1).split(",") if p.strip() and p.strip() != "void"]
-    out = []
-    for p in params:
-        p = p.split("=")[0].strip()
-        name = re.search(r"([A-Za-z_][A-Za-z0-9_]*)\s*(\[\s*\])?$", p)
-        head = p[:name.start()] if name else p
-        pointer = "*" in head or bool(name and name.group(2))
-        out.append({"type": " ".join(_QUALIFIERS.sub(" ", head).replace("*", " ").split()), "pointer": pointer,
-                    "const": bool(re.search(r"\bconst\b", head.split("*")[0])), "name": name.group(1) if name else ""})
-    return out
+    params = got[0].child_by_field_name("parameters")
+    out = [_param(p) for p in (params.children if params is not None else [])
+           if p.type in ("parameter_declaration", "optional_parameter_declaration")]
+    return [p for p in out if p is not None]
 
 
 def returns(text: str, function: str) -> str | None:
     """The return type the source gives `function` ("void", "int", "cudaError_t"), or None where it has none."""
-    m = re.search(r"([A-Za-z_][A-Za-z0-9_:]*)\s*\*?\s*\b" + re.escape(function) + r"\s*\([^()]*\)\s*[{;]",
-                  _strip_comments(text))
-    return m.group(1) if m else None
+    got = _find(text, function)
+    t = got[1].child_by_field_name("type") if got is not None else None
+    return t.text.decode() if t is not None else None
 
 
 def mismatch(spec: SignatureSpec, text: str, file: str) -> str | None:
