@@ -429,3 +429,13 @@ def test_a_cuda_global_is_state_and_its_constant_and_shared_neighbours_are_not(t
     honest = "__constant__ float kScale[4];\n" + GLOBAL_NEIGHBOURS
     hits, written = _as_compiled(_with("softmax", tmp_path / "h", "softmax.cu", "", honest))
     assert hits == [] and written == [], (hits, written)
+
+
+def test_a_source_that_includes_torch_is_not_preprocessed_and_says_so(tmp_path):
+    """torch's headers make -E read about 430,000 lines (3-9 s on 2 cores beside the build: CI's 120 s build limit was
+    reached with it); such a source is scanned as written only, and the build log says why."""
+    from tools.build.expand import expand
+    d = _with("matmul_cpu", tmp_path, "matmul.cpp", "#include <torch/extension.h>\n", "")
+    ex = expand(load_task(d))
+    assert ex.passes == [] and ex.lines == [] and ex.failed == [
+        "matmul.cpp: includes torch's headers, not preprocessed (tools/build/expand.py)"], ex

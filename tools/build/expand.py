@@ -15,7 +15,9 @@ with the line of the user's file it came from, so a hit quotes the line the user
 the device pass as attributes (`__device__` is `__attribute__((device))`); they are written back as keywords.
 
 A source the preprocessor refuses gives no lines here and a reason; the build then says why (the written text was
-scanned either way). A one-file CUDA extension's halves (tools/backends/cu_split.py) are not expanded yet.
+scanned either way). Not expanded yet, said the same way: a source that includes torch's headers (their -E reads
+about 430,000 lines, 3-9 s on 2 cores beside a build that has the precompiled header: CI's 120 s build limit was
+reached) and a one-file CUDA extension's halves (tools/backends/cu_split.py).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tools.backends.cu_scan import TORCH_INCLUDE
 from tools.task import Task
 
 _MARKER = re.compile(r'^#\s*(?:line\s+)?(\d+)\s+"((?:\\.|[^"\\])*)"')
@@ -126,6 +129,9 @@ def expand(task: Task, src_dir: Path | None = None) -> Expanded:
     seen: set[tuple[str, int, str]] = set()
     with tempfile.TemporaryDirectory(prefix="agent-expand-") as d:
         for rel, argv in _commands(task, src):
+            if TORCH_INCLUDE.search((src / rel).read_text(errors="replace")):
+                res.failed.append(f"{rel}: includes torch's headers, not preprocessed (tools/build/expand.py)")
+                continue
             tmp = Path(tempfile.mkdtemp(dir=d))
             steps = _preprocess_argv(rel, argv, tmp, src)
             if isinstance(steps, str):
