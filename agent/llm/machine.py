@@ -27,13 +27,8 @@ def cpu_facts() -> list[str]:
     model = re.search(r"^model name\s*:\s*(.+)$", info, re.M)
     flags = re.search(r"^(?:flags|Features)\s*:\s*(.+)$", info, re.M)
     have = [f for f in ISA if flags and f in flags.group(1).split()]
-    caches = []
-    for d in sorted(Path("/sys/devices/system/cpu/cpu0/cache").glob("index*")):
-        try:
-            level, kind, size = ((d / n).read_text().strip() for n in ("level", "type", "size"))
-        except OSError:
-            continue
-        caches.append(f"L{level}{'d' if kind == 'Data' else 'i' if kind == 'Instruction' else ''} {size}")
+    caches = [f"L{level}{'d' if kind == 'Data' else 'i' if kind == 'Instruction' else ''} {size}"
+              for level, kind, size in cache_levels()]
     return [f"CPU: {model.group(1).strip() if model else 'unknown model'}{core(info)}, {os.cpu_count()} logical cores"
             f"{topology()}; ISA extensions: {', '.join(have) or 'none of ' + ', '.join(ISA[:5])}"
             + (f"; caches per core: {', '.join(caches)}" if caches else "") + clock(info) + "; " + hw_counters()]
@@ -123,14 +118,21 @@ def timing(task: Task) -> str:
             f"slower). A median below the gain is rejected as within noise")
 
 
-def last_level_cache() -> tuple[str, int] | None:
-    """This CPU's last-level cache as sysfs names it (L3, or L2 where there is no L3) and its size in bytes."""
-    best = None
-    for d in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*"):
+def cache_levels() -> list[tuple[str, str, str]]:
+    """cpu0's caches as sysfs lists them: (level, type, size) such as ("3", "Unified", "32768K")."""
+    out = []
+    for d in sorted(Path("/sys/devices/system/cpu/cpu0/cache").glob("index*")):
         try:
-            level, kind, size = ((d / n).read_text().strip() for n in ("level", "type", "size"))
+            out.append(tuple((d / n).read_text().strip() for n in ("level", "type", "size")))
         except OSError:
             continue
+    return out
+
+
+def last_level_cache() -> tuple[str, int] | None:
+    """This CPU's last-level cache (L3, or L2 where there is no L3) and its size in bytes."""
+    best = None
+    for level, kind, size in cache_levels():
         m = re.fullmatch(r"(\d+)([KMG]?)", size)
         if kind == "Instruction" or m is None:
             continue

@@ -3,6 +3,7 @@ run's worktree (with up to PATCH_REPAIRS chances to repair a patch that does not
 
 from __future__ import annotations
 
+import statistics
 import time
 from pathlib import Path
 from typing import Callable
@@ -124,7 +125,7 @@ def noise(records: list[IterationRecord]) -> str:
         return ""
     conf = {f"{r.bench.speedup_vs_baseline.confidence:.0%}" for r in records
             if r.bench is not None and r.bench.speedup_vs_baseline is not None}
-    mid = widths[len(widths) // 2] if len(widths) % 2 else (widths[len(widths) // 2 - 1] + widths[len(widths) // 2]) / 2
+    mid = statistics.median(widths)
     n = f"{len(widths)} bench{'es' if len(widths) > 1 else ''}"
     span = (f"+-{100 * widths[0]:.1f}% to +-{100 * widths[-1]:.1f}% around their medians (median +-{100 * mid:.1f}%, "
             f"{n})" if len(widths) > 1 else f"+-{100 * widths[0]:.1f}% around its median ({n})")

@@ -50,27 +50,15 @@ class Expanded:
 
 def _commands(task: Task, src_dir: Path) -> list[tuple[str, list[str]]]:
     """(editable source, its compile argv) for each editable source the build compiles by itself."""
-    from tools.backends.device import resolve_arch
-    from tools.build.build import find_tools, write_ninja
-    tools, need_nvcc = find_tools(task)
-    if tools["c++"] is None or (need_nvcc and tools["nvcc"] is None):
-        return []
+    from tools.build.build import find_tools
+    from tools.build.commands import build_commands
+    tools, _ = find_tools(task)
     by_name = {Path(p).name: p for p in (tools["c++"], tools.get("nvcc")) if p}
-    with tempfile.TemporaryDirectory(prefix="agent-expand-") as d:
-        try:
-            _, commands = write_ninja(task, Path(d), src_dir, tools,   # type: ignore[arg-type]
-                                      resolve_arch(task) if need_nvcc else None)
-        except (OSError, ImportError, ValueError):
-            return []
     out = []
-    editable = set(task.spec.editable)
-    for cmd in commands:
+    for cmd in build_commands(task, src_dir):
         argv = shlex.split(cmd.split("   # ", 1)[0])
-        if "-c" not in argv or argv[0] not in by_name:
-            continue
-        rel = argv[argv.index("-c") + 1]
-        if rel in editable:
-            out.append((rel, [by_name[argv[0]], *argv[1:]]))
+        if "-c" in argv and argv[0] in by_name and argv[argv.index("-c") + 1] in task.spec.editable:
+            out.append((argv[argv.index("-c") + 1], [by_name[argv[0]], *argv[1:]]))
     return out
 
 
