@@ -431,11 +431,179 @@ def test_a_cuda_global_is_state_and_its_constant_and_shared_neighbours_are_not(t
     assert hits == [] and written == [], (hits, written)
 
 
-def test_a_source_that_includes_torch_is_not_preprocessed_and_says_so(tmp_path):
+def test_a_source_that_includes_torch_without_a_precompiled_header_is_not_preprocessed_and_says_so(tmp_path,
+                                                                                                    monkeypatch):
     """torch's headers make -E read about 430,000 lines (3-9 s on 2 cores beside the build: CI's 120 s build limit was
-    reached with it); such a source is scanned as written only, and the build log says why."""
+    reached with it); with no precompiled header to load them from (a ctypes task's file, a run's first build), such a
+    source is scanned as written only, and the build log says why."""
     from tools.build.expand import expand
+    monkeypatch.setenv("AGENT_CACHE", str(tmp_path / "empty-cache"))
     d = _with("matmul_cpu", tmp_path, "matmul.cpp", "#include <torch/extension.h>\n", "")
     ex = expand(load_task(d))
-    assert ex.passes == [] and ex.lines == [] and ex.failed == [
-        "matmul.cpp: includes torch's headers, not preprocessed (tools/build/expand.py)"], ex
+    assert ex.passes == [] and ex.lines == [] and len(ex.failed) == 1, ex
+    assert ex.failed[0].startswith("matmul.cpp: includes torch's headers, not preprocessed (tools/build/expand.py): "
+                                   "no precompiled header serves it"), ex.failed
+    one = _one_file_extension(tmp_path / "one", "", "")
+    ex = expand(load_task(one))
+    assert ex.passes == [] and ex.failed == ["mymm.cpp: includes torch's headers, not preprocessed "
+                                             "(tools/build/expand.py): no precompiled header serves it: no precompiled "
+                                             "torch/extension.h cached for these flags (only an editable file makes one)"]
+
+
+# A user's extension in one file (tests/test_extension.py's USER_EXT: torch/extension.h, the kernel, TORCH_CHECK,
+# PYBIND11_MODULE): read as compiled through the build's precompiled header (issue 65, slice 4), in 0.1 s.
+TORCH_HONEST = ("#define CHECK_INPUT(x) TORCH_CHECK(x.is_contiguous(), #x \" must be contiguous\")\n",
+                "static torch::Tensor twice(torch::Tensor t) { CHECK_INPUT(t); TORCH_CHECK(t.dim() == 2, \"2-D\"); "
+                "return AT_DISPATCH_FLOATING_TYPES(t.scalar_type(), \"twice\", [&] { return t * 2; }); }\n")
+
+
+def _one_file_extension(d: Path, head: str, body: str) -> Path:
+    from tests.test_extension import USER_EXT, USER_TASK_PY, USER_TOML
+    d.mkdir(parents=True)
+    (d / "mymm.cpp").write_text(USER_EXT.replace("#define BLOCK 16\n", "#define BLOCK 16\n" + head + body))
+    (d / "task.toml").write_text('module = "task.py"\n' + USER_TOML)
+    (d / "task.py").write_text(USER_TASK_PY)
+    return d
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(BUILT))
+def test_a_one_file_torch_extension_is_read_as_compiled_through_the_precompiled_header(name, tmp_path, torch_pch):
+    if torch_pch is None:
+        pytest.skip("no precompiled torch/extension.h here (gcc and torch's headers)")
+    rule, head, body = BUILT[name]
+    from tools.build.expand import expand
+    from tools.build.scan import scan_expanded
+    task = load_task(_one_file_extension(tmp_path / "t", head, body))
+    ex = expand(task)
+    assert ex.passes == ["c++ mymm.cpp"] and not ex.failed, ex
+    assert not any(t.startswith("#pragma GCC pch_preprocess") for _, _, t in ex.lines)
+    hits = scan_expanded(ex.lines, task.root, (), scan_task(task), ex.units)
+    want = " ".join(body.split())[:160]
+    assert any(h.rule == rule and h.quote == want for h in hits + scan_task(task)), (hits, scan_task(task))
+
+
+@pytest.mark.slow
+def test_an_honest_one_file_extension_full_of_torch_macros_passes_as_compiled(tmp_path, torch_pch):
+    """TORCH_CHECK, AT_DISPATCH and PYBIND11_MODULE put torch's statics, prints and string paths on the user's lines
+    (line markers with flag 3): the header's code, which the rules do not read; the user's own macros beside them."""
+    if torch_pch is None:
+        pytest.skip("no precompiled torch/extension.h here (gcc and torch's headers)")
+    from agent.evaluation.evaluate import Evaluator
+    from agent.records.schema import StageTimes
+    from tools.build.expand import expand
+    from tools.build.scan import scan_expanded
+    task = load_task(_one_file_extension(tmp_path / "t", HONEST_MACROS[0] + TORCH_HONEST[0],
+                                         HONEST_MACROS[1] + TORCH_HONEST[1]))
+    ex = expand(task)
+    assert ex.passes == ["c++ mymm.cpp"] and not ex.failed, ex
+    assert any(system for unit in ex.units for *_, system in unit), "torch's macros left nothing on the user's lines"
+    assert scan_expanded(ex.lines, task.root, (), scan_task(task), ex.units) == [] and scan_task(task) == []
+    # through the loop's build step: the macro-built static refused before anything runs, the honest file built
+    rule, head, body = BUILT["function_like_static"]
+    bad = load_task(_one_file_extension(tmp_path / "b", head, body))
+    from agent.evaluation.ended import CompileFailed
+    with pytest.raises(CompileFailed) as e:
+        Evaluator(bad, tmp_path / "bb", None).build(StageTimes())
+    assert e.value.result.status.value == "scan_rejected" and "as the compiler reads it: `static int calls_;`" in \
+        e.value.result.message, e.value.result.message
+    assert Evaluator(task, tmp_path / "hb", None).build(StageTimes()).status.value == "ok"
+
+
+@pytest.mark.nvcc
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not installed")
+def test_a_one_file_cuda_extensions_kernels_are_read_as_compiled_in_their_half(tmp_path, monkeypatch):
+    """The seeds' form (one .cu: kernels and torch code): the build compiles its kernels without torch's headers
+    (tools.backends.cu_split), and so does the scan's preprocessing, in both of nvcc's passes; a macro-built global in
+    the kernels' code is refused with the user's line of scale.cu. Its torch half waits for the precompiled header
+    (none in an empty cache: said)."""
+    from tools.build.expand import expand
+    from tools.build.scan import scan_expanded
+    monkeypatch.setenv("AGENT_CACHE", str(tmp_path / "empty-cache"))
+    fixture = ROOT / "tests" / "fixtures" / "one_file_cu"
+    text = (fixture / "scale.cu").read_text()
+    at = text.index("__global__")
+    rule, head, body = CUDA_BUILT["pasted_device_global"]
+    for name, extra in (("honest", HONEST_MACROS[0] + HONEST_MACROS[1]), ("built", head + body)):
+        d = tmp_path / name
+        shutil.copytree(fixture, d)
+        (d / "scale.cu").write_text(text[:at] + extra + text[at:])
+        task = load_task(d)
+        ex = expand(task)
+        assert ex.passes == ["host scale.cu (scale.cu.kernels.cu)", "device scale.cu (scale.cu.kernels.cu)"], ex
+        assert len(ex.failed) == 1 and "its torch half" in ex.failed[0], ex.failed
+        hits = scan_expanded(ex.lines, d, (), scan_task(task), ex.units)
+        if name == "honest":
+            assert hits == [] and scan_task(task) == [], hits
+        else:
+            assert [(h.rule, h.file, h.quote) for h in hits] == [(rule, "scale.cu", "ON_GPU int launches_;")], hits
+
+
+@pytest.mark.gpu
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not installed")
+def test_the_seeds_one_file_attention_is_read_as_compiled_in_both_halves(tmp_path):
+    """attention_ext in the seeds' form (kernel and binding in one .cu), on a CUDA torch (its ATen/cuda headers): the
+    kernels' half through nvcc's two passes and the torch half through the precompiled header, as the build compiles
+    them. The honest file passes; macros that build a static and an fopen inside its torch code are refused there, the
+    user's line of one.cu quoted."""
+    import torch
+    if torch.version.cuda is None:
+        pytest.skip("a CPU torch has no ATen/cuda headers for the torch half")
+    from tools.backends.pch import ensure, pch_flags
+    from tools.build.build import cxx_flags_of, find_tools
+    from tools.build.expand import expand
+    from tools.build.scan import scan_expanded
+    src = ROOT / "kernels" / "attention_ext"
+    text = (src / "attention.cu").read_text() + (src / "binding.cpp").read_text()
+    toml = (src / "task.toml").read_text().replace('"attention.cu"', '"one.cu"').replace('"binding.cpp", ', "")
+    at = text.index("torch::Tensor ")
+    torch_code = ('#define KEEP static\n#define CAT(a, b) a##b\n'
+                  'torch::Tensor probe_(torch::Tensor t) { KEEP int calls_ = 0; ++calls_; '
+                  'FILE* f = CAT(fo, pen)("/tmp/k", "r"); return f ? t : t * calls_; }\n')
+    for name, body in (("honest", ""), ("built", torch_code)):
+        d = tmp_path / name
+        shutil.copytree(src, d, ignore=shutil.ignore_patterns("__pycache__", "*.cu", "*.cpp"))
+        (d / "task.toml").write_text(toml)
+        (d / "one.cu").write_text(text[:at] + body + text[at:])
+        task = load_task(d)
+        tools, _ = find_tools(task)
+        assert ensure(tools["c++"], pch_flags(cxx_flags_of(task, d, tools["nvcc"]), d), 900).include_dir is not None
+        ex = expand(task)
+        assert sorted(ex.passes) == ["c++ one.cu (one.cu.host.cpp)", "device one.cu (one.cu.kernels.cu)",
+                                     "host one.cu (one.cu.kernels.cu)"] and not ex.failed, ex
+        hits = scan_expanded(ex.lines, d, (), scan_task(task), ex.units)
+        if name == "honest":
+            assert hits == [] and scan_task(task) == [], hits
+        else:
+            line = " ".join(torch_code.splitlines()[-1].split())
+            assert {(h.rule, h.quote) for h in hits} == {("mutable_static", line), ("file_io", line)}, hits
+
+
+@pytest.mark.nvcc
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not installed")
+def test_a_torch_half_no_precompiled_header_serves_is_read_once_and_its_lines_follow_the_kernel_edits(tmp_path):
+    """The seeds' attention keeps its kernels' includes and knobs above torch/extension.h, so no precompiled header
+    serves its torch half: the scan's preprocessing reads torch's headers for it (1-9 s), once per torch code. A kernel
+    edit that adds lines above the torch code leaves that half's code alone: its preprocessing is kept (as its object
+    is), and a hit in it quotes the line where it now is."""
+    from tests.test_cu_split import _cpu_torch_variant
+    from tools.build.expand import expand
+    from tools.build.scan import scan_expanded
+    text = _cpu_torch_variant().replace("#define BLOCK 256            // threads per CTA\n", "")
+    text = "#define BLOCK 256\n" + text.replace(
+        "  auto y = torch::empty_like(x);", "  STATE int calls_ = 0;\n  auto y = torch::empty_like(x);")
+    text = text.replace("#define VEC 1 ", "#define STATE static\n#define VEC 1 ")
+    d = tmp_path / "t"
+    shutil.copytree(ROOT / "tests" / "fixtures" / "one_file_cu", d)
+    (d / "scale.cu").write_text(text)
+    task = load_task(d)
+    quote = "STATE int calls_ = 0;"
+    for edit in range(2):
+        ex = expand(task)
+        assert not ex.failed and "c++ scale.cu (scale.cu.host.cpp)" in ex.passes, ex
+        assert ex.kept == (["c++ scale.cu (scale.cu.host.cpp)"] if edit else []), ex.kept
+        hits = [h for h in scan_expanded(ex.lines, d, (), scan_task(task), ex.units) if h.quote == quote]
+        line = (d / "scale.cu").read_text().splitlines().index("  " + quote) + 1
+        assert [(h.rule, h.line) for h in hits] == [("mutable_static", line)], hits
+        (d / "scale.cu").write_text(text.replace("  int i = ", "  // two lines\n  // more\n  int i = ", 1))

@@ -68,7 +68,7 @@ class Evaluator:
                 compiled = pool.submit(expand, self.task)
                 res = build(self.task, self.build_dir, reuse=self.reuse_objects)
                 ex = compiled.result()
-            hits = scan_expanded(ex.lines, self.task.root, set(self.task.spec.scan.allow))
+            hits = scan_expanded(ex.lines, self.task.root, set(self.task.spec.scan.allow), units=ex.units)
             if ex.failed:
                 res.log += "\nscan: the sources as compiled were not read (" + "; ".join(ex.failed) + ")\n"
         if hits:

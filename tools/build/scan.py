@@ -173,10 +173,12 @@ def scan_task(task, src_dir: Path | None = None) -> list[Hit]:
 _ADJACENT = re.compile(r'"((?:\\.|[^"\\\n])*)"[ \t]*"')   # on one line: the text's lines map to the user's
 
 
-def scan_expanded(lines: list[tuple[str, int, str]], root: Path, allow=(), known: list[Hit] = ()) -> list[Hit]:
-    """The hits in the sources as compiled (tools/build/expand.py: (file, line, the line as compiled)), less those
-    the written text already showed: each quotes the user's line and what it became. Adjacent string literals are
-    joined first, as the compiler joins them ("/pr" "oc/" is "/proc/")."""
+def scan_expanded(lines: list[tuple[str, int, str]], root: Path, allow=(), known: list[Hit] = (),
+                  units: list[list[tuple[str, int, str, bool]]] | None = None) -> list[Hit]:
+    """The hits in the sources as compiled (tools/build/expand.py: (file, line, the line as compiled), the user's own
+    tokens; `units`: each pass's lines with what headers' macros put there, flagged, for the parser), less those the
+    written text already showed: each quotes the user's line and what it became. Adjacent string literals are joined
+    first, as the compiler joins them ("/pr" "oc/" is "/proc/")."""
     if not lines:
         return []
     text = "\n".join(t for _, _, t in lines)
@@ -185,17 +187,16 @@ def scan_expanded(lines: list[tuple[str, int, str]], root: Path, allow=(), known
     have = {(h.rule, h.file, h.line) for h in known}
     written: dict[str, list[str]] = {}
     out: dict[tuple[str, str, int], Hit] = {}
-    found = scan_text(text, "(as compiled)", allow)
+    found = [(h.rule, *lines[h.line - 1]) for h in scan_text(text, "(as compiled)", allow)]
     if "mutable_static" not in allow:
-        found += [Hit("mutable_static", "(as compiled)", n, "") for n in namespace_globals(lines)]
-    for h in found:
-        rel, n, compiled = lines[h.line - 1]
-        if (h.rule, rel, n) in have or (h.rule, rel, n) in out:
+        found += [("mutable_static", *at) for at in namespace_globals(units or [[(*x, False) for x in lines]])]
+    for rule, rel, n, compiled in found:
+        if (rule, rel, n) in have or (rule, rel, n) in out:
             continue
         if rel not in written:
             written[rel] = (root / rel).read_text(errors="replace").splitlines()
         src = " ".join(written[rel][n - 1].split())[:160] if n <= len(written[rel]) else ""
-        out[(h.rule, rel, n)] = Hit(h.rule, rel, n, src, " ".join(compiled.split())[:160])
+        out[(rule, rel, n)] = Hit(rule, rel, n, src, " ".join(compiled.split())[:160])
     return sorted(out.values(), key=lambda h: (h.file, h.line, h.rule))
 
 
@@ -203,22 +204,25 @@ def scan_expanded(lines: list[tuple[str, int, str]], root: Path, allow=(), known
 _NOT_STATE = {"const", "constexpr", "constinit", "extern", "__shared__", "__constant__"}
 
 
-def namespace_globals(lines: list[tuple[str, int, str]]) -> list[int]:
-    """The positions (1-based, in `lines`) of variables defined at namespace scope that are not const: a plain global,
-    one in an anonymous namespace or an extern "C" block, a __device__ or __managed__ one. Each is state a call leaves
-    for the next, which the written-text rule (a `static`, `thread_local`, `__device__` or `__managed__` keyword) does
-    not see in `float cache[64];`. Read by tree-sitter's CUDA grammar (a superset of C++'s), one file's lines at a
-    time; [] where it is not installed (the keyword rule still runs)."""
+def namespace_globals(units: list[list[tuple[str, int, str, bool]]]) -> list[tuple[str, int, str]]:
+    """The variables defined at namespace scope that are not const, each as (file, line, the line compiled): a plain
+    global, one in an anonymous namespace or an extern "C" block, a __device__ or __managed__ one. Each is state a call
+    leaves for the next, which the written-text rule (a `static`, `thread_local`, `__device__` or `__managed__` keyword)
+    does not see in `float cache[64];`. Read by tree-sitter's CUDA grammar (a superset of C++'s), one file's lines of
+    one preprocessing pass at a time (a one-file extension's halves repeat lines, each in its own statements), what
+    headers' macros put there included (whole statements); one whose type a header's macro wrote (PYBIND11_MODULE's
+    module_def) is the header's, not counted; `__device__ int n;` (the keyword a CUDA header's macro) is the user's.
+    [] where the parser is not installed (the keyword rule still runs)."""
     try:
         import tree_sitter
         import tree_sitter_cuda
     except ImportError:
         return []
     parser = tree_sitter.Parser(tree_sitter.Language(tree_sitter_cuda.language()))
-    out: list[int] = []
-    for rel in dict.fromkeys(f for f, _, _ in lines):
-        index = [i for i, (f, _, _) in enumerate(lines) if f == rel]
-        tree = parser.parse("\n".join(lines[i][2] for i in index).encode())
+    out: list[tuple[str, int, str]] = []
+    for unit, rel in ((u, f) for u in units for f in dict.fromkeys(e[0] for e in u)):
+        mine = [e for e in unit if e[0] == rel]
+        tree = parser.parse("\n".join(e[2] for e in mine).encode())
         scopes = [tree.root_node]
         while scopes:
             for node in scopes.pop().children:
@@ -228,9 +232,11 @@ def namespace_globals(lines: list[tuple[str, int, str]]) -> list[int]:
                 elif node.type == "declaration":
                     declarators = node.children_by_field_name("declarator")
                     words = set(re.findall(r"[A-Za-z_]\w*", node.text.decode(errors="replace")))
+                    kind = node.child_by_field_name("type") or node     # its type: who wrote the declaration
+                    at = mine[kind.start_point[0]]
                     if declarators and not all(d.type == "function_declarator" for d in declarators) \
-                            and not words & _NOT_STATE:
-                        out.append(index[node.start_point[0]] + 1)
+                            and not words & _NOT_STATE and not at[3]:
+                        out.append(at[:3])
     return out
 
 
