@@ -292,8 +292,16 @@ BUILT = {   # name -> (rule, macros after the includes, the line that uses them)
                           'static void zero(float* p, int n) { ROWS_AT_ONCE("omp parallel for") '
                           'for (int i = 0; i < n; ++i) p[i] = 0; }\n'),
     "clock_by_name": ("clocks", "#define NOW(f) f()\n#include <ctime>\n", "static long stamp() { return NOW(clock); }\n"),
+    "pasted_printf": ("host_output", "#define CAT(a, b) a##b\n#include <cstdio>\n",
+                      'static void note() { CAT(pr, intf)("rows done"); }\n'),
+    "pasted_dlopen": ("dynamic_loading", "#define CAT(a, b) a##b\n#include <dlfcn.h>\n",
+                      'static void* lib() { return CAT(dl, open)("libm.so.6", 1); }\n'),
 }
 CUDA_BUILT = {
+    "pasted_stream": ("new_streams", "#define CAT(a, b) a##b\n",
+                      "static void side() { cudaStream_t s; CAT(cudaStream, Create)(&s); }\n"),
+    "pasted_cublas": ("reference_library", "#define CAT(a, b) a##b\n#define GEMM CAT(cublas, Sgemm_v2)\n",
+                      "static int gemm(void* h) { return GEMM(h); }\n"),
     "pasted_device_global": ("mutable_static", "#define PASTE(a, b) a##b\n#define ON_GPU PASTE(__dev, ice__)\n",
                              "ON_GPU int launches_;\n"),
     "device_pass_only": ("mutable_static", "#ifdef __CUDA_ARCH__\n#define SCRATCH static __device__\n#else\n"
@@ -452,6 +460,10 @@ def test_a_source_that_includes_torch_without_a_precompiled_header_is_not_prepro
 
 # A user's extension in one file (tests/test_extension.py's USER_EXT: torch/extension.h, the kernel, TORCH_CHECK,
 # PYBIND11_MODULE): read as compiled through the build's precompiled header (issue 65, slice 4), in 0.1 s.
+TORCH_BUILT = {   # the reference's own operator, named through a macro
+    "operator_from_a_macro": ("reference_library", "#define OP(n) at::n\n",
+                              "static torch::Tensor mm_(torch::Tensor a, torch::Tensor b) { return OP(matmul)(a, b); }\n"),
+}
 TORCH_HONEST = ("#define CHECK_INPUT(x) TORCH_CHECK(x.is_contiguous(), #x \" must be contiguous\")\n",
                 "static torch::Tensor twice(torch::Tensor t) { CHECK_INPUT(t); TORCH_CHECK(t.dim() == 2, \"2-D\"); "
                 "return AT_DISPATCH_FLOATING_TYPES(t.scalar_type(), \"twice\", [&] { return t * 2; }); }\n")
@@ -467,11 +479,11 @@ def _one_file_extension(d: Path, head: str, body: str) -> Path:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", sorted(BUILT))
+@pytest.mark.parametrize("name", sorted(BUILT) + sorted(TORCH_BUILT))
 def test_a_one_file_torch_extension_is_read_as_compiled_through_the_precompiled_header(name, tmp_path, torch_pch):
     if torch_pch is None:
         pytest.skip("no precompiled torch/extension.h here (gcc and torch's headers)")
-    rule, head, body = BUILT[name]
+    rule, head, body = {**BUILT, **TORCH_BUILT}[name]
     from tools.build.expand import expand
     from tools.build.scan import scan_expanded
     task = load_task(_one_file_extension(tmp_path / "t", head, body))
@@ -607,3 +619,34 @@ def test_a_torch_half_no_precompiled_header_serves_is_read_once_and_its_lines_fo
         line = (d / "scale.cu").read_text().splitlines().index("  " + quote) + 1
         assert [(h.rule, h.line) for h in hits] == [("mutable_static", line)], hits
         (d / "scale.cu").write_text(text.replace("  int i = ", "  // two lines\n  // more\n  int i = ", 1))
+
+
+# A function named without `name(` (issue 65): called through parentheses or a pointer, or taken by address. The
+# parser reads references to the names each rule bans on the sources as compiled; a name the code declares itself (a
+# parameter `time`), a member (`e.raise()`, `e.signal`) or another namespace's (`at::clone`) is not the library's.
+REFERENCED = {
+    "pointer_to_fopen": ("file_io", "#include <cstdio>\n",
+                         'static int probe() { auto open_ = std::fopen; FILE* f = open_("/tmp/k", "r"); return f != 0; }\n'),
+    "parenthesized_puts": ("host_output", "#include <cstdio>\n", 'static void note() { (puts)("rows done"); }\n'),
+    "address_of_dlsym": ("dynamic_loading", "#include <dlfcn.h>\n",
+                         'static void* sym() { auto s = &dlsym; return s(nullptr, "kernel"); }\n'),
+    "clock_through_a_pointer": ("clocks", "#include <ctime>\n",
+                                "static long stamp() { auto c = ::clock; return (long)c(); }\n"),
+}
+REFERENCED_NEIGHBOURS = ("", "struct Ev { float time; int signal; float raise() const { return time; } };\n"
+                             "static float at_(const Ev& e, float time) { return e.time * time + e.signal + e.raise(); }\n"
+                             "namespace at { static int clone(int x) { return x; } }\n"
+                             "static int copy_(int x) { return at::clone(x); }\n")
+
+
+@pytest.mark.parametrize("name", sorted(REFERENCED))
+def test_a_banned_function_named_without_a_call_is_refused(name, tmp_path):
+    rule, head, body = REFERENCED[name]
+    assert rule not in {h.rule for h in scan_text(head + body, "matmul.cpp")}     # the pattern over `name(` misses it
+    hits, _ = _as_compiled(_with("matmul_cpu", tmp_path, "matmul.cpp", head, body))
+    assert any(h.rule == rule and h.quote == " ".join(body.split()) for h in hits), hits
+
+
+def test_names_the_code_declares_or_qualifies_are_not_the_librarys(tmp_path):
+    hits, written = _as_compiled(_with("matmul_cpu", tmp_path, "matmul.cpp", *REFERENCED_NEIGHBOURS))
+    assert hits == [] and written == [], (hits, written)

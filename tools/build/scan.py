@@ -15,6 +15,12 @@ string that merely names a function is not a hit; a few rules look inside string
     allow = { host_output = "the kernel's error path prints the CUDA error" }
 
 The rejection names the file, the line, the rule and why, and quotes the line.
+
+The same rules run again on the sources as the compiler reads them (scan_expanded; tools/build/expand.py: macros
+expanded, the user's lines picked out), beside the build, the user's line quoted beside what it became. There a parser
+(tree-sitter's CUDA grammar, a superset of C++'s) also reads what no pattern over the text sees: a variable at
+namespace scope that is not const (namespace_globals), and a function a rule names referred to without `name(`
+(referenced: `(puts)(...)`, `auto f = std::fopen;`, `&dlsym`), the names the code declares itself left out.
 """
 
 from __future__ import annotations
@@ -35,51 +41,67 @@ class Rule:
     why: str
     code: re.Pattern | None = None       # matched on the source with comments and literals blanked
     literal: re.Pattern | None = None    # matched inside string literals
+    refers: re.Pattern | None = None     # a name the compiled code may not refer to (called, or taken as a pointer)
 
 
 def _calls(*names: str) -> re.Pattern:
     return re.compile(r"(?<![\w.>:])(?:std::|::)?(?:" + "|".join(names) + r")\s*\(")
 
 
+def _any(*names: str) -> re.Pattern:
+    return re.compile("|".join(names))
+
+
+# the functions each rule names, once: the written-text patterns and the parser's references (referenced()) read them
+_SYSTEM = ("getenv", "secure_getenv", "setenv", "putenv", "unsetenv", "environ", "sysconf", "uname")
+_FILES = ("fopen", "freopen", "fdopen", "open", "openat", "creat", "mkstemp", "tmpfile", "unlink", "rename", "chmod",
+          "mkdir", "truncate")
+_PROCS = ("fork", "vfork", "clone", "execl", "execlp", "execle", "execv", "execvp", "execvpe", "system", "popen",
+          "posix_spawn", "posix_spawnp", "pthread_create", "kill", "raise", "signal", "sigaction")
+_STREAMS = (r"cudaStreamCreate\w*", r"cuStreamCreate\w*", "cudaLaunchHostFunc", "cudaStreamAddCallback",
+            "cuLaunchHostFunc", "getStreamFromPool")
+_LOADING = ("dlopen", "dlmopen", "dlsym", "dlvsym")
+_CLOCKS = ("clock", "clock64", "clock_gettime", "gettimeofday", "time", "__rdtsc", "rdtsc", "__builtin_readcyclecounter",
+           "__globaltimer")
+_PRINTS = ("printf", "fprintf", "puts", "fputs", "putchar", "perror", "write")
+_LIBS = (r"cublas\w*", r"cublasLt\w*", r"cudnn\w*", r"cufft\w*")
+_OPS = (r"(?:torch|at)::(?:matmul|mm|bmm|addmm|baddbmm|linear|softmax|log_softmax|_softmax|scaled_dot_product_attention|"
+        r"_scaled_dot_product\w*|conv\w*|einsum|layer_norm|native_\w+)")
+_PY = r"Py(?:Run|Import|Eval|Object_Call)\w*"
+
 RULES: list[Rule] = [
     Rule("system_state", "reads the environment or the system's files, or makes a raw system call: a kernel's result "
          "depends on its inputs alone",
-         code=re.compile(r"\b(?:getenv|secure_getenv|setenv|putenv|unsetenv|environ|sysconf|uname)\b|"
-                         + _calls("syscall").pattern),
-         literal=re.compile(r"^/(?:proc|sys|dev)/|^\s*syscall\b")),   # a path; the instruction in inline asm
+         code=re.compile(r"\b(?:" + "|".join(_SYSTEM) + r")\b|" + _calls("syscall").pattern),
+         literal=re.compile(r"^/(?:proc|sys|dev)/|^\s*syscall\b"),   # a path; the instruction in inline asm
+         refers=_any(*_SYSTEM, "syscall")),
     Rule("file_io", "opens or changes files: a kernel does no file I/O (a cache or a log in a file outlives the call)",
-         code=re.compile(_calls("fopen", "freopen", "fdopen", "open", "openat", "creat", "mkstemp", "tmpfile",
-                                "unlink", "rename", "chmod", "mkdir", "truncate").pattern
-                         + r"|\b(?:ofstream|ifstream|fstream|filebuf|filesystem)\b")),
+         code=re.compile(_calls(*_FILES).pattern + r"|\b(?:ofstream|ifstream|fstream|filebuf|filesystem)\b"),
+         refers=_any(*_FILES)),
     Rule("threads_processes", "starts threads or processes or sends signals: a kernel's call does its work and returns",
-         code=re.compile(_calls("fork", "vfork", "clone", "execl", "execlp", "execle", "execv", "execvp", "execvpe",
-                                "system", "popen", "posix_spawn", "posix_spawnp", "pthread_create", "kill",
-                                "raise", "signal", "sigaction").pattern
-                         + r"|\bstd::(?:thread|jthread|async)\b|^[ \t]*#[ \t]*pragma[ \t]+omp\b", re.M),
-         literal=re.compile(r"^\s*omp\s+\w")),   # _Pragma("omp parallel for")
+         code=re.compile(_calls(*_PROCS).pattern + r"|\bstd::(?:thread|jthread|async)\b|^[ \t]*#[ \t]*pragma[ \t]+omp\b",
+                         re.M),
+         literal=re.compile(r"^\s*omp\s+\w"),   # _Pragma("omp parallel for")
+         refers=_any(*_PROCS)),
     Rule("new_streams", "makes CUDA streams or host callbacks of its own: the task gives the kernel its stream, and "
          "work elsewhere is work the timing does not see",
-         code=re.compile(r"\b(?:cudaStreamCreate\w*|cuStreamCreate\w*|cudaLaunchHostFunc|cudaStreamAddCallback|"
-                         r"cuLaunchHostFunc|getStreamFromPool)\b")),
+         code=re.compile(r"\b(?:" + "|".join(_STREAMS) + r")\b"), refers=_any(*_STREAMS)),
     Rule("mutable_static", "keeps mutable state between calls (a static or thread_local variable, a __device__ or "
          "__managed__ global): a call's result then depends on the calls before it, or on another call at once",
          code=None),
     Rule("dynamic_loading", "loads code the build did not compile (another library's kernel through a handle)",
-         code=re.compile(_calls("dlopen", "dlmopen", "dlsym", "dlvsym").pattern)),
+         code=_calls(*_LOADING), refers=_any(*_LOADING)),
     Rule("clocks", "reads a clock: what a kernel computes does not depend on time (a timed run and a checked run "
          "would differ)",
-         code=re.compile(_calls("clock", "clock64", "clock_gettime", "gettimeofday", "time", "__rdtsc", "rdtsc",
-                                "__builtin_readcyclecounter", "__globaltimer").pattern + r"|\bstd::chrono\b"),
-         literal=re.compile(r"%%?(?:globaltimer|clock64|clock)\b")),
+         code=re.compile(_calls(*_CLOCKS).pattern + r"|\bstd::chrono\b"),
+         literal=re.compile(r"%%?(?:globaltimer|clock64|clock)\b"), refers=_any(*_CLOCKS)),
     Rule("host_output", "prints: a kernel's output is its tensors (a debug print left in floods the run's logs)",
-         code=re.compile(_calls("printf", "fprintf", "puts", "fputs", "putchar", "perror", "write").pattern
-                         + r"|\bstd::(?:cout|cerr|clog)\b")),
+         code=re.compile(_calls(*_PRINTS).pattern + r"|\bstd::(?:cout|cerr|clog)\b"), refers=_any(*_PRINTS)),
     Rule("reference_library", "hands the work to a library the kernel is measured against (cuBLAS, cuDNN, torch's "
          "operators, Python): the kernel must compute it",
-         code=re.compile(r"\b(?:cublas\w*|cublasLt\w*|cudnn\w*|cufft\w*)\s*\(|\b(?:torch|at)::(?:matmul|mm|bmm|addmm|"
-                         r"baddbmm|linear|softmax|log_softmax|_softmax|scaled_dot_product_attention|"
-                         r"_scaled_dot_product\w*|conv\w*|einsum|layer_norm|native_\w+)\b|\btorch::nn::functional\b|"
-                         r"\bPy(?:Run|Import|Eval|Object_Call)\w*\s*\(")),
+         code=re.compile(r"\b(?:" + "|".join(_LIBS) + r")\s*\(|\b" + _OPS + r"\b|\btorch::nn::functional\b|\b" + _PY
+                         + r"\s*\("),
+         refers=_any(*_LIBS, _OPS, _PY)),
 ]
 NAMES = [r.name for r in RULES]
 
@@ -188,8 +210,10 @@ def scan_expanded(lines: list[tuple[str, int, str]], root: Path, allow=(), known
     written: dict[str, list[str]] = {}
     out: dict[tuple[str, str, int], Hit] = {}
     found = [(h.rule, *lines[h.line - 1]) for h in scan_text(text, "(as compiled)", allow)]
+    trees = list(_trees(units or [[(*x, False) for x in lines]]))     # parsed once for the parser's two rules
+    found += referenced(trees, allow)
     if "mutable_static" not in allow:
-        found += [("mutable_static", *at) for at in namespace_globals(units or [[(*x, False) for x in lines]])]
+        found += [("mutable_static", *at) for at in namespace_globals(trees)]
     for rule, rel, n, compiled in found:
         if (rule, rel, n) in have or (rule, rel, n) in out:
             continue
@@ -204,7 +228,55 @@ def scan_expanded(lines: list[tuple[str, int, str]], root: Path, allow=(), known
 _NOT_STATE = {"const", "constexpr", "constinit", "extern", "__shared__", "__constant__"}
 
 
-def namespace_globals(units: list[list[tuple[str, int, str, bool]]]) -> list[tuple[str, int, str]]:
+Unit = list[tuple[str, int, str, bool]]
+
+
+def _trees(units: list[Unit]):
+    """(one file's lines of one preprocessing pass, their syntax tree) for each (referenced, namespace_globals): tree-sitter's CUDA grammar (a superset of
+    C++'s); nothing where it is not installed (the written-text rules still run)."""
+    try:
+        import tree_sitter
+        import tree_sitter_cuda
+    except ImportError:
+        return
+    parser = tree_sitter.Parser(tree_sitter.Language(tree_sitter_cuda.language()))
+    for unit, rel in ((u, f) for u in units for f in dict.fromkeys(e[0] for e in u)):
+        mine = [e for e in unit if e[0] == rel]
+        yield mine, parser.parse("\n".join(e[2] for e in mine).encode())
+
+
+def referenced(trees: list, allow=()) -> list[tuple[str, str, int, str]]:
+    """(rule, file, line, the line compiled) for each function a rule names that the user's compiled code refers to:
+    called under any spelling (`(fopen)(...)`, `std::fopen`) or taken as a pointer (`auto f = fopen;`, `&puts`), which
+    a pattern over `name(` does not see. A name the unit itself declares (a parameter `time`, a helper `write`) is the
+    user's, not the library's; one qualified by a namespace other than std (`at::clone`) is not the C library's (the
+    torch operators are matched qualified); a header's macro's code (flag 3) is the header's."""
+    rules = [r for r in RULES if r.refers is not None and r.name not in allow]
+    out: list[tuple[str, str, int, str]] = []
+    for mine, tree in trees if rules else ():
+        declared: set[bytes] = set()
+        refs: list[tuple[str, int]] = []
+        stack = [(tree.root_node, None)]
+        while stack:
+            node, field = stack.pop()
+            stack += [(c, node.field_name_for_child(i)) for i, c in enumerate(node.children)]
+            if node.type == "identifier" and field == "declarator":
+                declared.add(node.text)
+            elif node.type == "identifier" and node.parent is not None:
+                scope = node.parent.child_by_field_name("scope") if node.parent.type == "qualified_identifier" else None
+                if scope is None or scope.text == b"std":
+                    refs.append((node.text.decode(errors="replace"), node.start_point[0]))
+            elif node.type == "qualified_identifier" and node.parent is not None \
+                    and node.parent.type != "qualified_identifier":
+                refs.append(("".join(node.text.decode(errors="replace").split()), node.start_point[0]))
+        for name, row in refs:
+            if name.encode() in declared or mine[row][3]:
+                continue
+            out += [(r.name, *mine[row][:3]) for r in rules if r.refers.fullmatch(name)]
+    return out
+
+
+def namespace_globals(trees: list) -> list[tuple[str, int, str]]:
     """The variables defined at namespace scope that are not const, each as (file, line, the line compiled): a plain
     global, one in an anonymous namespace or an extern "C" block, a __device__ or __managed__ one. Each is state a call
     leaves for the next, which the written-text rule (a `static`, `thread_local`, `__device__` or `__managed__` keyword)
@@ -213,16 +285,8 @@ def namespace_globals(units: list[list[tuple[str, int, str, bool]]]) -> list[tup
     headers' macros put there included (whole statements); one whose type a header's macro wrote (PYBIND11_MODULE's
     module_def) is the header's, not counted; `__device__ int n;` (the keyword a CUDA header's macro) is the user's.
     [] where the parser is not installed (the keyword rule still runs)."""
-    try:
-        import tree_sitter
-        import tree_sitter_cuda
-    except ImportError:
-        return []
-    parser = tree_sitter.Parser(tree_sitter.Language(tree_sitter_cuda.language()))
     out: list[tuple[str, int, str]] = []
-    for unit, rel in ((u, f) for u in units for f in dict.fromkeys(e[0] for e in u)):
-        mine = [e for e in unit if e[0] == rel]
-        tree = parser.parse("\n".join(e[2] for e in mine).encode())
+    for mine, tree in trees:
         scopes = [tree.root_node]
         while scopes:
             for node in scopes.pop().children:
