@@ -64,6 +64,29 @@ def test_the_seeds_form_splits_into_kernels_without_torch_and_torch_code_without
     assert "#define BLOCK 256" in got.host and "#define VEC 1" in got.host and "USE_LDG" not in got.host
 
 
+def test_the_items_are_read_by_the_parser_where_brackets_mislead():
+    """Issue 65: a brace-initialised constant list (`{2.0f, 1.0f}` is not a body) and a variable of an unnamed struct are
+    one item each, to their `;`, with every name they declare: read by the brackets, the first was cut at its first
+    `}` and lost its `;` (the halves then did not compile: built whole), the second was two items named `struct`."""
+    from tools.backends.cu_scan import scan
+    text = _scale().replace("static inline int ceil_div", "static const Scale kTwice{2.0f, 1.0f}, kOnce{1.0f, 0.0f};\n"
+                            "static struct { int launches; } stats_;\nstatic inline int ceil_div")
+    items = {it.text: it.names for it in scan(text) if it.kind == "code"}
+    assert items["static const Scale kTwice{2.0f, 1.0f}, kOnce{1.0f, 0.0f};"] == {"kTwice", "kOnce"}, items
+    assert items["static struct { int launches; } stats_;"] == {"stats_"}, items
+    got = split(text.replace("Scale{2.0f, 1.0f}", "kTwice"), "scale.cu")
+    assert isinstance(got, Split), got
+    assert "static const Scale kTwice{2.0f, 1.0f}, kOnce{1.0f, 0.0f};" in got.host     # copied whole, `;` and all
+
+
+def test_a_launch_is_read_by_the_parser_whatever_names_the_kernel():
+    from tools.backends.cu_scan import launches_in, mask
+    body = ("void go(float* x, cudaStream_t s) {\n  auto* table[2] = {k0, k1};\n"
+            "  ns::k<float, 64><<<dim3(2, 1), 128, 0, s>>>(x, /* n */ 3);\n  (k0)<<<1, 32>>>(x);\n}\n")
+    got = [(ln.callee, ln.config, ln.args) for ln in launches_in(mask(body), body)]
+    assert got == [("ns::k<float, 64>", "dim3(2, 1), 128, 0, s", "x, /* n */ 3"), ("(k0)", "1, 32", "x")], got
+
+
 def test_line_directives_name_the_users_file_and_lines_in_both_halves():
     text, got = _scale(), split(_scale(), "/repo/scale.cu")
     for half, needle in ((got.host, "torch::Tensor forward"), (got.kernels, "__global__ void half_kernel")):

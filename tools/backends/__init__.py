@@ -11,7 +11,8 @@ Entry points:
 - device: DeviceLimits of the GPU, or a table by arch (device_limits, task_limits, gpu_arch).
 - clocks: CudaClock, CpuClock (after triton's do_bench), reps, estimate_and_warm, one_torch_thread.
 - pch: a precompiled torch/extension.h; torch_library: TORCH_LIBRARY namespaces renamed per load;
-  cu_split (with cu_scan): a one-file CUDA extension built as two halves.
+  cu_split (with cu_scan, which reads the file with cu_tree, tree-sitter's CUDA grammar): a one-file CUDA extension
+  built as two halves.
 
 May import: tools.results and the rooms below (tools.isolation).
 """

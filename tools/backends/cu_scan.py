@@ -1,17 +1,24 @@
 """A C/C++/CUDA file's top-level items, read without a compiler: enough for tools.backends.cu_split.
 
-The file is read with its comments and literals blanked (same length, line breaks kept), then cut
-into directives and top-level declarations or definitions, each up to its `;` or closing brace; only
-the first branch of a conditional inside an item counts its braces. Each item knows what it declares
-(approximately: a name missed only makes the split fail to compile, and the file is built whole),
-whether it names torch and which CUDA space it is in. Launches `k<T><<<config>>>(args)` are found
-with their callee, configuration and arguments.
+The file is read by tree-sitter's CUDA grammar (a superset of C++'s; issue 65): its top-level nodes are the items,
+each with what its declarators declare; a conditional's directives are items of their own and what its branches hold
+is read as top-level items too (as the compiler sees them). A function whose body the grammar cannot read (a `#pragma
+unroll` between a `for` and its statement) is still one item. Where the grammar cannot read the top level itself (a
+macro standing for declarations, a conditional whose branches each open a function's brace), the file is cut by its
+brackets instead: blanked comments and literals (same length, line breaks kept), each item up to its `;` or closing
+brace, only the first branch of a conditional inside an item counting its braces; what each such item declares is then
+read by parsing its text alone, else by patterns (a name missed only makes the split fail to compile, and the file is
+built whole). Each item knows whether it names torch and which CUDA space it is in (words, read by patterns).
+Launches `k<T><<<config>>>(args)` are calls with a kernel_call_syntax in the grammar, read with their callee,
+configuration and arguments.
 """
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+
+from tools.backends import cu_tree
 
 _MASK = re.compile(r'//[^\n]*|/\*.*?\*/|R"([^(\s"]{0,16})\(.*?\)\1"|"(?:\\.|[^"\\\n])*"|\'(?:\\.|[^\'\\\n])*\'', re.S)
 IDENT = re.compile(r"[A-Za-z_]\w*")
@@ -78,8 +85,31 @@ def _ends_at_brace(head: str) -> bool:
 
 def scan(text: str) -> list[Item]:
     """The file's top-level items in order: directives, and declarations or definitions each up to its
-    `;` or closing brace. Directives inside an item stay part of it."""
-    masked, items, i, n = mask(text), [], 0, len(text)
+    `;` or closing brace. Directives inside an item stay part of it. Read by the parser (_parsed), or where it
+    cannot read the file (a macro standing for a declaration: `S64(0) S64(1)`, a conditional whose branches
+    open different braces) by the text's brackets (_cut)."""
+    masked = mask(text)
+    parsed = cu_tree.items(text, masked)
+    items = _cut(text, masked) if parsed is None else [
+        Item(s, e, text.count("\n", 0, s) + 1, kind, names=names) for kind, s, e, names in parsed]  # type: ignore[arg-type]
+    for it in items:
+        it.text, it.masked = text[it.start:it.end], masked[it.start:it.end]
+        if it.kind == "code":
+            it.torch = bool(_TORCH.search(it.masked))
+            dev = _DEVICE.search(it.masked)
+            it.device = dev.group(1) if dev else ""
+            if it.names is None:         # cut by brackets: its own text parsed, else read by patterns
+                alone = cu_tree.items(it.text, it.masked)
+                it.names = alone[0][3] if alone and len(alone) == 1 and alone[0][0] == "code" else _names(it.masked)
+        else:
+            m = re.match(r"#\s*(?:define|undef)\s+(\w+)", it.masked)
+            it.names = {m.group(1)} if m else set()
+    return items
+
+
+def _cut(text: str, masked: str) -> list[Item]:
+    """The top-level items by the text's brackets, where the parser cannot read the file (scan)."""
+    items, i, n = [], 0, len(text)
     while i < n:
         while i < n and masked[i] in " \t\r\n;":
             i += 1
@@ -110,17 +140,8 @@ def scan(text: str) -> list[Item]:
                 k += 1
                 break
             k += 1
-        items.append(Item(i, k, line, "code"))
+        items.append(Item(i, k, line, "code", names=None))  # type: ignore[arg-type]
         i = k
-    for it in items:
-        it.text, it.masked = text[it.start:it.end], masked[it.start:it.end]
-        if it.kind == "code":
-            it.torch = bool(_TORCH.search(it.masked))
-            dev = _DEVICE.search(it.masked)
-            it.device = dev.group(1) if dev else ""
-            it.names = _names(it.masked)
-        elif m := re.match(r"#\s*(?:define|undef)\s+(\w+)", it.masked):
-            it.names = {m.group(1)}
     return items
 
 
@@ -188,6 +209,18 @@ class Launch:
 
 
 def launches_in(masked: str, text: str) -> list[Launch]:
+    """The `callee<<<config>>>(args)` launches in an item's text (`masked`: the same with comments and literals
+    blanked), read by the parser (a call with a kernel_call_syntax: `(k)<<<...>>>`, `table[i]<<<...>>>` too), else, where
+    it cannot read one of them, by the brackets (_launches_by_brackets)."""
+    if "<<<" not in masked:
+        return []
+    got = cu_tree.launches(text, masked)
+    if got is None or len(got) != masked.count("<<<"):
+        return _launches_by_brackets(masked, text)
+    return [Launch(*ln) for ln in got]
+
+
+def _launches_by_brackets(masked: str, text: str) -> list[Launch]:
     out = []
     for m in re.finditer(r"<<<", masked):
         s = m.start()
