@@ -36,13 +36,13 @@ class Shipped:
     name: str                 # the libraries' file name
 
 
-def evaluate_chunk(task_root: str, baseline: str, batch: int, chunk: Chunk,
-                   shipped: Shipped | None = None) -> list[tuple[int, BatchItemResult]]:
+def evaluate_chunk(task_root: str, baseline: str, batch: int, chunk: Chunk, shipped: Shipped | None = None,
+                   landed: Callable[[int, BatchItemResult], None] | None = None) -> list[tuple[int, BatchItemResult]]:
     """What a worker runs (or this process, with the local executor): parity and the bench against the initial of each
     library of the chunk, `batch` per throwaway child (tools/judge/batch.py). With `shipped`, from the bytes it carries,
     unpacked in a folder of the worker's own that is removed after."""
     if shipped is None:
-        return _evaluate_chunk(Path(task_root), Path(baseline), [Path(p) for p in chunk.libs], batch, chunk)
+        return _evaluate_chunk(Path(task_root), Path(baseline), [Path(p) for p in chunk.libs], batch, chunk, landed)
     with tempfile.TemporaryDirectory(prefix="agent-chunk-") as tmp:
         root = unpack_folder(shipped.task, Path(tmp) / "task")
         (Path(tmp) / "initial").mkdir()
@@ -56,11 +56,12 @@ def evaluate_chunk(task_root: str, baseline: str, batch: int, chunk: Chunk,
         return _evaluate_chunk(root, base, libs, batch, chunk)
 
 
-def _evaluate_chunk(root: Path, baseline: Path, libs: list[Path], batch: int,
-                    chunk: Chunk) -> list[tuple[int, BatchItemResult]]:
+def _evaluate_chunk(root: Path, baseline: Path, libs: list[Path], batch: int, chunk: Chunk,
+                    landed: Callable[[int, BatchItemResult], None] | None = None) -> list[tuple[int, BatchItemResult]]:
     task = load_task(root)
     out: list[tuple[int, BatchItemResult]] = []
-    for settled in batch_eval.evaluate(task, libs, baseline, batch=batch, contexts=chunk.contexts):
+    each = None if landed is None else (lambda k, r: landed(chunk.indices[k], r))
+    for settled in batch_eval.evaluate(task, libs, baseline, batch=batch, contexts=chunk.contexts, landed=each):
         out += [(chunk.indices[k], r) for k, r in settled]
     return out
 
@@ -78,10 +79,24 @@ def evaluate_built(task: Task, built: list[Built], base_lib: Path, batch: int, e
                     data=None if local else [b.lib.read_bytes() for b in built[i:i + size]])
               for i in range(0, len(built), size)]
     shipped = None if local else Shipped(task=pack_folder(task.root), baseline=base_lib.read_bytes(), name=base_lib.name)
-    fn = partial(evaluate_chunk, str(task.root), str(base_lib), batch, shipped=shipped)
+    seen: set[int] = set()
+
+    def land(k: int, r: BatchItemResult, worker: str) -> None:
+        seen.add(k)
+        built[k].launch = r.launch or built[k].launch
+        p = _point(built[k], r)
+        p.worker = "" if ex.workers <= 1 and worker == "local" else worker
+        record(p)
+        if r.status != BatchStatus.ok:
+            built[k].lib.unlink(missing_ok=True)   # only the passing ones are kept for a second look
+
+    # here each configuration is recorded as its result lands (issue 66); a dask worker's chunk when it is done
+    fn = partial(evaluate_chunk, str(task.root), str(base_lib), batch, shipped=shipped,
+                 landed=(lambda k, r: land(k, r, "local")) if local else None)
     if built:
         say(f"evaluating {len(built)} configurations in {len(chunks)} chunk(s) of up to {size} on {ex.where} "
-            "(parity, then the bench against the initial; a chunk reports when its batch child is done)")
+            "(parity, then the bench against the initial; "
+            + ("each reports as it lands)" if local else "a chunk reports when its batch child is done)"))
     def started(n: int, worker: str) -> None:
         if not local:
             say(f"chunk {n + 1}/{len(chunks)} ({len(chunks[n].indices)} configurations) started on {worker}")
@@ -96,12 +111,8 @@ def evaluate_built(task: Task, built: list[Built], base_lib: Path, batch: int, e
             saved()
             continue
         for k, r in done.value:
-            built[k].launch = r.launch or built[k].launch
-            p = _point(built[k], r)
-            p.worker = "" if ex.workers <= 1 and done.worker == "local" else done.worker
-            record(p)
-            if r.status != BatchStatus.ok:
-                built[k].lib.unlink(missing_ok=True)   # only the passing ones are kept for a second look
+            if k not in seen:
+                land(k, r, done.worker)
         saved()
 
 
@@ -112,21 +123,28 @@ def screen_built(task: Task, built: list[Built], base_lib: Path, keep: int, batc
     are not kept, as screened_out."""
     say(f"screening {len(built)} configurations by a short timing; the {keep} fastest get the full checks")
     timed: list[Built] = []
+    seen: set[int] = set()
+
+    def land(k: int, r: BatchItemResult) -> None:       # as each lands (issue 66): a line, not minutes of silence
+        seen.add(k)
+        b = built[k]
+        b.seconds += r.seconds
+        b.launch = r.launch or b.launch
+        cand = r.bench.timing("candidate") if r.bench is not None else None
+        if r.status == BatchStatus.ok and cand is not None:
+            b.screen_ms = cand.median_ms
+            timed.append(b)
+            say(f"[screen {len(seen)}/{len(built)}] {b.knobs} {b.screen_ms * 1e3:.1f} us alone")
+        else:
+            b.lib.unlink(missing_ok=True)
+            record(SweepPoint(knobs=b.knobs, index=b.index, ok=False, outcome=r.status.value,
+                              reason="on the screen: " + one_line(r.message), build_seconds=b.build_seconds,
+                              eval_seconds=r.seconds, seconds=b.seconds))
     for settled in batch_eval.evaluate(task, [c.lib for c in built], base_lib, batch=batch, screen=True,
-                                       contexts=[c.launch_context for c in built]):
+                                       contexts=[c.launch_context for c in built], landed=land):
         for k, r in settled:
-            b = built[k]
-            b.seconds += r.seconds
-            b.launch = r.launch or b.launch
-            cand = r.bench.timing("candidate") if r.bench is not None else None
-            if r.status == BatchStatus.ok and cand is not None:
-                b.screen_ms = cand.median_ms
-                timed.append(b)
-            else:
-                b.lib.unlink(missing_ok=True)
-                record(SweepPoint(knobs=b.knobs, index=b.index, ok=False, outcome=r.status.value,
-                                  reason="on the screen: " + one_line(r.message), build_seconds=b.build_seconds,
-                                  eval_seconds=r.seconds, seconds=b.seconds))
+            if k not in seen:
+                land(k, r)
     timed.sort(key=lambda b: b.screen_ms)
     for b in timed[keep:]:
         b.lib.unlink(missing_ok=True)

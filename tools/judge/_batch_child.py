@@ -18,7 +18,8 @@ check of the library's own plan (the host answers the plan as data, tools.measur
 a library it rejects runs nothing.
 
 Output: one JSON line per library on a private copy of stdout, flushed at once, so the parent keeps
-every result written before a later library killed the host:
+every result written before a later library killed the host (with --progress FILE, also appended to FILE, where
+the parent reads each as it lands):
 
     {"i": K, "status": "ok" | "launch_rejected" | "parity_failed" | "bench_failed" | "timeout", ..., "stop": bool}
     {"fatal": MESSAGE}                       # the task, the host or the baseline did not load; nothing ran
@@ -54,8 +55,8 @@ UNSAFE_BENCH = {"error", "crashed", "timeout"}
 class _Reporter:
     """Writes the result lines; its watchdog ends the process when one library runs past the limit."""
 
-    def __init__(self, out, limit_s: float):
-        self.out, self.limit_s = out, limit_s
+    def __init__(self, out, limit_s: float, progress=None):
+        self.out, self.limit_s, self.progress = out, limit_s, progress
         self.cv = threading.Condition()
         self.current: tuple[int, float] | None = None
         self.watching = False
@@ -63,6 +64,9 @@ class _Reporter:
     def write(self, obj: dict) -> None:
         self.out.write(json.dumps(obj) + "\n")
         self.out.flush()
+        if self.progress is not None:       # the same line where the parent reads it as it lands (--progress)
+            self.progress.write(json.dumps(obj) + "\n")
+            self.progress.flush()
 
     def start(self, i: int) -> None:
         # the watchdog starts with the first library, not before: the host is forked from this process only while
@@ -212,10 +216,12 @@ def _main(argv: list[str] | None) -> int:
     ap.add_argument("--screen", action="store_true", help="a short timing of each library alone, no parity")
     ap.add_argument("--parity-only", action="store_true", help="parity of each library, no bench")
     ap.add_argument("--contexts", help="JSON file: a list of launch contexts (or null), one per library")
+    ap.add_argument("--progress", help="a file each result line is also appended to as it is written (opened here, "
+                                       "before any host: the fenced host cannot open it, and keeps no descriptor)")
     ap.add_argument("libs", nargs="+")
     a = ap.parse_args(argv)
     out = private_stdout()
-    rep = _Reporter(out, a.limit_s)
+    rep = _Reporter(out, a.limit_s, open(a.progress, "a") if a.progress else None)
     host = None
     try:
         from tools.task import load_task

@@ -17,7 +17,8 @@ from __future__ import annotations
 import json
 import sys
 import tempfile
-from collections.abc import Iterator
+import threading
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from tools.measure.parity import child_failure
@@ -34,7 +35,8 @@ class BatchError(Exception):
 
 
 def evaluate(task: Task, libs: list[Path], baseline: Path, *, batch: int = 16, limit_s: float | None = None,
-             screen: bool = False, contexts: list[dict | None] | None = None, parity_only: bool = False
+             screen: bool = False, contexts: list[dict | None] | None = None, parity_only: bool = False,
+             landed: Callable[[int, BatchItemResult], None] | None = None
              ) -> Iterator[list[tuple[int, BatchItemResult]]]:
     """Parity then bench of each library in `libs`, `batch` per child, in order. With `screen`, only
     a short timing of each alone (no parity, no baseline): a ranking hint for a huge space. With
@@ -43,19 +45,23 @@ def evaluate(task: Task, libs: list[Path], baseline: Path, *, batch: int = 16, l
     launch plan first gets the static launch check in the child, and a rejected one runs nothing.
 
     Yields, after each child, the (index into libs, result) pairs it settled; every index is settled
-    exactly once. `limit_s` bounds one library (default: the task's parity + bench timeouts, what
-    the loop allows the two children it would run)."""
+    exactly once. `landed(index, result)`, where given, is called as each result the child writes lands (issue 66:
+    a sweep reports each configuration then, not its batch at the end), from a thread of ours while the child runs
+    (the caller waits in this generator meanwhile); the child-written pairs it was given are yielded again after
+    the child, the parent-settled ones (the library a dead child was running) only there. `limit_s` bounds one
+    library (default: the task's parity + bench timeouts, what the loop allows the two children it would run)."""
     limit = limit_s if limit_s is not None else task.spec.parity.timeout_s + task.spec.bench.timeout_s
     flags = ["--screen"] if screen else ["--parity-only"] if parity_only else []
     for start in range(0, len(libs), max(1, batch)):
         todo = list(range(start, min(start + max(1, batch), len(libs))))
         while todo:
-            settled, todo = _run_child(task, libs, todo, baseline, limit, flags, contexts)
+            settled, todo = _run_child(task, libs, todo, baseline, limit, flags, contexts, landed)
             yield settled
 
 
 def _run_child(task: Task, libs: list[Path], todo: list[int], baseline: Path, limit: float, flags: list[str],
-               contexts: list[dict | None] | None = None) -> tuple[list[tuple[int, BatchItemResult]], list[int]]:
+               contexts: list[dict | None] | None = None, landed: Callable[[int, BatchItemResult], None] | None = None
+               ) -> tuple[list[tuple[int, BatchItemResult]], list[int]]:
     """One child over `todo`; returns what it settled and what is left for a fresh child."""
     argv = [sys.executable, "-m", CHILD, "--task", str(task.root), "--baseline-lib", str(Path(baseline).resolve()),
             "--limit-s", str(limit), *flags]
@@ -64,10 +70,16 @@ def _run_child(task: Task, libs: list[Path], todo: list[int], baseline: Path, li
             path = Path(tmp) / "contexts.json"
             path.write_text(json.dumps([contexts[i] for i in todo]))
             argv += ["--contexts", str(path)]
+        watch = _Landing(Path(tmp) / "progress.jsonl", todo, landed) if landed is not None else None
+        argv += ["--progress", str(watch.path)] if watch is not None else []
         argv += [str(Path(libs[i]).resolve()) for i in todo]
         # the watchdog bounds each library; the batch timeout is the backstop (plus one limit for the start)
-        with Scratch(Path(tmp), "batch") as s:   # a sweep's libraries: not the user's checkout
-            proc = run_isolated(argv, (len(todo) + 1) * limit, cwd=s.dir, env=python_env(None, s))
+        with Scratch(Path(tmp), "batch") as s:   # a sweep's libraries: not the user's checkout (nor the progress file)
+            try:
+                proc = run_isolated(argv, (len(todo) + 1) * limit, cwd=s.dir, env=python_env(None, s))
+            finally:
+                if watch is not None:
+                    watch.stop()
     rows, stopped = parse_lines(proc, len(todo))
     settled = [(todo[k], r) for k, r in enumerate(rows)]
     rest = todo[len(rows):]
@@ -77,6 +89,50 @@ def _run_child(task: Task, libs: list[Path], todo: list[int], baseline: Path, li
         settled.append((rest[0], BatchItemResult(status=status, message=child_failure("evaluation", proc, None), seconds=spent)))
         rest = rest[1:]
     return settled, rest
+
+
+class _Landing:
+    """Reads the child's progress file (the lines it writes on its stdout, appended as written) while it runs, and
+    hands each result to `landed` as it lands: on a thread of its own, polling every POLL_S."""
+    POLL_S = 0.2
+
+    def __init__(self, path: Path, todo: list[int], landed: Callable[[int, BatchItemResult], None]):
+        self.path, self.todo, self.landed = path, todo, landed
+        self.path.touch()
+        self.offset, self.count, self.done = 0, 0, threading.Event()
+        self.thread = threading.Thread(target=self._run, name="batch-landing", daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        while not self.done.wait(self.POLL_S):
+            self._read()
+        self._read()                            # what the child wrote last
+
+    def _read(self) -> None:
+        with open(self.path, "rb") as f:
+            f.seek(self.offset)
+            data = f.read()
+        complete = data[:data.rfind(b"\n") + 1]
+        self.offset += len(complete)
+        for line in complete.decode(errors="replace").splitlines():
+            try:
+                d = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if not isinstance(d, dict) or d.get("i") != self.count or self.count >= len(self.todo):
+                continue
+            d.pop("i")
+            d.pop("stop", None)
+            try:
+                r = BatchItemResult.model_validate(d)
+            except ValueError:
+                continue
+            self.landed(self.todo[self.count], r)
+            self.count += 1
+
+    def stop(self) -> None:
+        self.done.set()
+        self.thread.join()
 
 
 def parse_lines(proc: ProcResult, n: int) -> tuple[list[BatchItemResult], bool]:
