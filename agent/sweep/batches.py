@@ -134,7 +134,7 @@ def screen_built(task: Task, built: list[Built], base_lib: Path, keep: int, batc
         if r.status == BatchStatus.ok and cand is not None:
             b.screen_ms = cand.median_ms
             timed.append(b)
-            say(f"[screen {len(seen)}/{len(built)}] {b.knobs} {b.screen_ms * 1e3:.1f} us alone")
+            say(f"[screen {len(seen)}/{len(built)}] {b.knobs} {b.screen_ms * 1e3:.1f} us alone ({r.seconds:.2f} s)")
         else:
             b.lib.unlink(missing_ok=True)
             record(SweepPoint(knobs=b.knobs, index=b.index, ok=False, outcome=r.status.value,

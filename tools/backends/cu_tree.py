@@ -9,19 +9,24 @@ blanks of the same length, so that offsets stay the text's.
 from __future__ import annotations
 
 import re
-from functools import lru_cache
+import threading
 
 _CUDA_ATTRS = re.compile(r"\b(?:__launch_bounds__|__maxnreg__|__cluster_dims__|__align__)\s*\([^()]*(?:\([^()]*\)[^()]*)*\)")
 
 
-@lru_cache(maxsize=1)
+_LOCAL = threading.local()       # one parser a thread: the build splits while the scan's preprocessing splits too
+
+
 def _parser():
-    try:
-        import tree_sitter
-        import tree_sitter_cuda
-    except ImportError:
-        return None
-    return tree_sitter.Parser(tree_sitter.Language(tree_sitter_cuda.language()))
+    if not hasattr(_LOCAL, "parser"):
+        try:
+            import tree_sitter
+            import tree_sitter_cuda
+        except ImportError:
+            _LOCAL.parser = None
+        else:
+            _LOCAL.parser = tree_sitter.Parser(tree_sitter.Language(tree_sitter_cuda.language()))
+    return _LOCAL.parser
 
 
 def _readable(text: str, masked: str) -> str:
