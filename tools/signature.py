@@ -47,9 +47,11 @@ def _parse(text: str):
     grammar's function declarators, so a parameter that is a function pointer, a comment or an attribute between the
     parameters, a default argument or a second function of the same name in a namespace reads as the compiler reads
     it (issue 65: a regular expression over `name(...)` took the first match and stopped at the first ')')."""
-    import tree_sitter
-    import tree_sitter_cuda
-    return tree_sitter.Parser(tree_sitter.Language(tree_sitter_cuda.language())).parse(text.encode()).root_node
+    from tools.backends.cu_tree import parser
+    got = parser()
+    if got is None:
+        raise ImportError("tree-sitter and tree-sitter-cuda are not installed")
+    return got.parse(text.encode()).root_node
 
 
 def _find(text: str, function: str):

@@ -17,7 +17,9 @@ _CUDA_ATTRS = re.compile(r"\b(?:__launch_bounds__|__maxnreg__|__cluster_dims__|_
 _LOCAL = threading.local()       # one parser a thread: the build splits while the scan's preprocessing splits too
 
 
-def _parser():
+def parser():
+    """This thread's parser of tree-sitter's CUDA grammar (the split here, the scan's references and globals in
+    tools/build/scan.py, [signature]'s prototype in tools/signature.py); None where it is not installed."""
     if not hasattr(_LOCAL, "parser"):
         try:
             import tree_sitter
@@ -41,10 +43,10 @@ def launches(text: str, masked: str) -> list[tuple[int, int, str, str, str]] | N
     """(start, end, callee, configuration, arguments) of each call with a kernel_call_syntax (`k<T><<<g, b>>>(x)`,
     `(k)<<<...>>>`, `table[i]<<<...>>>`) the grammar reads without an error, in order; None for a text not in ASCII
     (the parser counts bytes) or without the grammar."""
-    parser = _parser()
-    if parser is None or not text.isascii():
+    p = parser()
+    if p is None or not text.isascii():
         return None
-    tree = parser.parse(_readable(text, masked).encode())
+    tree = p.parse(_readable(text, masked).encode())
     out, todo = [], [tree.root_node]
     while todo:
         n = todo.pop()
@@ -69,11 +71,11 @@ def items(text: str, masked: str) -> list[tuple[str, int, int, set[str]]] | None
     declarators); a conditional's directives are items of their own and what its branches hold is read as top-level
     items too, as the compiler sees them. None where the grammar cannot read the top level (an error outside a
     function's body)."""
-    parser = _parser()
-    if parser is None:
+    p = parser()
+    if p is None:
         return None
     data = _readable(text, masked).encode()
-    tree = parser.parse(data)
+    tree = p.parse(data)
     if len(data) == len(text):
         char = lambda b: b  # noqa: E731
     else:                                   # UTF-8 in comments or literals: the parser counts bytes

@@ -232,14 +232,13 @@ Unit = list[tuple[str, int, str, bool]]
 
 
 def _trees(units: list[Unit]):
-    """(one file's lines of one preprocessing pass, their syntax tree) for each (referenced, namespace_globals): tree-sitter's CUDA grammar (a superset of
-    C++'s); nothing where it is not installed (the written-text rules still run)."""
-    try:
-        import tree_sitter
-        import tree_sitter_cuda
-    except ImportError:
+    """(one file's lines of one preprocessing pass, their syntax tree) for each (referenced, namespace_globals), by
+    tree-sitter's CUDA grammar (a superset of C++'s); nothing where it is not installed (the written-text rules still
+    run)."""
+    from tools.backends.cu_tree import parser as cuda_parser
+    parser = cuda_parser()
+    if parser is None:
         return
-    parser = tree_sitter.Parser(tree_sitter.Language(tree_sitter_cuda.language()))
     for unit, rel in ((u, f) for u in units for f in dict.fromkeys(e[0] for e in u)):
         mine = [e for e in unit if e[0] == rel]
         yield mine, parser.parse("\n".join(e[2] for e in mine).encode())
