@@ -22,18 +22,9 @@ def _probe(task, lib, together, cand_ms: float) -> Probe:
                  rng=random.SystemRandom())
 
 
-def test_a_kernel_with_static_scratch_is_caught_and_the_honest_kernel_is_not(tmp_path):
-    """Through run_bench (the judge, its host, the host's two threads): the honest kernel's bench is ok,
-    a kernel that accumulates each row in one static scratch row is `suspicious`, the reason naming the
-    threads, the shapes and the wrong output."""
-    from tools.measure.bench import run_bench
-    task, honest = make_task(tmp_path, "correct", rounds=3)
-    [res] = run_bench(task, honest, with_reference=False, shapes=[SHAPE])
-    assert res.status.value == "ok", res.message
-    # each probe's cost is in the record (attention's reentrant probe was found taking 20 s of a 25 s bench so)
-    assert {"fresh_inputs", "burst", "reentrant"} <= set(res.probe_seconds), res.probe_seconds
-    assert all(v >= 0 for v in res.probe_seconds.values()) and res.probe_seconds["reentrant"] > 0
-    lib = compile_lib(source("correct").replace('extern "C" void matmul(', "static void unused(") + r'''
+def _scratch(tmp_path):
+    """A kernel that accumulates each row in one static scratch row: as fast as the honest one, not reentrant."""
+    return compile_lib(source("correct").replace('extern "C" void matmul(', "static void unused(") + r'''
 #include <cstring>
 #include <vector>
 static std::vector<float> scratch;
@@ -47,6 +38,20 @@ extern "C" void matmul(const float* A, const float* B, float* C, int M, int N, i
     }
 }
 ''', tmp_path / "libscratch.so")
+
+
+def test_a_kernel_with_static_scratch_is_caught_and_the_honest_kernel_is_not(tmp_path):
+    """Through run_bench (the judge, its host, the host's two threads): the honest kernel's bench is ok,
+    a kernel that accumulates each row in one static scratch row is `suspicious`, the reason naming the
+    threads, the shapes and the wrong output."""
+    from tools.measure.bench import run_bench
+    task, honest = make_task(tmp_path, "correct", rounds=3)
+    [res] = run_bench(task, honest, with_reference=False, shapes=[SHAPE])
+    assert res.status.value == "ok", res.message
+    # each probe's cost is in the record (attention's reentrant probe was found taking 20 s of a 25 s bench so)
+    assert {"fresh_inputs", "burst", "reentrant"} <= set(res.probe_seconds), res.probe_seconds
+    assert all(v >= 0 for v in res.probe_seconds.values()) and res.probe_seconds["reentrant"] > 0
+    lib = _scratch(tmp_path)
     [res] = run_bench(task, lib, with_reference=False, shapes=[SHAPE])
     assert res.status.value == "suspicious", res.message
     assert "two threads calling the candidate at once (thread 1 on M=128,N=96,K=112" in res.message
@@ -133,6 +138,28 @@ def test_a_candidate_short_of_the_loops_minimum_gain_does_not_pay_for_the_probe(
     _, par, [res], _ = run_candidate(task, honest, slow, shapes=[SHAPE], parity_extent="quick", keep_gain=0.5)
     assert res.status.value == "ok" and res.speedup_vs_baseline.low > 1.5, res.message
     assert "probe not run" not in res.message and "reentrant" in res.probe_seconds, res.message
+
+
+def test_a_screen_leaves_the_probe_to_the_full_checks_and_they_catch_the_kernel(tmp_path):
+    """A sweep's screen (tools/judge/_batch_child.py --screen) is a ranking, never kept nor reported: it leaves the
+    reentrant probe (1.4-1.6 s of a softmax configuration's 1.8 s screen on an H200) to the full checks the fastest
+    get, and says so. The static-scratch kernel is screened ok, and refused by the full batch check."""
+    from tools.judge.batch import evaluate
+    from tools.task import load_task
+    task, honest = make_task(tmp_path, "correct", rounds=3)
+    toml = task.root / "task.toml"    # the main shape the batch times: one whose two threads' calls overlap
+    toml.write_text(toml.read_text().replace("shapes = [ { M = 16, N = 24, K = 8 }",
+                                             "shapes = [ { M = 128, N = 96, K = 112 }, { M = 16, N = 24, K = 8 }"))
+    task = load_task(task.root)
+    assert task.spec.main == SHAPE
+    lib = _scratch(tmp_path)
+    [[(_, screened)]] = list(evaluate(task, [lib], honest, screen=True))
+    assert screened.status.value == "ok", screened.message
+    assert "reentrant probe not run: a screen; the fastest get it in their full checks" in screened.bench.message
+    assert "reentrant" not in screened.bench.probe_seconds and "burst" in screened.bench.probe_seconds
+    [[(_, full)]] = list(evaluate(task, [lib], honest))
+    assert full.status.value == "bench_failed" and full.bench.status.value == "suspicious", full.message
+    assert "must be safe to call from two threads at once" in full.bench.message
 
 
 def _gpu() -> bool:

@@ -190,7 +190,7 @@ def _screen(task, mod, remote: Remote, lib_path: str, ctx: dict | None = None) -
     if rejected is not None:
         return rejected
     bench = measure(qtask, mod, None, shapes=[dict(task.spec.main)], with_reference=False,
-                    runs_for=lambda shape: HostRuns(remote, shape, False))[0]
+                    runs_for=lambda shape: HostRuns(remote, shape, False), screen=True)[0]
     row = {**launch, "bench": bench.model_dump(mode="json"), "seconds": time.monotonic() - t0}
     if bench.status.value != "ok":
         return {**row, "status": "crashed" if bench.status.value == "crashed" else "bench_failed",
