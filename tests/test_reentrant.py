@@ -140,10 +140,12 @@ def test_a_candidate_short_of_the_loops_minimum_gain_does_not_pay_for_the_probe(
     assert "probe not run" not in res.message and "reentrant" in res.probe_seconds, res.message
 
 
-def test_a_screen_leaves_the_probe_to_the_full_checks_and_they_catch_the_kernel(tmp_path):
-    """A sweep's screen (tools/judge/_batch_child.py --screen) is a ranking, never kept nor reported: it leaves the
-    reentrant probe (1.4-1.6 s of a softmax configuration's 1.8 s screen on an H200) to the full checks the fastest
-    get, and says so. The static-scratch kernel is screened ok, and refused by the full batch check."""
+def test_a_sweeps_batch_leaves_the_probe_to_the_verification_and_says_so(tmp_path):
+    """Issue 66: a sweep's screen (tools/judge/_batch_child.py --screen) is a ranking, never kept nor reported, and runs
+    no probe (the reentrant one was 1.4-1.6 s of a softmax configuration's 1.8 s screen on an H200); its full check
+    runs the probes but the reentrant one and parity on the first seed, what a candidate of the loop pays; the
+    verification of the sweep's best runs the rest (run_bench's route, above; tests/test_sweep.py: the static-scratch
+    best refused there). Both rows say what was left."""
     from tools.judge.batch import evaluate
     from tools.task import load_task
     task, honest = make_task(tmp_path, "correct", rounds=3)
@@ -154,13 +156,14 @@ def test_a_screen_leaves_the_probe_to_the_full_checks_and_they_catch_the_kernel(
     assert task.spec.main == SHAPE
     lib = _scratch(tmp_path)
     [[(_, screened)]] = list(evaluate(task, [lib], honest, screen=True))
-    assert screened.status.value == "ok", screened.message
-    assert "reentrant probe not run: a screen; the fastest get it in their full checks" in screened.bench.message
-    assert "reentrant" not in screened.bench.probe_seconds and "burst" in screened.bench.probe_seconds
+    assert screened.status.value == "ok" and screened.bench.probe_seconds == {}, screened.message
+    assert ("fresh_inputs, burst, roofline, side_stream, repeat_speed, reentrant probes not run: a screen (the fastest "
+            "get them in their full checks)") in screened.bench.message
     [[(_, full)]] = list(evaluate(task, [lib], honest))
-    assert full.status.value == "bench_failed" and full.bench.status.value == "suspicious", full.message
-    assert "must be safe to call from two threads at once" in full.bench.message
-
+    assert full.status.value == "ok", full.message
+    assert "reentrant probe not run: a sweep's full check (its best gets it in the verification)" in full.bench.message
+    assert "reentrant" not in full.bench.probe_seconds and "burst" in full.bench.probe_seconds
+    assert "(the other 1 before a keep)" in full.parity.message, full.parity.message   # parity's quick extent
 
 def _gpu() -> bool:
     try:

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from agent.evaluation.ended import IterationEnded
 from agent.sweep.build import write_knobs
 from agent.sweep.points import SweepPoint, SweepResult
 from agent.sweep.run import sweep
@@ -125,6 +126,42 @@ def test_a_best_that_fails_verification_is_marked_and_the_next_is_verified(tmp_p
     assert slow.verified and res.best() is slow and res.verified == slow.knobs
     assert sum("failed verification" in ln for ln in lines) == 2
 
+
+
+@pytest.mark.slow
+def test_the_reentrant_probe_left_to_the_verification_still_refuses_the_best(tmp_path):
+    """Issue 66: the screen runs no probe and a full check leaves the reentrant one to the verification of the best.
+    LOOP_ORDER 1 (about 8x faster) computes C in one static buffer, wrong when two threads call it at once: both
+    fast configurations pass the screen and the full checks, then fail the verification's bench: no answer."""
+    prelude = "#include <cstring>\n#include <vector>\nstatic std::vector<float> shared_c;\n"
+    head = ("#if LOOP_ORDER == 1\n    float* const user_c = C;\n    shared_c.resize((size_t)M * N);\n"
+            "    C = shared_c.data();\n#endif\n")
+    tail = "#if LOOP_ORDER == 1\n    std::memcpy(user_c, C, sizeof(float) * M * N);\n#endif\n"
+    d = planted_task(tmp_path, {"LOOP_ORDER": [0, 1], "BLOCK_M": [16], "BLOCK_N": [16, 32], "BLOCK_K": [16]},
+                     head=head, tail=tail, prelude=prelude)
+    lines: list[str] = []
+    res = sweep(load_task(d), tmp_path / "sweep", jobs=2, batch=8, screen=2, log=lines.append)
+    pts = _by_knobs(res)
+    assert sum(p.outcome == "screened_out" for p in res.points) == 1, [(p.knobs, p.outcome) for p in res.points]
+    for k in [(1, 16, 16, 16), (1, 16, 32, 16)]:
+        p = pts[k]
+        assert not p.ok and not p.verified and p.median_ms, p
+        assert p.reason.startswith("on verification: ") and "two threads calling the candidate at once" in p.reason, p
+    assert pts[(0, 16, 32, 16)].outcome == "screened_out" and res.best() is None and res.verified is None
+    assert sum("failed verification" in ln for ln in lines) == 2
+
+
+@pytest.mark.slow
+def test_an_initial_configuration_that_fails_parity_ends_the_sweep(tmp_path):
+    """Issue 66: the initial's parity runs while the configurations compile; its failure still ends the sweep with
+    the initial's reason (the bar must pass), and no configuration is evaluated against it."""
+    tail = ("#if LOOP_ORDER == 0 && BLOCK_M == 16 && BLOCK_N == 16 && BLOCK_K == 16\n    C[0] += 1.0f;\n#endif\n")
+    d = planted_task(tmp_path, {"LOOP_ORDER": [0, 1], "BLOCK_M": [8, 16], "BLOCK_N": [16], "BLOCK_K": [16]}, tail=tail)
+    seen: list = []
+    with pytest.raises(IterationEnded) as e:
+        sweep(load_task(d), tmp_path / "sweep", jobs=2, batch=8, progress=lambda n, t, p: seen.append(p))
+    assert e.value.outcome.value == "parity_failed" and "mismatch" in e.value.reason, e.value.reason
+    assert seen == [] and not SweepResult.model_validate_json((tmp_path / "sweep" / "sweep.json").read_text()).complete
 
 # A forgery planted in one configuration: on its first call it runs Python in whatever process loaded
 # it and makes every output comparison there pass (tools.measure.parity's and the probes' `compare`, parity's

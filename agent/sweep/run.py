@@ -25,6 +25,7 @@ import os
 import random
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
 from pathlib import Path
 
@@ -83,13 +84,21 @@ def sweep(task: Task, out_dir: Path, limit: int | None = None, seed: int = 0, pr
         t = StageTimes()
         b = init_ev.build(t)
         base_lib = snapshot_lib(b.lib_path, out_dir / "initial" / f"lib{task.name}.so")
-        init_ev.parity(base_lib, t)
-        res.initial_ms = init_ev.bench(base_lib, None, t)[0].timing("candidate").median_ms
-        save_result(path, res)
 
         t0 = time.monotonic()
-        built = build_configurations(task, space, out_dir, limits, jobs, record, say, init_ev.reuse_objects)
+        # the initial's parity (a child of its own, no timing) runs while the configurations compile; a failure
+        # ends the builds at the next one done. Its bench waits for the builds: a timing on a quiet machine.
+        with ThreadPoolExecutor(1, thread_name_prefix="sweep-initial") as pool:
+            initial = pool.submit(init_ev.parity, base_lib, t)
+
+            def abort() -> None:
+                if initial.done():
+                    initial.result()     # raises the initial's parity failure
+
+            built = build_configurations(task, space, out_dir, limits, jobs, record, say, init_ev.reuse_objects, abort)
+            initial.result()
         res.build_wall_s = time.monotonic() - t0
+        res.initial_ms = init_ev.bench(base_lib, None, t)[0].timing("candidate").median_ms
         save_result(path, res)
 
         if screen is not None and len(built) > screen:

@@ -11,7 +11,9 @@ and, if it passes, the interleaved bench against the baseline on the main shape 
 over the host's runs, each burst timed here from outside). What a library does in the host cannot
 reach the comparison, the probes, the statistics or the line this process writes.
 With --screen: only a short timing of each library alone on the main shape (the bench's own output
-spot checks included, no parity), to rank a huge space before the full checks of the fastest.
+spot checks included, no parity, no probe), to rank a huge space before the full checks of the fastest. The full
+check leaves the reentrant probe and parity's seeds and range shapes after the first to the verification of the
+sweep's best (SCREEN_LEAVES, FULL_LEAVES, FULL_PARITY).
 With --parity-only: parity of each library, no bench (`agent check --knobs`).
 With --contexts (a JSON list, one launch context or null per library): first the static launch
 check of the library's own plan (the host answers the plan as data, tools.measure.launch judges it here);
@@ -46,6 +48,18 @@ from tools.judge.hostclient import HostClient, HostFailed, Remote
 from tools.judge.hostruns import HostRuns
 from tools.judge.judge import state_left, wrote_files
 from tools.judge.runner import private_stdout
+from tools.measure.probes import BEFORE_KEEP, PROBES
+
+# What a batch leaves out, each to the later stage that runs it (issue 66: on an H200, of a softmax configuration's 1.8 s
+# screen the reentrant probe took 1.4-1.6 s, the other probes 0.15 s, the timing 0.05 s; 1.9 s of a full check's 7 s).
+# A screen is a ranking, never kept nor reported: a kernel that games its timer ranks itself into the full checks, which
+# run every probe but the reentrant one; the best of a sweep, its answer, is verified with all (agent/sweep/run.py).
+SCREEN_LEAVES = (PROBES, "a screen (the fastest get them in their full checks)")
+FULL_LEAVES = (BEFORE_KEEP, "a sweep's full check (its best gets it in the verification)")
+# A full check is what a candidate of the loop pays; the verification of the best, what a keep pays: parity's quick
+# extent here (the listed and hidden shapes on the first seed), every seed and the range shapes there (on the H200,
+# 2.5-3 s of a softmax configuration's 4-7 s). `agent check --knobs` (--parity-only) checks every extent.
+FULL_PARITY = "quick"
 
 # failures after which the process is not trusted with the next library
 UNSAFE_PARITY = {"error", "crashed", "timeout", "out_of_bounds"}
@@ -151,7 +165,8 @@ def _one(task, mod, remote: Remote, lib_path: str, ctx: dict | None = None, time
     if rejected is not None:
         return rejected
     before = frozenset(remote.host.written())   # what the libraries before this one left in the host's directory
-    parity = check(task, mod, "candidate", seed=seed, hidden=True, run=remote.run, run_kept=remote.run_kept)
+    parity = check(task, mod, "candidate", seed=seed, hidden=True, run=remote.run, run_kept=remote.run_kept,
+                   extent="full" if not timed else FULL_PARITY)
     if parity.status == ParityStatus.ok and (why := wrote_files(remote.host, task, before)
                                              or state_left(remote.host, mark)) is not None:
         parity = parity.model_copy(update={"status": ParityStatus.side_effect, "message": why})
@@ -163,7 +178,7 @@ def _one(task, mod, remote: Remote, lib_path: str, ctx: dict | None = None, time
     if not timed:   # --parity-only
         return {**row, "status": "ok", "stop": False, "seconds": time.monotonic() - t0}
     bench = measure(task, mod, None, shapes=[dict(task.spec.main)], with_reference=False,
-                    runs_for=lambda shape: HostRuns(remote, shape, True))[0]
+                    runs_for=lambda shape: HostRuns(remote, shape, True), left=FULL_LEAVES)[0]
     if bench.status.value == "ok" and (why := wrote_files(remote.host, task, before)
                                        or state_left(remote.host, mark)) is not None:
         bench = bench.model_copy(update={"status": BenchStatus.side_effect, "message": why})
@@ -190,7 +205,7 @@ def _screen(task, mod, remote: Remote, lib_path: str, ctx: dict | None = None) -
     if rejected is not None:
         return rejected
     bench = measure(qtask, mod, None, shapes=[dict(task.spec.main)], with_reference=False,
-                    runs_for=lambda shape: HostRuns(remote, shape, False), screen=True)[0]
+                    runs_for=lambda shape: HostRuns(remote, shape, False), left=SCREEN_LEAVES)[0]
     row = {**launch, "bench": bench.model_dump(mode="json"), "seconds": time.monotonic() - t0}
     if bench.status.value != "ok":
         return {**row, "status": "crashed" if bench.status.value == "crashed" else "bench_failed",

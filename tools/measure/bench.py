@@ -163,11 +163,11 @@ def device_info(task: Task) -> tuple[str, DevicePeak | None]:
 
 
 def measure(task: Task, mod, lib, *, baseline=None, shapes: list[dict], with_reference: bool = True,
-            runs_for=None, keep_gain: float | None = None, screen: bool = False) -> list[BenchResult]:
+            runs_for=None, keep_gain: float | None = None, left: tuple[tuple, str] = ((), "")) -> list[BenchResult]:
     """Bench in this process (the child). One BenchResult per shape; never raises for the candidate.
     `runs_for(shape)` gives the runs to time (default LocalRuns of lib and baseline here). `keep_gain`: the loop's
-    minimum gain, where the bench decides a keep (never_kept). `screen`: a sweep's ranking, never kept nor reported:
-    the probes only a keep pays for (BEFORE_KEEP) are left to the full checks of the fastest."""
+    minimum gain, where the bench decides a keep (never_kept). `left`: (probes not run, why), said in the message (a
+    sweep's ranking, its answer verified with all: tools/judge/_batch_child.py)."""
     backend = task.backend
     cuda = backend.gpu
     if (why := backend.runnable()) is not None:
@@ -178,7 +178,7 @@ def measure(task: Task, mod, lib, *, baseline=None, shapes: list[dict], with_ref
     for i, shape in enumerate(shapes):
         t0 = time.monotonic()
         try:
-            r = _bench_shape(task, mod, runs_for(shape), shape, with_reference, device_name, keep_gain, screen)
+            r = _bench_shape(task, mod, runs_for(shape), shape, with_reference, device_name, keep_gain, left)
         except Exception as e:
             msg = " ".join(str(e).split())[:400]
             r = BenchResult(status=getattr(e, "status", BenchStatus.error), shape=shape,
@@ -228,7 +228,7 @@ class EarlyStop:
         return True
 
 
-def _bench_shape(task, mod, runs, shape, with_reference, device_name="", keep_gain=None, screen=False) -> BenchResult:
+def _bench_shape(task, mod, runs, shape, with_reference, device_name="", keep_gain=None, left=((), "")) -> BenchResult:
     spec = task.spec
     b = spec.bench
     device = task.backend.torch_device
@@ -274,12 +274,11 @@ def _bench_shape(task, mod, runs, shape, with_reference, device_name="", keep_ga
     probe = Probe(task=task, mod=mod, shape=shape, device=device, device_name=device_name, calls=runs.calls,
                   sets=sets, outs=outs, cand_ms=cand_med, flops=flops, nbytes=nbytes, time_pairs=runs.time_pairs,
                   together=runs.together)
-    # the probes that matter only for a keep: left out where it is never kept, and from a screen (1.4-1.6 s of a
-    # softmax configuration's 1.8 s on an H200: the reentrant probe's two threads over four rounds of shapes)
-    never = never_kept(ci, keep_gain)
-    skip = "a screen; the fastest get it in their full checks" if screen else never and f"{never} (never kept)"
+    # the probes that matter only for a keep: left out where it is never kept
+    skip = (never := never_kept(ci, keep_gain)) and f"{never} (never kept)"
+    msg += f"; {', '.join(c.__name__ for c in left[0])} probe{'s' * (len(left[0]) > 1)} not run: {left[1]}" if left[0] else ""
     cost: dict[str, float] = {}
-    for check in PROBES if status == BenchStatus.ok else ():
+    for check in (c for c in PROBES if c not in left[0]) if status == BenchStatus.ok else ():
         if skip and check in BEFORE_KEEP:
             msg += f"; {check.__name__} probe not run: {skip}"
             continue
