@@ -260,6 +260,38 @@ def test_cli_sweep_json_with_a_screen(tmp_path):
 
 
 # --- fast: no compiler, no children ------------------------------------------------------------
+def test_the_screen_takes_the_builds_in_chunks_as_they_land():
+    """agent/sweep/batches.py as_built: a chunk waits for `least` configurations unless the builds are done, takes
+    what else has landed up to `most`, in configuration order; what ready() raises (the initial's parity) comes
+    before any chunk."""
+    import queue
+    import threading
+    import time
+    from agent.sweep.batches import as_built
+    q: queue.Queue = queue.Queue()
+    for i in (3, 1, 2):
+        q.put(SimpleBuilt(i))
+    got = as_built(q, 2, 4)
+    assert [b.index for b in next(got)] == [1, 2, 3]          # three landed: all taken, sorted
+    threading.Thread(target=lambda: (time.sleep(0.2), q.put(SimpleBuilt(5)), q.put(SimpleBuilt(4)),
+                                     [q.put(SimpleBuilt(i)) for i in range(6, 12)], q.put(None))).start()
+    chunks = [[b.index for b in c] for c in got]
+    assert chunks[0][:2] == [4, 5] and all(2 <= len(c) <= 4 for c in chunks[:-1]) and len(chunks[-1]) >= 1
+    assert sorted(i for c in chunks for i in c) == list(range(4, 12))
+    q.put(SimpleBuilt(1))
+    q.put(None)
+
+    def failed():
+        raise RuntimeError("the initial's parity failed")
+    with pytest.raises(RuntimeError, match="initial's parity"):
+        next(as_built(q, 1, 4, failed))
+
+
+class SimpleBuilt:
+    def __init__(self, index: int):
+        self.index = index
+
+
 def test_old_sweep_json_still_loads():
     old = {"task": "t", "shape": {"M": 1}, "started": "2026-01-01T00:00:00", "initial_knobs": {"A": 1},
            "initial_ms": 1.0, "points": [{"knobs": {"A": 2}, "ok": True, "outcome": "ok", "median_ms": 0.5,

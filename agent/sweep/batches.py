@@ -4,8 +4,9 @@ what one worker runs: evaluate_chunk, sent to dask workers by reference), and th
 from __future__ import annotations
 
 import math
+import queue
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -116,35 +117,39 @@ def evaluate_built(task: Task, built: list[Built], base_lib: Path, batch: int, e
         saved()
 
 
-def screen_built(task: Task, built: list[Built], base_lib: Path, keep: int, batch: int,
-            record: Callable[[SweepPoint], None], say: Callable[[str], None]) -> list[Built]:
-    """A short timing of each alone; returns the `keep` fastest. A configuration that fails the screen
-    (crash, hang, wrong in the bench's spot checks) is recorded with that outcome; the others that
-    are not kept, as screened_out."""
-    say(f"screening {len(built)} configurations by a short timing; the {keep} fastest get the full checks")
+def screen_built(task: Task, chunks: Iterable[list[Built]], base_lib: Path, keep: int, batch: int,
+                 record: Callable[[SweepPoint], None], say: Callable[[str], None], total: int) -> list[Built]:
+    """A short timing of each alone, chunk by chunk as `chunks` gives them (the sweep's builds still under way:
+    agent/sweep/run.py); returns the `keep` fastest. A configuration that fails the screen (crash, hang, wrong in
+    the bench's spot checks) is recorded with that outcome; the others that are not kept, as screened_out."""
+    say(f"screening {total} configurations by a short timing as they are built; the {keep} fastest get the full checks")
     timed: list[Built] = []
-    seen: set[int] = set()
+    count = 0
+    for chunk in chunks:
+        seen: set[int] = set()
 
-    def land(k: int, r: BatchItemResult) -> None:       # as each lands (issue 66): a line, not minutes of silence
-        seen.add(k)
-        b = built[k]
-        b.seconds += r.seconds
-        b.launch = r.launch or b.launch
-        cand = r.bench.timing("candidate") if r.bench is not None else None
-        if r.status == BatchStatus.ok and cand is not None:
-            b.screen_ms = cand.median_ms
-            timed.append(b)
-            say(f"[screen {len(seen)}/{len(built)}] {b.knobs} {b.screen_ms * 1e3:.1f} us alone ({r.seconds:.2f} s)")
-        else:
-            b.lib.unlink(missing_ok=True)
-            record(SweepPoint(knobs=b.knobs, index=b.index, ok=False, outcome=r.status.value,
-                              reason="on the screen: " + one_line(r.message), build_seconds=b.build_seconds,
-                              eval_seconds=r.seconds, seconds=b.seconds))
-    for settled in batch_eval.evaluate(task, [c.lib for c in built], base_lib, batch=batch, screen=True,
-                                       contexts=[c.launch_context for c in built], landed=land):
-        for k, r in settled:
-            if k not in seen:
-                land(k, r)
+        def land(k: int, r: BatchItemResult, chunk: list[Built] = chunk, seen: set[int] = seen) -> None:
+            nonlocal count     # as each lands (issue 66): a line, not minutes of silence
+            seen.add(k)
+            count += 1
+            b = chunk[k]
+            b.seconds += r.seconds
+            b.launch = r.launch or b.launch
+            cand = r.bench.timing("candidate") if r.bench is not None else None
+            if r.status == BatchStatus.ok and cand is not None:
+                b.screen_ms = cand.median_ms
+                timed.append(b)
+                say(f"[screen {count}/{total}] {b.knobs} {b.screen_ms * 1e3:.1f} us alone ({r.seconds:.2f} s)")
+            else:
+                b.lib.unlink(missing_ok=True)
+                record(SweepPoint(knobs=b.knobs, index=b.index, ok=False, outcome=r.status.value,
+                                  reason="on the screen: " + one_line(r.message), build_seconds=b.build_seconds,
+                                  eval_seconds=r.seconds, seconds=b.seconds))
+        for settled in batch_eval.evaluate(task, [c.lib for c in chunk], base_lib, batch=batch, screen=True,
+                                           contexts=[c.launch_context for c in chunk], landed=land):
+            for k, r in settled:
+                if k not in seen:
+                    land(k, r)
     timed.sort(key=lambda b: b.screen_ms)
     for b in timed[keep:]:
         b.lib.unlink(missing_ok=True)
@@ -153,6 +158,35 @@ def screen_built(task: Task, built: list[Built], base_lib: Path, keep: int, batc
                                  f"(the slowest kept: {timed[keep - 1].screen_ms * 1e3:.1f} us)",
                           build_seconds=b.build_seconds, eval_seconds=b.seconds - b.build_seconds, seconds=b.seconds))
     return sorted(timed[:keep], key=lambda b: b.index)
+
+
+def as_built(q: queue.Queue, least: int, most: int, ready: Callable[[], object] = lambda: None
+             ) -> Iterator[list[Built]]:
+    """The configurations put on `q` as they are built (None: no more), in chunks for screen_built: `least` at least
+    (a batch child's start, about 1 s, shared by that many) unless the builds are done, and at most `most`. `ready()`
+    is called first (the initial's parity: its kernels off the GPU before any timing; what it raises ends the screen)."""
+    ready()
+    buf: list[Built] = []
+    done = False
+    while not done:
+        while len(buf) < least:
+            b = q.get()
+            if b is None:
+                done = True
+                break
+            buf.append(b)
+        while not done and len(buf) < most:
+            try:
+                b = q.get_nowait()
+            except queue.Empty:
+                break
+            if b is None:
+                done = True
+            else:
+                buf.append(b)
+        if buf:
+            yield sorted(buf, key=lambda b: b.index)
+            buf = []
 
 
 def _point(b: Built, r: BatchItemResult) -> SweepPoint:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import multiprocessing as mp
+import os
 import shutil
 import time
 from collections.abc import Callable
@@ -17,6 +18,9 @@ from agent.records.schema import StageTimes
 from agent.sweep.points import SweepPoint, one_line
 from tools.results import LaunchResult
 from tools.task import Task, knob_pattern, load_task
+
+
+BUILD_NICE = 10     # a nice-0 process gets about 9 times the CPU of a nice-10 one where both are runnable
 
 
 def write_knobs(task_dir: Path, task: Task, cfg: dict[str, int]) -> None:
@@ -46,18 +50,23 @@ class Built:
 
 def build_configurations(task: Task, space: list[dict[str, int]], out_dir: Path, limits, jobs: int,
                record: Callable[[SweepPoint], None], say: Callable[[str], None],
-               earlier: list[Path] | None = None, abort: Callable[[], None] = lambda: None) -> list[Built]:
+               earlier: list[Path] | None = None, abort: Callable[[], None] = lambda: None,
+               on_built: Callable[[Built], None] = lambda b: None) -> list[Built]:
     """Every configuration's copy built and statically checked, `jobs` at a time. Failures are recorded
-    as points at once; the rest come back in configuration order. `abort()` is called as each is done: what it
-    raises ends the builds (those under way finish, the rest never start)."""
+    as points at once; the rest are handed to `on_built` as each is done (the screen, beside the builds) and come
+    back in configuration order. `abort()` is called as each is done: what it raises ends the builds (those under
+    way finish, the rest never start)."""
     built: list[Built] = []
     every = max(1, len(space) // 20)
     # processes, not threads: a build's own Python (the scan, reading its preprocessed sources, the ninja file, the
     # object cache) is 0.15-0.3 s a configuration, and 16 threads held to one interpreter lock took 20-25 s for 64
     # softmax configurations on a 16-core H200 host whose nvcc alone compiles them in 8. Spawned (fresh interpreters,
     # 0.3 s of imports each, at once), not forked from a process with threads; children of this process, so that the
-    # pool's shutdown reaps them (a fork server's workers outlived the sweep as zombies where init does not reap)
-    ex = cf.ProcessPoolExecutor(max_workers=jobs, mp_context=mp.get_context("spawn"))
+    # pool's shutdown reaps them (a fork server's workers outlived the sweep as zombies where init does not reap).
+    # Niced, with the compilers they start: what runs beside them on the GPU (the screen's timing, a parity) is
+    # served first where both want a core.
+    ex = cf.ProcessPoolExecutor(max_workers=jobs, mp_context=mp.get_context("spawn"), initializer=os.nice,
+                                initargs=(BUILD_NICE,))
     try:
         futs = [ex.submit(_prepare, task, n, cfg, out_dir, limits, earlier) for n, cfg in enumerate(space, 1)]
         for done, fut in enumerate(cf.as_completed(futs), 1):
@@ -67,6 +76,7 @@ def build_configurations(task: Task, space: list[dict[str, int]], out_dir: Path,
                 record(r)
             else:
                 built.append(r)
+                on_built(r)
             if done % every == 0 or done == len(space):
                 say(f"built {done}/{len(space)} ({done - len(built)} failed so far)")
     finally:   # a Ctrl-C: the builds under way finish (each is seconds), the queued ones never start

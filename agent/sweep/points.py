@@ -47,8 +47,8 @@ class SweepResult(BaseModel):
     screen: int | None = None         # --screen K: only the K fastest by a short timing got the full checks
     verified: dict[str, int] | None = None   # knobs of the point that passed the best's checks
     complete: bool = False            # False: interrupted (or still running); the points so far are kept
-    build_wall_s: float = 0.0
-    screen_wall_s: float = 0.0
+    build_wall_s: float = 0.0         # the builds (the initial's parity and the screen beside them)
+    screen_wall_s: float = 0.0        # from the screen's first chunk to its end (issue 66: beside the builds)
     eval_wall_s: float = 0.0
     verify_wall_s: float = 0.0
     workers: int = 1                  # evaluated on this many workers (agent/evaluation/executor.py)

@@ -22,7 +22,9 @@ the batch under way.
 from __future__ import annotations
 
 import os
+import queue
 import random
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -33,7 +35,7 @@ from agent.evaluation.ended import IterationEnded
 from agent.evaluation.evaluate import Evaluator, snapshot_lib
 from agent.evaluation.executor import Executor, Local
 from agent.records.schema import StageTimes
-from agent.sweep.batches import evaluate_built, screen_built
+from agent.sweep.batches import as_built, evaluate_built, screen_built
 from agent.sweep.build import Built, build_configurations
 from agent.sweep.points import SweepPoint, SweepResult, one_line, save_result
 from tools.backends.device import task_limits
@@ -42,6 +44,7 @@ from tools.task import Task
 
 
 SCREEN_BATCH_FACTOR = 4
+SCREEN_LEAST = 16      # configurations a screen child waits for while the builds go on (its start: about 1 s)
 
 
 Progress = Callable[[int, int, SweepPoint], None]
@@ -55,7 +58,13 @@ def sweep(task: Task, out_dir: Path, limit: int | None = None, seed: int = 0, pr
     progress(n, total, point) is called once per configuration as its point is recorded; log(line)
     gets the build progress and the verification of the best. `executor` evaluates the configurations (parity and
     the bench against the initial; agent/evaluation/executor.py): here by default, or on dask workers, a GPU each."""
-    say = log or (lambda _: None)
+    lock = threading.RLock()     # the builds' failures and the screen's verdicts land on two threads
+
+    def say(line: str) -> None:
+        with lock:
+            if log is not None:
+                log(line)
+
     ex = executor or Local()
     if screen is not None and screen < 1:
         raise ValueError("screen must keep at least 1 configuration")
@@ -73,9 +82,10 @@ def sweep(task: Task, out_dir: Path, limit: int | None = None, seed: int = 0, pr
     path = out_dir / "sweep.json"
 
     def record(point: SweepPoint) -> None:
-        res.points.append(point)
-        if progress:
-            progress(len(res.points), len(space), point)
+        with lock:
+            res.points.append(point)
+            if progress:
+                progress(len(res.points), len(space), point)
 
     try:
         init_ev = Evaluator(task, out_dir / "build-initial", limits)
@@ -86,27 +96,40 @@ def sweep(task: Task, out_dir: Path, limit: int | None = None, seed: int = 0, pr
         base_lib = snapshot_lib(b.lib_path, out_dir / "initial" / f"lib{task.name}.so")
 
         t0 = time.monotonic()
-        # the initial's parity (a child of its own, no timing) runs while the configurations compile; a failure
-        # ends the builds at the next one done. Its bench waits for the builds: a timing on a quiet machine.
-        with ThreadPoolExecutor(1, thread_name_prefix="sweep-initial") as pool:
-            initial = pool.submit(init_ev.parity, base_lib, t)
+        # Beside the builds (niced: agent/sweep/build.py): the initial's parity (a child of its own, no timing), then
+        # the screen of the configurations built so far, chunk by chunk; what either raises ends the builds at the
+        # next one done. The initial's bench waits for both: a timing on a quiet machine.
+        streamed = screen is not None and len(space) > screen
+        q: queue.Queue = queue.Queue()
+        started: list[float] = []
+
+        def chunks():
+            for chunk in as_built(q, SCREEN_LEAST, SCREEN_BATCH_FACTOR * batch, parity0.result):
+                started[:] = started or [time.monotonic()]
+                yield chunk
+
+        with ThreadPoolExecutor(2, thread_name_prefix="sweep") as pool:
+            parity0 = pool.submit(init_ev.parity, base_lib, t)
+            screening = pool.submit(screen_built, task, chunks(), base_lib, screen, SCREEN_BATCH_FACTOR * batch,
+                                    record, say, len(space)) if streamed else None
 
             def abort() -> None:
-                if initial.done():
-                    initial.result()     # raises the initial's parity failure
+                for f in (parity0, screening):
+                    if f is not None and f.done():
+                        f.result()      # raises the initial's parity failure, or the screen's
 
-            built = build_configurations(task, space, out_dir, limits, jobs, record, say, init_ev.reuse_objects, abort)
-            initial.result()
-        res.build_wall_s = time.monotonic() - t0
+            try:
+                built = build_configurations(task, space, out_dir, limits, jobs, record, say, init_ev.reuse_objects,
+                                             abort, q.put)
+            finally:
+                q.put(None)
+            res.build_wall_s = time.monotonic() - t0
+            parity0.result()
+            if screening is not None:
+                built = screening.result()
+                res.screen_wall_s = time.monotonic() - (started[0] if started else t0)
         res.initial_ms = init_ev.bench(base_lib, None, t)[0].timing("candidate").median_ms
         save_result(path, res)
-
-        if screen is not None and len(built) > screen:
-            t0 = time.monotonic()
-            # a screen's timing is short (about 0.15 s), so a process's start-up (about 3 s) is shared by more
-            built = screen_built(task, built, base_lib, screen, SCREEN_BATCH_FACTOR * batch, record, say)
-            res.screen_wall_s = time.monotonic() - t0
-            save_result(path, res)
 
         t0 = time.monotonic()
 
