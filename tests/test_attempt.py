@@ -41,9 +41,9 @@ TABLE = [
      Outcome.kept, True, "confirm it"),
     ("confirmed", _b(1.30, 1.20, 1.40), _b(1.25, 1.15, 1.35), None, "keep", Outcome.kept, False, "kept: 1.300x"),
     ("the second bench holds 1, its median short of the gain", _b(1.30, 1.20, 1.40), _b(1.01, 0.97, 1.08), None,
-     "reject", Outcome.not_faster, False, "not confirmed by a second interleaved bench (1.010x [0.970, 1.080])"),
+     "reject", Outcome.not_faster, False, "not confirmed by a second interleaved bench (1.010x [0.970, 1.080] in 8 rounds at 95%)"),
     ("the second bench holds 1, its median past the gain: doubt", _b(1.134, 1.076, 1.161), _b(1.114, 0.916, 1.374),
-     None, "rebench", Outcome.kept, False, "1.114x [0.916, 1.374]: doubtful, bench it again with 16 rounds"),
+     None, "rebench", Outcome.kept, False, "1.114x [0.916, 1.374] in 8 rounds at 95%: doubtful, bench it again with 16 rounds"),
     ("both above 1 but together under the minimum gain", _b(1.021, 1.001, 1.04), _b(1.005, 1.001, 1.01), None,
      "reject", Outcome.not_faster, False, "not confirmed by a second"),
     ("the second bench has no ratio", _b(1.30, 1.20, 1.40), NO_RATIO, None, "reject", Outcome.not_faster, False,
@@ -91,7 +91,7 @@ def test_a_doubtful_bench_is_rebenched_until_it_decides_or_its_rebenches_are_spe
     a.confirm = _r(1.10, 0.97, 1.25, 16)
     v = decide(a, RULE)
     assert (v.action, v.stage, v.rounds, v.confidence) == ("rebench", "confirm", 32, REBENCH_CONFIDENCE)
-    assert "1.114x [0.916, 1.374], then 1.100x [0.970, 1.250] in 16 rounds at 99%" in v.reason
+    assert "1.114x [0.916, 1.374] in 8 rounds at 95%, then 1.100x [0.970, 1.250] in 16 rounds at 99%" in v.reason
     a.confirm_undecided.append(a.confirm)
     a.confirm = _r(1.09, 0.99, 1.20, 32)
     v = decide(a, RULE)
@@ -135,3 +135,19 @@ def test_decide_reads_and_never_changes_the_attempt():
     before = a.model_dump()
     assert decide(a, RULE) == decide(a, RULE)
     assert a.model_dump() == before
+
+
+def test_the_confirmation_is_sized_to_the_noise_the_first_bench_measured():
+    """Issue 66: a clear gain is confirmed in 6 rounds, not the task's 10; a gain near its noise gets up to twice the
+    task's at once (not a doubtful confirmation and then a re-bench of twice as many); a task asking fewer than 6
+    rounds, no ratio or no gain keeps the task's."""
+    from agent.evaluation.attempt import CONFIRM_MIN_ROUNDS, confirm_rounds
+
+    def ci(median, low, rounds=10):
+        return SpeedupCI(median=median, low=low, high=2 * median - low, rounds=rounds)
+    assert confirm_rounds(ci(1.30, 1.28), 10) == CONFIRM_MIN_ROUNDS == 6        # spread 0.02 far from 1: 6
+    assert confirm_rounds(ci(1.15, 1.10), 10) == 6                              # 10 * (2 * 0.05 / 0.15)^2 = 4.4
+    assert confirm_rounds(ci(1.12, 1.07), 10) == 7                              # 10 * (2 * 0.05 / 0.12)^2 = 6.9
+    assert confirm_rounds(ci(1.14, 1.04), 10) == 20                             # near its noise: twice the task's
+    assert confirm_rounds(ci(1.30, 1.28), 4) == 4 and confirm_rounds(None, 10) == 10
+    assert confirm_rounds(ci(0.99, 0.95), 10) == 10

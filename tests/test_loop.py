@@ -192,8 +192,12 @@ def test_a_gain_the_confirmation_bench_does_not_see_is_not_kept(tmp_path):
     # the same move without the trick is confirmed and kept; the commit says so
     assert second.decision == Decision.kept
     assert second.confirm is not None and second.confirm.speedup_vs_baseline.low > 1.0
+    # its rounds sized to the first bench's noise (issue 66), said in the commit
+    from agent.evaluation.attempt import confirm_rounds
+    rounds = confirm_rounds(second.bench.speedup_vs_baseline, 8)      # matmul_cpu's task.toml: 8 rounds
+    assert second.confirm.speedup_vs_baseline.rounds == rounds, (second.bench.speedup_vs_baseline, rounds)
     msg = git(root, "log", "-1", "--format=%B", second.commit_sha)
-    assert "confirmed by a second bench" in msg
+    assert "confirmed by a second bench" in msg and f"{rounds} rounds: sized to the first's noise" in msg, msg
     assert snapshot(root) == before
 
 

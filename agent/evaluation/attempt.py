@@ -95,6 +95,25 @@ REBENCH_CONFIDENCE = 0.99
 REBENCH_MAX = 2
 REBENCH_SPEND = 10.0
 
+# The confirmation's rounds, sized to the noise the first bench measured (issue 66): as many as put its interval's
+# lower end, by the first bench's spread below its median scaled by the square root of the rounds, CONFIRM_SAFETY
+# times closer to the median than 1 is; no fewer than CONFIRM_MIN_ROUNDS (the fewest whose distribution-free 95%
+# interval exists: the full range of 6 covers 96.9%), no more than twice the task's (a re-bench's first step).
+CONFIRM_MIN_ROUNDS = 6
+CONFIRM_SAFETY = 2.0
+
+
+def confirm_rounds(first: SpeedupCI | None, rounds: int) -> int:
+    """The second bench's rounds for a candidate whose first bench measured `first`, the task's being `rounds`: fewer
+    for a clear gain (a tight interval far above 1 is shown again by 6 rounds as well as by 10), more for a gain near
+    its noise (which the task's count would leave doubtful, to a re-bench of twice as many). A task asking fewer than
+    CONFIRM_MIN_ROUNDS keeps its own."""
+    if first is None or rounds < CONFIRM_MIN_ROUNDS or first.median <= 1.0:
+        return rounds
+    spread, margin = max(first.median - first.low, 1e-9), first.median - 1.0
+    want = math.ceil(first.rounds * (CONFIRM_SAFETY * spread / margin) ** 2)
+    return min(2 * rounds, max(CONFIRM_MIN_ROUNDS, want))
+
 
 def ratio(bench: BenchResult | None) -> SpeedupCI | None:
     return bench.speedup_vs_baseline if bench is not None else None
@@ -118,7 +137,8 @@ def _benches(a: Attempt, stage: str) -> list[BenchResult]:
 
 
 def _trail(a: Attempt, stage: str) -> str:
-    return ", then ".join(f"{_ci(c)}" + (f" in {c.rounds} rounds at {c.confidence:.0%}" if i else "")
+    # the confirmation's rounds are said from its first bench on: they are sized to the first bench's noise
+    return ", then ".join(f"{_ci(c)}" + (f" in {c.rounds} rounds at {c.confidence:.0%}" if i or stage == "confirm" else "")
                           for i, b in enumerate(_benches(a, stage)) if (c := ratio(b)) is not None)
 
 

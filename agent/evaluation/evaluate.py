@@ -12,7 +12,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from agent.evaluation.attempt import Attempt
+from agent.evaluation.attempt import Attempt, confirm_rounds, ratio
 from agent.evaluation.ended import (BenchFailed, CompileFailed, IterationEnded, LaunchRejected, ParityFailed,
                                     RangeParityFailed, TouchedCheckout)
 from agent.records.schema import StageTimes
@@ -136,9 +136,10 @@ class Evaluator:
         RangeParityFailed (the iteration's parity failure), the bench's BenchFailed. The bench times the reference too:
         a kept candidate's figure against it is measured beside it (agent/optimize/best.py side_by_side)."""
         tmp = Attempt(iteration=0, run_id="", started="", parent_sha="")
+        rounds = confirm_rounds(ratio(a.bench), self.task.spec.bench.rounds)   # sized to the first bench's noise
         try:   # on a GPU, compute-sanitizer memcheck after the range parity (tools/judge/sanitize.py)
             self.evaluate_candidate(lib, baseline, a.times, into=tmp, parity_extent="rest",
-                                    memcheck=self.task.backend.gpu, with_reference=True)
+                                    memcheck=self.task.backend.gpu, with_reference=True, rounds=rounds)
         except ParityFailed as e:
             if e.result is not None:
                 a.parity = _joined(a.parity, e.result)
@@ -207,7 +208,7 @@ class Evaluator:
     def evaluate_candidate(self, lib: Path, baseline: Path | None, times: StageTimes, *,
                            launch_context: dict | None = None, into: Attempt | None = None, warm=None,
                            with_reference: bool = False, verify_launch: bool = False,
-                           parity_extent: str = "full", memcheck: bool = False) -> Attempt:
+                           parity_extent: str = "full", memcheck: bool = False, rounds: int | None = None) -> Attempt:
         """The one candidate pipeline of optimize, sweep, `agent check` and `agent gate`: in ONE child,
         the static launch check of the library's own plan (where `launch_context` is given: see
         launch_context()), parity, then the main-shape bench against `baseline` (None: the candidate
@@ -232,7 +233,8 @@ class Evaluator:
                                                     scratch_root=self.scratch_root, parity_extent=parity_extent,
                                                     memcheck=memcheck,
                                                     budgets=self.budgets if parity_extent == "quick" else None,
-                                                    keep_gain=self.keep_gain if parity_extent == "quick" else None)
+                                                    keep_gain=self.keep_gain if parity_extent == "quick" else None,
+                                                    rounds=rounds)
         a.output_dropped_bytes += dropped
         total = time.monotonic() - t0
         l_secs = launch.seconds if launch is not None else 0.0

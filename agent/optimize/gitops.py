@@ -248,7 +248,7 @@ def kept_message(run_id: str, a: "Attempt", vs_initial: "Figure | None") -> str:
             f"(p10 {cand.p10_ms * 1e3:.2f}, p90 {cand.p90_ms * 1e3:.2f}); "
             f"{ci.median:.3f}x over the parent ({ci.confidence:.0%} CI {ci.low:.3f}-{ci.high:.3f}, {ci.rounds} ABAB rounds)"
             + (f"; confirmed by a second bench at {again.median:.3f}x ({again.confidence:.0%} CI {again.low:.3f}-"
-               f"{again.high:.3f})" if again else "")
+               f"{again.high:.3f}, {again.rounds} rounds: sized to the first's noise)" if again else "")
             + (f"; that bench timed the PyTorch reference beside it: {ref.median:.3f}x ({ref.confidence:.0%} CI "
                f"{ref.low:.3f}-{ref.high:.3f}) against it." if ref else "."),
             f"Cumulative: {_fig(vs_initial)} vs the initial kernel "
