@@ -297,6 +297,44 @@ def test_the_dask_executor_says_which_worker_runs_each_item():
     assert all(d.worker in seen[d.index] for d in done), (done, seen)
 
 
+def test_what_an_item_puts_on_the_landing_channel_arrives_before_the_item_is_done():
+    """Issue 66: a sweep's verdicts as they land, not per chunk at its end: what a dask worker's item puts on the
+    executor's landing channel (a distributed.Queue) is handed over here while the item still runs, each with its
+    worker's label, in order, and nothing is left behind when the block ends; the local executor's the same."""
+    for ex in (Dask(envs=worker_envs(1, False)), Local()):
+        heard: list[tuple[float, str, str]] = []
+        try:
+            with ex.landing(lambda text, worker: heard.append((time.monotonic(), text, worker))) as put:
+                talk = lambda n: [put(str(i)) or time.sleep(0.6) for i in range(n)] and n   # noqa: E731 (by value)
+                done = list(ex.run(talk, [3]))
+                finished = time.monotonic()
+        finally:
+            ex.close()
+        assert [d.value for d in done] == [3] and not any(d.error or d.lost for d in done), done
+        assert [t for _, t, _ in heard] == ["0", "1", "2"], heard
+        label = worker_envs(1, False)[0]["AGENT_WORKER"] if isinstance(ex, Dask) else "local"
+        assert {w for _, _, w in heard} == {label}, heard
+        assert heard[0][0] < finished - 1.0, (heard, finished)    # the first text came 1.2 s before the item's end
+
+
+def test_a_sweep_on_dask_workers_reports_each_configuration_as_it_lands(tmp_path):
+    """Issue 66: on dask workers a chunk's configurations are recorded one by one as their batch child writes them
+    (the batch's watcher thread puts each on the executor's landing channel from the worker), not all at the chunk's
+    end: on each worker the first configuration's point comes well before its chunk's last (at the chunk's end they
+    came within milliseconds of each other)."""
+    d = planted_task(tmp_path, SPACE)
+    ex = Dask(envs=worker_envs(2, False))
+    at: dict[str, list[float]] = {}
+    try:
+        res = sweep(load_task(d), tmp_path / "sweep", jobs=2, batch=8, executor=ex,
+                    progress=lambda n, total, p: at.setdefault(p.worker, []).append(time.monotonic()))
+    finally:
+        ex.close()
+    assert res.complete and all(p.ok for p in res.points), [(p.knobs, p.outcome, p.reason) for p in res.points]
+    assert set(at) == {e["AGENT_WORKER"] for e in worker_envs(2, False)}, at
+    assert all(len(ts) >= 3 and ts[-1] - ts[0] > 1.0 for ts in at.values()), at
+
+
 def _optimize_killing(tmp_path, kills: int):
     """`agent optimize --candidates 2 --workers 2` (the CLI, its own process) while this test SIGKILLs a dask worker
     that is evaluating a candidate (its fork server has forked the candidate's judge), `kills` times."""

@@ -29,9 +29,13 @@ import os
 import shutil
 import tarfile
 import tempfile
+import threading
 import time
+import uuid
 from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -64,6 +68,13 @@ class Executor(Protocol):
         when an item is seen on a worker (again on another, if its worker died)."""
         ...
 
+    def landing(self, landed: Callable[[str, str], None]) -> AbstractContextManager[Callable[[str], None]]:
+        """A channel for what an item has to say before it is done (issue 66: a sweep's verdicts as they land, not
+        per chunk at its end): gives a `put(text)` to hand fn (picklable: it runs where fn runs), and calls
+        `landed(text, worker)` here for each text put, from a thread of its own, until the block ends (every text
+        put by then handed over)."""
+        ...
+
     def close(self) -> None:
         ...
 
@@ -88,8 +99,18 @@ class Local:
                 started(i, "local")
             yield Done(index=i, value=fn(item))
 
+    @contextmanager
+    def landing(self, landed: Callable[[str, str], None]) -> Iterator[Callable[[str], None]]:
+        yield lambda text: landed(text, "local")
+
     def close(self) -> None:
         pass
+
+
+def _put(name: str, text: str) -> None:
+    """On a worker: one text on the landing queue `name` (Dask.landing), with the worker's label."""
+    from distributed import Queue
+    Queue(name).put([text, os.environ.get("AGENT_WORKER", "local")])
 
 
 def worker_envs(n: int, gpu: bool, gpus: list[str] | None = None, cpus: list[int] | None = None) -> list[dict]:
@@ -171,6 +192,36 @@ class Dask:
         finally:   # an interrupt: what is queued is cancelled, what runs ends with its worker's cluster
             for fut in futs:
                 fut.cancel()
+
+    @contextmanager
+    def landing(self, landed: Callable[[str, str], None]) -> Iterator[Callable[[str], None]]:
+        """Through a distributed.Queue of this block's own (small msgpack data, through the scheduler), read every
+        POLL_S by a thread here: all that waits at once (get(batch=True): a get that times out is logged by the
+        scheduler as an error)."""
+        from distributed import Queue
+        q = Queue(f"agent-landing-{uuid.uuid4().hex}", client=self.client)
+        stop = threading.Event()
+
+        def read() -> None:
+            while True:
+                last = stop.is_set()         # set before this read: what was put before the block ended is in it
+                try:
+                    items = q.get(batch=True)
+                except Exception as e:       # the scheduler did not answer this time: the chunk's end brings it all
+                    log.debug("dask landing queue: %s", e)
+                    items = []
+                for text, worker in items:
+                    landed(text, worker)
+                if last:
+                    return
+                stop.wait(POLL_S)
+        t = threading.Thread(target=read, name="dask-landing", daemon=True)
+        t.start()
+        try:
+            yield partial(_put, q.name)
+        finally:
+            stop.set()
+            t.join()
 
     def _placed(self, futs: dict) -> list[tuple[int, str]]:
         """(item, worker label) for each item a worker is running now, as the scheduler says."""

@@ -3,9 +3,11 @@ what one worker runs: evaluate_chunk, sent to dask workers by reference), and th
 
 from __future__ import annotations
 
+import json
 import math
 import queue
 import tempfile
+import threading
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from functools import partial
@@ -54,7 +56,13 @@ def evaluate_chunk(task_root: str, baseline: str, batch: int, chunk: Chunk, ship
             (Path(tmp) / f"cfg-{k}").mkdir()
             libs.append(Path(tmp) / f"cfg-{k}" / shipped.name)
             libs[-1].write_bytes(data)
-        return _evaluate_chunk(root, base, libs, batch, chunk)
+        return _evaluate_chunk(root, base, libs, batch, chunk, landed)
+
+
+def _send(put: Callable[[str], None], k: int, r: BatchItemResult) -> None:
+    """A chunk's result as it lands, to the executor's landing channel (agent/evaluation/executor.py: on a dask
+    worker, through the scheduler): text."""
+    put(json.dumps([k, r.model_dump(mode="json")]))
 
 
 def _evaluate_chunk(root: Path, baseline: Path, libs: list[Path], batch: int, chunk: Chunk,
@@ -81,9 +89,13 @@ def evaluate_built(task: Task, built: list[Built], base_lib: Path, batch: int, e
               for i in range(0, len(built), size)]
     shipped = None if local else Shipped(task=pack_folder(task.root), baseline=base_lib.read_bytes(), name=base_lib.name)
     seen: set[int] = set()
+    lock = threading.Lock()    # the landing channel's thread and the chunks' ends both hand results over
 
     def land(k: int, r: BatchItemResult, worker: str) -> None:
-        seen.add(k)
+        with lock:
+            if k in seen:
+                return
+            seen.add(k)
         built[k].launch = r.launch or built[k].launch
         p = _point(built[k], r)
         p.worker = "" if ex.workers <= 1 and worker == "local" else worker
@@ -91,30 +103,38 @@ def evaluate_built(task: Task, built: list[Built], base_lib: Path, batch: int, e
         if r.status != BatchStatus.ok:
             built[k].lib.unlink(missing_ok=True)   # only the passing ones are kept for a second look
 
-    # here each configuration is recorded as its result lands (issue 66); a dask worker's chunk when it is done
-    fn = partial(evaluate_chunk, str(task.root), str(base_lib), batch, shipped=shipped,
-                 landed=(lambda k, r: land(k, r, "local")) if local else None)
+    def heard(text: str, worker: str) -> None:
+        k, r = json.loads(text)
+        land(k, BatchItemResult.model_validate(r), worker)
+
     if built:
         say(f"evaluating {len(built)} configurations in {len(chunks)} chunk(s) of up to {size} on {ex.where} "
-            "(parity, then the bench against the initial; "
-            + ("each reports as it lands)" if local else "a chunk reports when its batch child is done)"))
+            "(parity, then the bench against the initial; each reports as it lands)")
+
     def started(n: int, worker: str) -> None:
         if not local:
             say(f"chunk {n + 1}/{len(chunks)} ({len(chunks[n].indices)} configurations) started on {worker}")
-    for done in ex.run(fn, chunks, started=started):
-        if done.error is not None:
-            raise done.error
-        if done.lost:
-            for k in chunks[done.index].indices:
-                b = built[k]
-                record(SweepPoint(knobs=b.knobs, index=b.index, ok=False, outcome="lost", reason=done.lost,
-                                  build_seconds=b.build_seconds, seconds=b.seconds, worker=done.worker))
-            saved()
-            continue
-        for k, r in done.value:
-            if k not in seen:
+    # each configuration is recorded as its result lands (issue 66), here or on a dask worker (through the
+    # executor's landing channel); a chunk's end hands over what did not land so
+    with ex.landing(heard) as put:
+        fn = partial(evaluate_chunk, str(task.root), str(base_lib), batch, shipped=shipped, landed=partial(_send, put))
+        for done in ex.run(fn, chunks, started=started):
+            if done.error is not None:
+                raise done.error
+            if done.lost:
+                for k in chunks[done.index].indices:
+                    with lock:
+                        if k in seen:
+                            continue
+                        seen.add(k)
+                    b = built[k]
+                    record(SweepPoint(knobs=b.knobs, index=b.index, ok=False, outcome="lost", reason=done.lost,
+                                      build_seconds=b.build_seconds, seconds=b.seconds, worker=done.worker))
+                saved()
+                continue
+            for k, r in done.value:
                 land(k, r, done.worker)
-        saved()
+            saved()
 
 
 def screen_built(task: Task, chunks: Iterable[list[Built]], base_lib: Path, keep: int, batch: int,

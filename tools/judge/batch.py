@@ -14,6 +14,7 @@ error, a write outside the output) the child stops by itself and the rest also g
 
 from __future__ import annotations
 
+import contextvars
 import json
 import sys
 import tempfile
@@ -100,7 +101,10 @@ class _Landing:
         self.path, self.todo, self.landed = path, todo, landed
         self.path.touch()
         self.offset, self.count, self.done = 0, 0, threading.Event()
-        self.thread = threading.Thread(target=self._run, name="batch-landing", daemon=True)
+        # in the caller's context: on a dask worker, its task's (where `landed`, the executor's landing channel, finds
+        # the worker's client; a thread's own context is empty)
+        self.thread = threading.Thread(target=contextvars.copy_context().run, args=(self._run,), name="batch-landing",
+                                       daemon=True)
         self.thread.start()
 
     def _run(self) -> None:
