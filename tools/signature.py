@@ -281,7 +281,7 @@ def main(argv: list[str] | None = None) -> int:
             return say(ok=False, field="--reference", error=f"{sig.reference} does not import: {type(e).__name__}: {e}",
                        fix="give module:function importable from the repository's root (e.g. ops.ref:fma for ops/ref.py)")
         out, got = empty_output(shape, *inputs), reference(shape, *inputs)
-    except Exception as e:
+    except Exception:
         tail = traceback.format_exc().strip().splitlines()[-1]
         return say(ok=False, field="--reference", error=f"calling {sig.reference} on the inputs failed: {tail[:300]}",
                    fix=f"it is called as {sig.reference.split(':')[1]}(" + ", ".join(

@@ -10,7 +10,7 @@ from agent.records.figures import figures_line, times_line
 from agent.review.plot import PlotUnavailable, plot_speedup
 from agent.review.roofline import plot_roofline
 from agent.review.runs import Run
-from agent.review.show import env_pairs, throughput, us, xs
+from agent.review.show import env_pairs, throughput, xs
 from agent.records.schema import Decision, IterationRecord
 from tools.results import BenchResult
 
