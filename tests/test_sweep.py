@@ -254,6 +254,9 @@ def test_cli_sweep_json_with_a_screen(tmp_path):
     assert all(p.speedup_vs_initial for p in full)
     assert out.verified == out.best().knobs and out.best().verified
     assert "built 4/4" in res.stderr and "[4/4]" in res.stderr and "verifying the best" in res.stderr
+    # a CPU task's screen waits for the builds (its timing would share their cores); a GPU task's runs beside them
+    assert "short timing once built" in res.stderr
+    assert res.stderr.index("built 4/4") < res.stderr.index("[screen 1/4]"), res.stderr
     (disk,) = (root / "runs").glob("sweep-matmul_cpu-*/sweep.json")
     assert SweepResult.model_validate_json(disk.read_text()) == out
     assert snapshot(root) == before

@@ -138,11 +138,13 @@ def evaluate_built(task: Task, built: list[Built], base_lib: Path, batch: int, e
 
 
 def screen_built(task: Task, chunks: Iterable[list[Built]], base_lib: Path, keep: int, batch: int,
-                 record: Callable[[SweepPoint], None], say: Callable[[str], None], total: int) -> list[Built]:
-    """A short timing of each alone, chunk by chunk as `chunks` gives them (the sweep's builds still under way:
-    agent/sweep/run.py); returns the `keep` fastest. A configuration that fails the screen (crash, hang, wrong in
+                 record: Callable[[SweepPoint], None], say: Callable[[str], None], total: int,
+                 beside: bool = True) -> list[Built]:
+    """A short timing of each alone, chunk by chunk as `chunks` gives them (`beside`: the sweep's builds still under
+    way, agent/sweep/run.py); returns the `keep` fastest. A configuration that fails the screen (crash, hang, wrong in
     the bench's spot checks) is recorded with that outcome; the others that are not kept, as screened_out."""
-    say(f"screening {total} configurations by a short timing as they are built; the {keep} fastest get the full checks")
+    say(f"screening {total} configurations by a short timing {'as they are built' if beside else 'once built'}; "
+        f"the {keep} fastest get the full checks")
     timed: list[Built] = []
     count = 0
     for chunk in chunks:

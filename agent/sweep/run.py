@@ -96,22 +96,24 @@ def sweep(task: Task, out_dir: Path, limit: int | None = None, seed: int = 0, pr
         base_lib = snapshot_lib(b.lib_path, out_dir / "initial" / f"lib{task.name}.so")
 
         t0 = time.monotonic()
-        # Beside the builds (niced: agent/sweep/build.py): the initial's parity (a child of its own, no timing), then
-        # the screen of the configurations built so far, chunk by chunk; what either raises ends the builds at the
-        # next one done. The initial's bench waits for both: a timing on a quiet machine.
+        # Beside the builds (niced: agent/sweep/build.py): the initial's parity (a child of its own, no timing), then,
+        # on a GPU, the screen of the configurations built so far, chunk by chunk; what either raises ends the builds
+        # at the next one done. The initial's bench waits for both: a timing on a quiet machine.
         streamed = screen is not None and len(space) > screen
+        beside = task.backend.gpu    # a CPU task's timing shares the cores with the builds however niced: it waits
         q: queue.Queue = queue.Queue()
         started: list[float] = []
 
         def chunks():
-            for chunk in as_built(q, SCREEN_LEAST, SCREEN_BATCH_FACTOR * batch, parity0.result):
+            for chunk in as_built(q, SCREEN_LEAST if beside else len(space), SCREEN_BATCH_FACTOR * batch,
+                                  parity0.result):
                 started[:] = started or [time.monotonic()]
                 yield chunk
 
         with ThreadPoolExecutor(2, thread_name_prefix="sweep") as pool:
             parity0 = pool.submit(init_ev.parity, base_lib, t)
             screening = pool.submit(screen_built, task, chunks(), base_lib, screen, SCREEN_BATCH_FACTOR * batch,
-                                    record, say, len(space)) if streamed else None
+                                    record, say, len(space), beside) if streamed else None
 
             def abort() -> None:
                 for f in (parity0, screening):
