@@ -2,18 +2,20 @@
 each timed against the initial configuration. It tells what the knobs can reach, the bar for the
 heuristic proposer.
 
-Fast, for hundreds of configurations:
-1. every configuration's task copy is built, `jobs` at a time (each build is its own ninja
-   process);
-2. the static launch check (each library's own plan against ptxas' resources and the device's
-   limits; no profiler trace), then parity and the interleaved bench against the initial, run in
-   batches, one throwaway child per batch (tools/judge/batch.py): a crash or a hang costs one
-   configuration, never the sweep, and a rejected launch runs nothing;
-   With --screen K, a short timing of each configuration alone (no parity) first ranks the space,
-   and only the K fastest get the full checks; the rest are recorded as screened_out;
-3. only the reported best gets the expensive checks: the dynamic launch check (the profiler
-   trace), a fresh-process parity with a new seed and a fresh-process bench against the initial.
-   If one fails, that point is marked failed with the reason and the next best is tried.
+Fast, for hundreds of configurations (issue 66: softmax's 199 in 108 s on an H200, BENCHMARKS.md):
+1. every configuration's task copy is built, `jobs` at a time, each in a spawned process of its own (niced, with its
+   compilers), while the initial's parity runs (a child of its own);
+2. with --screen K, a short timing of each configuration alone (no parity, no probe) ranks the space, on a GPU beside
+   the builds in chunks as they land (a CPU task's waits for them), and only the K fastest get the full checks; the
+   rest are recorded as screened_out;
+3. the static launch check (each library's own plan against ptxas' resources and the device's limits; no profiler
+   trace), then parity and the interleaved bench against the initial, what a candidate of the loop pays (parity's
+   quick extent, every probe but the reentrant one), in batches, one throwaway child per batch
+   (tools/judge/batch.py): a crash or a hang costs one configuration, never the sweep, and a rejected launch runs
+   nothing; each verdict is recorded as it lands, here or on a dask worker;
+4. only the reported best gets what a keep pays: the dynamic launch check (the profiler trace), a fresh-process
+   parity of every extent with a new seed, memcheck and racecheck, a fresh-process bench against the initial with
+   every probe. If one fails, that point is marked failed with the reason and the next best is tried.
 
 out_dir/sweep.json is rewritten (atomically) after each batch: a Ctrl-C or a kill loses at most
 the batch under way.
