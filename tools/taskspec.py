@@ -120,6 +120,10 @@ class BenchSpec(Strict):
     # the speedup interval's coverage; the loop's re-bench of a doubtful candidate asks for 0.99 (agent/evaluation/attempt.py)
     confidence: float = Field(default=0.95, ge=0.5, lt=1.0)
 
+    def timeout_for(self, rounds: int | None) -> float:
+        """timeout_s, grown with the rounds where more than these are asked (a re-bench, a confirmation's)."""
+        return self.timeout_s * max(1.0, (rounds or 0) / self.rounds)
+
 
 class ExtensionSpec(Strict):
     """A kernel in the form of a PyTorch C++/CUDA extension (form = "torch_extension"): the module the

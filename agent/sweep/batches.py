@@ -91,11 +91,16 @@ def evaluate_built(task: Task, built: list[Built], base_lib: Path, batch: int, e
     seen: set[int] = set()
     lock = threading.Lock()    # the landing channel's thread and the chunks' ends both hand results over
 
-    def land(k: int, r: BatchItemResult, worker: str) -> None:
+    def first(k: int) -> bool:
+        """Whether k is settled now, not already (each configuration is recorded once)."""
         with lock:
-            if k in seen:
-                return
+            new = k not in seen
             seen.add(k)
+            return new
+
+    def land(k: int, r: BatchItemResult, worker: str) -> None:
+        if not first(k):
+            return
         built[k].launch = r.launch or built[k].launch
         p = _point(built[k], r)
         p.worker = "" if ex.workers <= 1 and worker == "local" else worker
@@ -122,11 +127,7 @@ def evaluate_built(task: Task, built: list[Built], base_lib: Path, batch: int, e
             if done.error is not None:
                 raise done.error
             if done.lost:
-                for k in chunks[done.index].indices:
-                    with lock:
-                        if k in seen:
-                            continue
-                        seen.add(k)
+                for k in (k for k in chunks[done.index].indices if first(k)):
                     b = built[k]
                     record(SweepPoint(knobs=b.knobs, index=b.index, ok=False, outcome="lost", reason=done.lost,
                                       build_seconds=b.build_seconds, seconds=b.seconds, worker=done.worker))

@@ -85,7 +85,7 @@ def run_candidate(task: Task, lib_path: Path, baseline_lib: Path | None, *, seed
            "no_reference": not with_reference, "parity_extent": parity_extent, "memcheck": memcheck,
            "allow_unchecked": allowed_unchecked(),
            "keep_gain": keep_gain, "rounds": rounds}
-    timeout = task.spec.parity.timeout_s + task.spec.bench.timeout_s * max(1.0, (rounds or 0) / task.spec.bench.rounds)
+    timeout = task.spec.parity.timeout_s + task.spec.bench.timeout_for(rounds)
     if memcheck and task.backend.gpu:
         from tools.judge.sanitize import TIMEOUT_S
         timeout += 2 * TIMEOUT_S     # memcheck, then racecheck where the kernel uses shared memory

@@ -55,8 +55,7 @@ def run_bench(task: Task, lib_path: Path, *, baseline_lib: Path | None = None, s
         args.append("--no-reference")
     args += ["--rounds", str(rounds)] if rounds is not None else []
     args += ["--confidence", str(confidence)] if confidence is not None else []
-    timeout = timeout_s if timeout_s is not None else task.spec.bench.timeout_s * max(1.0, (rounds or 0)
-                                                                                       / task.spec.bench.rounds)
+    timeout = timeout_s if timeout_s is not None else task.spec.bench.timeout_for(rounds)
     t0 = time.monotonic()
     proc, data = run_python_json("tools.judge.judge", args, timeout, scratch_root)
     dt = time.monotonic() - t0
@@ -274,13 +273,12 @@ def _bench_shape(task, mod, runs, shape, with_reference, device_name="", keep_ga
     probe = Probe(task=task, mod=mod, shape=shape, device=device, device_name=device_name, calls=runs.calls,
                   sets=sets, outs=outs, cand_ms=cand_med, flops=flops, nbytes=nbytes, time_pairs=runs.time_pairs,
                   together=runs.together)
-    # the probes that matter only for a keep: left out where it is never kept
-    skip = (never := never_kept(ci, keep_gain)) and f"{never} (never kept)"
+    never = never_kept(ci, keep_gain)   # the probes that matter only for a keep are left out
     msg += f"; {', '.join(c.__name__ for c in left[0])} probe{'s' * (len(left[0]) > 1)} not run: {left[1]}" if left[0] else ""
     cost: dict[str, float] = {}
     for check in (c for c in PROBES if c not in left[0]) if status == BenchStatus.ok else ():
-        if skip and check in BEFORE_KEEP:
-            msg += f"; {check.__name__} probe not run: {skip}"
+        if never and check in BEFORE_KEEP:
+            msg += f"; {check.__name__} probe not run: {never} (never kept)"
             continue
         t1 = time.monotonic()
         why = check(probe)
