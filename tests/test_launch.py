@@ -8,7 +8,8 @@ import pytest
 
 from tools.build.build import build, find_nvcc
 from tools.backends.device import device_limits, table_limits
-from tools.measure.launch import block_registers, check_rules, dynamic_check, from_plan, static_check
+from tools.measure.launch import dynamic_check, from_plan, static_check
+from tools.measure.launch_rules import block_registers, check_rules
 from tools.results import BuildStatus, KernelResources, Launch, LaunchResult, LaunchStatus
 from tools.task import knob_pattern, load_task
 

@@ -38,6 +38,8 @@ class Evaluator:
         self.scratch_root = scratch_root or Path(build_dir).parent / "scratch"
         # the user's checkout: file modes compared around each candidate child (tools/isolation/checkout.py)
         self.watch = None
+        # (library, report) of the last Nsight Compute pass that served a launch check (verify_launch's `profile`)
+        self.taken = None
         if checkout is not None:
             from tools.isolation.checkout import CheckoutWatch
             self.watch = CheckoutWatch(checkout)
@@ -98,22 +100,47 @@ class Evaluator:
             times.launch += time.monotonic() - t0
         return launch_ok(res)
 
-    def verify_launch(self, lib: Path, static: LaunchResult, times: StageTimes) -> LaunchResult:
-        """The dynamic part alone, for a candidate that passed everything else."""
+    def verify_launch(self, lib: Path, static: LaunchResult, times: StageTimes,
+                      profile: tuple[Path, int] | None = None) -> LaunchResult:
+        """The dynamic part alone, for a candidate that passed everything else. With `profile` (its folder, its tier),
+        on a GPU with Nsight Compute, one ncu pass over every launch of one call is both the launch trace and the
+        profile (tools/profile/ncu.py whole_call): take_profile() hands it to the keep; where it cannot serve, the
+        torch profiler traces the launch as before."""
         if static.status != LaunchStatus.ok:
             return static
         t0 = time.monotonic()
         try:
-            res = self._dynamic(str(lib), static)
+            res = self._from_profile(lib, static, *profile) if profile is not None else None
+            if res is None:
+                res = self._dynamic(str(lib), static)
         finally:
             times.launch += time.monotonic() - t0
         return launch_ok(res)
 
+    def _from_profile(self, lib: Path, static: LaunchResult, out_dir: Path, tier: int) -> LaunchResult | None:
+        if not self.task.backend.gpu or self.limits is None or self.limits.source != "device":
+            return None
+        from tools.backends.toolchain import find_ncu
+        from tools.measure.launch import from_profile
+        from tools.profile import profile_task
+        if find_ncu() is None:
+            return None
+        rep = profile_task(self.task, lib, tier=tier, out_dir=out_dir, whole_call=True, fallback=False)
+        self.taken = (Path(lib), rep)
+        return from_profile(self.task, rep, self.limits, static)
+
+    def take_profile(self, lib: Path):
+        """The report of the ncu pass that checked `lib`'s launch (verify_launch), once; None where none served."""
+        taken, self.taken = self.taken, None
+        if taken is None or Path(taken[0]) != Path(lib) or not taken[1].kernels:
+            return None
+        return taken[1]
+
     def _dynamic(self, lib_path: str, static: LaunchResult) -> LaunchResult:
         if self.limits is None or self.limits.source != "device":
             return static   # compile-only machine: the static check is all there is
-        from tools.measure import launch as launch_tool
-        return launch_tool.dynamic_check(self.task, lib_path, self.limits, static, scratch_root=self.scratch_root)
+        from tools.measure.launch import dynamic_check
+        return dynamic_check(self.task, lib_path, self.limits, static, scratch_root=self.scratch_root)
 
     def parity(self, lib: Path, times: StageTimes, seed: int | None = None, extent: str = "full") -> ParityResult:
         from tools.measure.parity import run_parity
@@ -208,12 +235,13 @@ class Evaluator:
     def evaluate_candidate(self, lib: Path, baseline: Path | None, times: StageTimes, *,
                            launch_context: dict | None = None, into: Attempt | None = None, warm=None,
                            with_reference: bool = False, verify_launch: bool = False,
-                           parity_extent: str = "full", memcheck: bool = False, rounds: int | None = None) -> Attempt:
+                           parity_extent: str = "full", memcheck: bool = False, rounds: int | None = None,
+                           profile: tuple[Path, int] | None = None) -> Attempt:
         """The one candidate pipeline of optimize, sweep, `agent check` and `agent gate`: in ONE child,
         the static launch check of the library's own plan (where `launch_context` is given: see
         launch_context()), parity, then the main-shape bench against `baseline` (None: the candidate
         alone) and, `with_reference`, the reference. With `verify_launch`, a candidate that passed all
-        of it then gets the dynamic launch check (the profiler trace; on a GPU only).
+        of it then gets the dynamic launch check (the profiler trace; on a GPU only; `profile`: verify_launch's).
 
         Each result goes into the attempt (`into`, or a new one, returned) as soon as it exists; a
         failure raises the stage's IterationEnded with its typed result. The child's start-up, where
@@ -258,7 +286,7 @@ class Evaluator:
         if bad is not None:
             raise BenchFailed(f"bench {bad.status.value}: {bad.message}", bench[0])
         if verify_launch:
-            a.launch = self.verify_launch(lib, a.launch, times)
+            a.launch = self.verify_launch(lib, a.launch, times, profile)
         return a
 
     def bench(self, lib: Path, baseline: Path | None, times: StageTimes, with_reference: bool = False,

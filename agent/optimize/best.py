@@ -60,7 +60,8 @@ class Best:
             # the candidates' pipeline, in one judge child (the launch plan, parity, the bench with the
             # reference): before, parity and the bench were two children, a torch start-up more per run
             a = ev.evaluate_candidate(self.lib, None, times, launch_context=ev.launch_context(b, None),
-                                      with_reference=True, verify_launch=True)
+                                      with_reference=True, verify_launch=True,
+                                      profile=(self.run_dir / "initial", self.cfg.profile_tier))
             self.launch, bench, par = a.launch, a.bench, a.parity
         except IterationEnded as e:
             raise SetupFailed(f"the initial kernel cannot be the starting point: {e.reason}") from None
@@ -80,7 +81,7 @@ class Best:
         dump(self.run_dir / "initial" / "bench.json", bench)
         if par is not None:   # what each shape's check cost, the ranges' among them
             dump(self.run_dir / "initial" / "parity.json", par)
-        self.reprofile(self.run_dir / "initial")
+        self.reprofile(self.run_dir / "initial", taken=ev.take_profile(self.lib))
         self.save()
         rci = bench.speedup_vs_reference_ci
         vs_ref = f", reference {st.reference_ms * 1e3:.1f} us: {ci_text(rci)} vs reference" if st.reference_ms else (
@@ -91,9 +92,10 @@ class Best:
             self.view.message("candidate stage budgets: " + ", ".join(
                 f"{k} {b.seconds:g} s ({b.basis})" for k, b in st.stage_budgets.items()))
 
-    def reprofile(self, out_dir: Path) -> None:
+    def reprofile(self, out_dir: Path, taken: ProfileReport | None = None) -> None:
         """Profile the best library (CUDA only: a CPU task has no counters; the heuristic explores its
-        knobs); a profile with no kernels keeps the previous one."""
+        knobs); a profile with no kernels keeps the previous one. `taken`: the report of the Nsight Compute pass that
+        checked this library's launch (Evaluator.take_profile), the profile as it is: no second pass."""
         task = self.evaluator.task
         if not task.backend.gpu:
             self.profile = None
@@ -103,7 +105,7 @@ class Best:
         except ImportError:
             self.profile = None
             return
-        rep = profile_task(task, self.lib, tier=self.cfg.profile_tier, out_dir=out_dir)
+        rep = taken if taken is not None else profile_task(task, self.lib, tier=self.cfg.profile_tier, out_dir=out_dir)
         dump(out_dir / "profile.json", rep)
         self.profile = rep if rep.kernels else self.profile
 

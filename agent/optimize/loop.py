@@ -234,8 +234,11 @@ class Loop:
             self.best.profile_rejected(lib, self._iter_dir(a.iteration), a, v.outcome, self.run_end)
             raise {Outcome.implausible: Implausible, Outcome.inconclusive: Inconclusive}.get(v.outcome, NotFaster)(
                 v.reason)
-        self.stage(i, "launch")   # about to be kept: the real geometry (profiler trace) must match plan and limits
-        a.launch = self.evaluator.verify_launch(lib, a.launch, a.times)
+        # about to be kept: the real geometry must match plan and limits; on a GPU with ncu, the pass that shows it is
+        # also the profile the keep records (the launch stage's seconds are both)
+        self.stage(i, "launch")
+        a.launch = self.evaluator.verify_launch(lib, a.launch, a.times,
+                                                profile=(self._iter_dir(a.iteration), self.cfg.profile_tier))
 
     def _keep(self, i: int, d: Path, a: Attempt) -> IterationRecord:
         ci = a.bench.speedup_vs_baseline
@@ -248,7 +251,7 @@ class Loop:
         self.best.launch = a.launch
         self.stage(i, "profile")
         t0 = time.monotonic()
-        self.best.reprofile(d)
+        self.best.reprofile(d, taken=self.evaluator.take_profile(d / self.best.lib.name))
         a.times.profile += time.monotonic() - t0
         a.profile_summary = profile_summary(self.best.profile) if self.task.backend.gpu else None
         a.commit_sha = sha

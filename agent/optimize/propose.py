@@ -42,7 +42,7 @@ def resources(r: IterationRecord) -> str:
     "" for a CPU task or a candidate that did not build."""
     if r.build is None or not r.build.kernels:
         return ""
-    from tools.measure.launch import match_resources
+    from tools.measure.launch_rules import match_resources
     from tools.profile.fallback import SmLimits, estimate_occupancy
     lim = SmLimits(regs_per_sm=r.launch.limits.regs_per_sm) if r.launch is not None and r.launch.limits else SmLimits()
     parts, seen = [], set()

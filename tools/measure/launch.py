@@ -1,11 +1,12 @@
 """Launch (CTA) check, DESIGN step 5: is the launch geometry legal and big enough for the GPU?
 
-static_check: the library's own launch plan (asked in a child process; no GPU needed) plus the
-ptxas resources of the build, on the main shape and, rule by rule, on every other shape parity runs. dynamic_check (GPU): the geometry the driver really saw, from the
-torch profiler trace of one run of the main shape, checked by the same rules and compared with the
-plan (a plan that lies is rejected). A task without launch_plan (a torch extension as its author
-wrote it) passes the static check with no launches, and the trace alone is checked, the parent's CTA
-count included; on a machine without a GPU its launch is not checked, and the result says so.
+static_check: the library's own launch plan (asked in a child process; no GPU needed) plus the ptxas resources of
+the build, on the main shape and, rule by rule, on every other shape parity runs (the rules: tools/measure/launch_rules.py).
+dynamic_check (GPU): the geometry the driver really saw, from the torch profiler trace of one run of the main shape (or,
+from_profile, from an Nsight Compute pass over every launch of one call), checked by the same rules and compared with
+the plan (a plan that lies is rejected). A task without launch_plan (a torch extension as its author wrote it) passes
+the static check with no launches, and the trace alone is checked, the parent's CTA count included; on a machine
+without a GPU its launch is not checked, and the result says so.
 
     python -m tools.measure.launch kernels/TASK [--json] [--build-dir D] [--static-only]
 """
@@ -14,143 +15,18 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
-import re
 import sys
 from pathlib import Path
-from typing import Callable
 
 from tools.results import (BuildResult, BuildStatus, DeviceLimits, KernelResources, Launch, LaunchResult,
                            LaunchStatus, LaunchViolation)
 from tools.isolation.sandbox import ProcStatus, run_python_json
+from tools.measure.launch_rules import (CHILD, check_rules, launch_result, main_shape_json, match_resources,
+                                        per_launch)
 from tools.task import Task, shape_label
-
-CHILD = "tools.judge._plan_child"
-REG_ALLOC_UNIT = 256        # registers are allocated per warp in units of 256
-
-
-# --- the rules ----------------------------------------------------------------------------------
-def block_registers(regs_per_thread: int, threads: int) -> int:
-    """Registers a block really takes: per-warp allocation rounded to the allocation unit."""
-    warps = math.ceil(threads / 32)
-    per_warp = math.ceil(regs_per_thread * 32 / REG_ALLOC_UNIT) * REG_ALLOC_UNIT
-    return per_warp * warps
-
-
-def main_index(task: Task, launches: list[Launch], own: list[str] | None = None) -> int | None:
-    """The first launch matching task.kernel_regex, else the first of the build's own kernels (`own`, where known:
-    not a cuBLAS or ATen launch before it), else the first; none where the build compiled none (a scaffold)."""
-    if not launches:
-        return None
-    if task.spec.kernel_regex:
-        rx = re.compile(task.spec.kernel_regex)
-        for i, ln in enumerate(launches):
-            if rx.search(ln.kernel):
-                return i
-    if own is not None:
-        names = {_base_name(n) for n in own}
-        return next((i for i, ln in enumerate(launches) if _base_name(ln.kernel) in names), 0 if own else None)
-    return 0
-
-
-def per_launch(ln: Launch, limits: DeviceLimits, bad: Callable[[str, Launch, str], None]) -> None:
-    """The rules one launch must keep on any shape (the block, the grid, shared memory, registers)."""
-    t = ln.threads
-    if min(ln.block) < 1:
-        bad("block_invalid", ln, f"block {ln.block} has a dimension below 1")
-        return
-    if t > limits.max_threads_per_block:
-        bad("block_too_large", ln, f"block {ln.block} = {t} threads > {limits.max_threads_per_block} per block")
-    for axis, (v, lim) in enumerate(zip(ln.block, limits.max_block)):
-        if v > lim:
-            bad("block_dim_too_large", ln, f"block.{'xyz'[axis]} = {v} > {lim}")
-    if t % 32:
-        bad("block_multiple_of_32", ln, f"block of {t} threads is not a multiple of 32 (a partial warp idles lanes)")
-    for axis, (v, lim) in enumerate(zip(ln.grid, limits.max_grid)):
-        if v < 1:
-            bad("grid_invalid", ln, f"grid.{'xyz'[axis]} = {v} (must be at least 1)")
-        elif v > lim:
-            bad("grid_dim_too_large", ln, f"grid.{'xyz'[axis]} = {v} > {lim}")
-    smem = ln.smem_dynamic_bytes + (ln.smem_static_bytes or 0)
-    if smem > limits.max_smem_per_block_optin:
-        bad("smem_over_optin", ln, f"shared memory {smem} B (dynamic {ln.smem_dynamic_bytes} + static "
-            f"{ln.smem_static_bytes or 0}) > {limits.max_smem_per_block_optin} B opt-in limit per block")
-    if ln.registers:
-        need = block_registers(ln.registers, t)
-        cap = min(limits.regs_per_block, limits.regs_per_sm)
-        if need > cap:
-            bad("registers_over_sm", ln, f"{ln.registers} registers x {t} threads = {need} (allocated per warp) "
-                f"> {cap} registers per block/SM: the launch fails (lower registers or threads)")
-
-
-def check_rules(task: Task, launches: list[Launch], limits: DeviceLimits, parent: LaunchResult | None = None,
-                own: list[str] | None = None) -> tuple[list[LaunchViolation], int | None]:
-    """Every broken rule, each with the number and the limit (`own`: main_index). Returns (violations, main CTAs)."""
-    out: list[LaunchViolation] = []
-
-    def bad(rule: str, ln: Launch, msg: str) -> None:
-        out.append(LaunchViolation(rule=rule, kernel=ln.kernel, message=f"{ln.kernel}: {msg}"))
-
-    for ln in launches:
-        per_launch(ln, limits, bad)
-    idx = main_index(task, launches, own)
-    main_ctas = launches[idx].ctas if idx is not None else None
-    if idx is not None:
-        ln = launches[idx]
-        need = task.spec.launch.min_ctas_per_sm * limits.sm_count
-        if main_ctas < need:
-            bad("grid_too_small", ln, f"{main_ctas} CTAs on the main shape < {need:g} "
-                f"({task.spec.launch.min_ctas_per_sm:g} x {limits.sm_count} SMs): most SMs idle")
-        if parent is not None and parent.main_ctas:
-            floor = task.spec.launch.collapse_ratio * parent.main_ctas
-            if main_ctas < floor:
-                bad("cta_collapse", ln, f"{main_ctas} CTAs < {task.spec.launch.collapse_ratio:g} x the parent's "
-                    f"{parent.main_ctas} = {floor:g}")
-    return out, main_ctas
-
-
-def _result(mode: str, launches: list[Launch], limits: DeviceLimits, violations: list[LaunchViolation],
-            main_ctas: int | None) -> LaunchResult:
-    waves = main_ctas / limits.sm_count if main_ctas is not None and limits.sm_count else None
-    if violations:
-        msg = violations[0].message + (f" (+{len(violations) - 1} more)" if len(violations) > 1 else "")
-        status = LaunchStatus.rejected
-    else:
-        msg = f"{len(launches)} launch(es) ok; " + (f"main kernel {main_ctas} CTAs on {limits.sm_count} SMs" if main_ctas
-                                                    is not None else "each a library's (the build compiled no kernel)")
-        status = LaunchStatus.ok
-    return LaunchResult(status=status, message=msg, mode=mode, limits=limits, launches=launches,
-                        violations=violations, main_ctas=main_ctas, waves=waves)
-
-
-# --- ptxas resources -> launches -----------------------------------------------------------------
-def _base_name(demangled: str) -> str:
-    """'ns::foo<128>(float*, int)' -> 'foo'; a trace's 'void at::native::(anonymous namespace)::bar<4>(...)' -> 'bar'."""
-    head = demangled.replace("(anonymous namespace)", "anon").split("(", 1)[0]
-    depth, out = 0, ""
-    for ch in head:  # drop template arguments
-        depth += ch == "<"
-        if depth == 0:
-            out += ch
-        depth -= ch == ">"
-    words = out.rsplit("::", 1)[-1].split()
-    return words[-1] if words else head
-
-
-def match_resources(kernel: str, resources: list[KernelResources]) -> KernelResources | None:
-    """ptxas entry for a plan's kernel name: exact base name first, else substring; the worst if several."""
-    exact = [r for r in resources if _base_name(r.name) == kernel or r.mangled == kernel]
-    cands = exact or [r for r in resources if kernel in r.name or kernel in r.mangled]
-    if not cands:
-        return None
-    return max(cands, key=lambda r: (r.registers, r.smem_static_bytes))
 
 
 # --- static ------------------------------------------------------------------------------------
-def _main_shape_json(task: Task) -> str:
-    return json.dumps({k: (v if isinstance(v, bool) else int(v)) for k, v in task.spec.main.items()})
-
-
 def static_check(task: Task, build: BuildResult, limits: DeviceLimits, parent: LaunchResult | None = None,
                  *, timeout_s: float = 120, scratch_root: Path | None = None) -> LaunchResult:
     if not task.backend.gpu:
@@ -159,7 +35,7 @@ def static_check(task: Task, build: BuildResult, limits: DeviceLimits, parent: L
         return LaunchResult(status=LaunchStatus.error, limits=limits,
                             message=f"no library to check (build status {build.status.value})")
     proc, data = run_python_json(CHILD, ["plan", str(task.root), build.lib_path,
-                                         _main_shape_json(task)], timeout_s, scratch_root)
+                                         main_shape_json(task)], timeout_s, scratch_root)
     if data is None:
         data = {"ok": False, "error": f"launch-plan child {proc.reason()}"}
     return from_plan(task, data, build.kernels, limits, parent)
@@ -189,7 +65,7 @@ def from_plan(task: Task, data: dict, kernels: list[KernelResources], limits: De
         return LaunchResult(status=LaunchStatus.error, limits=limits, message="launch_plan returned no launches")
     violations, main_ctas = check_rules(task, launches, limits, parent)
     violations += other_shapes(data.get("others", []), kernels, limits)
-    return _result("static", launches, limits, violations, main_ctas)
+    return launch_result("static", launches, limits, violations, main_ctas)
 
 
 def other_shapes(others: list[dict], kernels: list[KernelResources], limits: DeviceLimits) -> list[LaunchViolation]:
@@ -257,7 +133,7 @@ def dynamic_check(task: Task, lib_path: str, limits: DeviceLimits, plan: LaunchR
     if not cuda_present():
         return LaunchResult(status=LaunchStatus.not_applicable, mode="dynamic", limits=limits,
                             message="no CUDA GPU here: only the static check ran")
-    proc, data = run_python_json(CHILD, ["trace", str(task.root), lib_path, _main_shape_json(task),
+    proc, data = run_python_json(CHILD, ["trace", str(task.root), lib_path, main_shape_json(task),
                                          task.spec.distributions[0]], timeout_s, scratch_root)
     if data is None or not data.get("ok"):
         why = data.get("error") if data else f"trace child {proc.reason()}"
@@ -272,6 +148,28 @@ def dynamic_check(task: Task, lib_path: str, limits: DeviceLimits, plan: LaunchR
                              smem_dynamic_bytes=int(total or 0), smem_static_bytes=0,
                              registers=item.get("registers"), source="trace"))
         smem.append(total)
+    return judge_traced(task, traced, smem, limits, plan)
+
+
+def from_profile(task: Task, report, limits: DeviceLimits, plan: LaunchResult) -> LaunchResult | None:
+    """The dynamic check from an Nsight Compute report of every launch of one call of the main shape
+    (tools/profile/ncu.py profile_task(whole_call=True)): its LaunchStats are the geometry the driver saw, judged by
+    the same rules and held to the plan as the trace's are. None where the report cannot serve (not ncu's, or no
+    launches in it): the caller traces the launch instead."""
+    if report is None or report.status.value != "ok" or report.source != "ncu" or not report.kernels:
+        return None
+    traced = [Launch(kernel=k.demangled or k.name, grid=tuple(k.grid), block=tuple(k.block),
+                     smem_dynamic_bytes=int(k.smem_dynamic_bytes or 0), smem_static_bytes=k.smem_static_bytes,
+                     registers=k.registers_per_thread, source="ncu") for k in report.kernels]
+    res = judge_traced(task, traced, [k.smem_dynamic_bytes for k in report.kernels], limits, plan)
+    res.message += " (from the Nsight Compute pass that is also the profile)"
+    return res
+
+
+def judge_traced(task: Task, traced: list[Launch], smem: list[int | None], limits: DeviceLimits,
+                 plan: LaunchResult) -> LaunchResult:
+    """The launches one call of the main shape really made (a trace's or a profile's), by the rules and against the
+    plan; `smem`: each launch's shared memory as the tool saw it (None: not known)."""
     if not traced:
         return LaunchResult(status=LaunchStatus.error, mode="dynamic", limits=limits,
                             message="the trace shows no kernel launch for the main shape")
@@ -280,7 +178,7 @@ def dynamic_check(task: Task, lib_path: str, limits: DeviceLimits, plan: LaunchR
         parent = LaunchResult(status=LaunchStatus.ok, main_ctas=plan.parent_main_ctas)
     violations, main_ctas = check_rules(task, traced, limits, parent, plan.own_kernels)
     violations += compare_with_plan(traced, smem, plan)
-    return _result("dynamic", traced, limits, violations, main_ctas)
+    return launch_result("dynamic", traced, limits, violations, main_ctas)
 
 
 # --- CLI ---------------------------------------------------------------------------------------

@@ -11,6 +11,13 @@ cache/tensor metrics; tier 2 adds Compute/MemoryWorkloadAnalysis and SchedulerSt
 `--launch-skip` counts only launches that match `-k`, so skipping W*launches_per_call skips the
 warm-up calls. If a call launches more matching kernels than `launches_per_call` says, the
 profiled launch still comes after at least W matching launches: warm, never the cold first one.
+
+`whole_call`: every launch of one warm call instead, whatever its kernel's name and however many a call makes: the
+target runs that call inside an NVTX push/pop range (--nvtx --nvtx-include RANGE/), no -k, no launch skip. Its
+LaunchStats are then the call's real geometry, one launch a kernel in launch order: the loop's launch check of a
+candidate about to be kept reads them (tools/measure/launch.py from_profile), so one Nsight Compute pass serves as
+the launch trace and as the profile the next proposal reads (issue 66: they were two processes, 8.7 s and 7.6 s of
+a kept attention iteration on an H200).
 """
 
 from __future__ import annotations
@@ -44,6 +51,8 @@ EXTRA_METRICS = ["l1tex__t_sector_hit_rate.pct", "lts__t_sector_hit_rate.pct",
                  "l1tex__data_bank_conflicts_pipe_lsu_mem_shared.sum"]
 CLOCK_CONTROL = "none"
 _PASSES = re.compile(r"-\s*(\d+)\s+pass(?:es)?")
+NVTX_RANGE = "agent_call"       # the whole call's NVTX range (tools/profile/target.py --nvtx)
+CALL_LAUNCHES_MAX = 64          # launches of one call profiled at most (each is replayed for its sections)
 
 
 def ncu_version(ncu: str) -> str | None:
@@ -68,13 +77,19 @@ def driver_version() -> str | None:
 
 
 def ncu_argv(ncu: str, tier: int, kernel_regex: str | None, launch_skip: int, launch_count: int, report_stem: Path,
-             metrics: list[str]) -> list[str]:
+             metrics: list[str], nvtx: str | None = None) -> list[str]:
+    """ncu's command line: the launches matching `kernel_regex` after `launch_skip` of them, `launch_count` in all; or,
+    with `nvtx`, every launch inside that NVTX push/pop range (`launch_count` at most)."""
     if tier not in TIER_SECTIONS:
         raise ValueError(f"tier must be 1 or 2, not {tier}")
     argv = [ncu, "--target-processes", "all"]
-    if kernel_regex:
-        argv += ["-k", f"regex:{kernel_regex}"]
-    argv += ["--launch-skip", str(launch_skip), "--launch-count", str(launch_count), "--clock-control", CLOCK_CONTROL]
+    if nvtx:
+        argv += ["--nvtx", "--nvtx-include", f"{nvtx}/", "--launch-count", str(launch_count)]
+    else:
+        if kernel_regex:
+            argv += ["-k", f"regex:{kernel_regex}"]
+        argv += ["--launch-skip", str(launch_skip), "--launch-count", str(launch_count)]
+    argv += ["--clock-control", CLOCK_CONTROL]
     for s in TIER_SECTIONS[tier]:
         argv += ["--section", s]
     if metrics:
@@ -88,9 +103,10 @@ def _failure(status: ProfileStatus, message: str, task: Task, shape: dict, env: 
 
 def profile_task(task: Task, lib_path: str | Path, *, tier: int = 1, shape: int | dict | None = None,
                  timeout_s: float = 300, out_dir: str | Path | None = None, warmup: int = 3,
-                 launches_per_call: int = 1, fallback: bool = True, measure_bare: bool = False) -> ProfileReport:
-    """Profile the task's kernel(s) on one shape (default: the main shape). Never raises for a
-    failure of ncu or of the program: every failure is a status with a hint."""
+                 launches_per_call: int = 1, fallback: bool = True, measure_bare: bool = False,
+                 whole_call: bool = False) -> ProfileReport:
+    """Profile the task's kernel(s) on one shape (default: the main shape); `whole_call`: every launch of one warm call
+    (module docstring). Never raises for a failure of ncu or of the program: every failure is a status with a hint."""
     spec = task.spec
     idx = spec.main_shape if shape is None else shape_index(task, shape)
     shp = dict(spec.shapes[idx])
@@ -99,7 +115,7 @@ def profile_task(task: Task, lib_path: str | Path, *, tier: int = 1, shape: int 
         return _failure(ProfileStatus.error, f"task {spec.name} runs on the {spec.device}: Nsight Compute profiles CUDA kernels",
                         task, shp, env).model_copy(update={"hint": "profile a CUDA task (device = \"cuda\")"})
     ncu = find_ncu()
-    target = target_argv(task, lib_path, idx, warmup, 1)
+    target = target_argv(task, lib_path, idx, warmup, 1, nvtx=NVTX_RANGE if whole_call else None)
     if not ncu:
         return _maybe_fallback(_failure(ProfileStatus.ncu_not_found, "ncu is not on PATH", task, shp, env),
                                fallback, task, lib_path, idx, timeout_s)
@@ -114,7 +130,8 @@ def profile_task(task: Task, lib_path: str | Path, *, tier: int = 1, shape: int 
     t_end = time.monotonic() + timeout_s
     while True:
         rep.unlink(missing_ok=True)
-        argv = ncu_argv(ncu, tier, spec.kernel_regex, warmup * launches_per_call, launches_per_call, stem, metrics) + target
+        argv = (ncu_argv(ncu, tier, None, 0, CALL_LAUNCHES_MAX, stem, metrics, nvtx=NVTX_RANGE) if whole_call else
+                ncu_argv(ncu, tier, spec.kernel_regex, warmup * launches_per_call, launches_per_call, stem, metrics)) + target
         proc = run_isolated(argv, max(1.0, t_end - time.monotonic()), cwd=REPO_ROOT, env=python_env())
         failure = classify_failure(proc, rep.is_file())
         gone = missing_metric(proc.stdout + proc.stderr) if failure else None

@@ -1,5 +1,5 @@
 """The profiled program: `python -m tools.profile.target --task DIR --lib PATH --shape-index I
---warmup W --iters N [--trace OUT.json]`.
+--warmup W --iters N [--trace OUT.json] [--nvtx RANGE]`.
 
 Loads the task module and the compiled library, makes inputs for one shape and calls task.run
 W + N times; ncu wraps this process (launch skip past the warm-up). With --trace, the N measured
@@ -21,14 +21,18 @@ if TYPE_CHECKING:   # the target itself loads the task at run time; the type is 
 
 
 def target_argv(task: Task, lib_path: str | Path, shape: int | dict | None, warmup: int, iters: int,
-                trace: str | None = None) -> list[str]:
-    """How to start this program on one shape of a task (ncu wraps it; the fallback traces it)."""
+                trace: str | None = None, nvtx: str | None = None) -> list[str]:
+    """How to start this program on one shape of a task (ncu wraps it; the fallback traces it). `nvtx`: the measured
+    calls inside an NVTX push/pop range of that name (ncu --nvtx-include NAME/: every launch they make, whatever
+    its kernel's name and however many a call makes)."""
     argv = [sys.executable, "-m", "tools.profile.target", "--task", str(task.root), "--lib", str(Path(lib_path).resolve()),
             "--warmup", str(warmup), "--iters", str(iters)]
     if shape is not None:
         argv += ["--shape-index", str(shape_index(task, shape))]
     if trace:
         argv += ["--trace", trace]
+    if nvtx:
+        argv += ["--nvtx", nvtx]
     return argv
 
 
@@ -51,8 +55,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--iters", type=int, default=1)
     ap.add_argument("--trace", default=None)
+    ap.add_argument("--nvtx", default=None)
     a = ap.parse_args(argv)
-
 
     from tools.task import load_task
     from tools.task_messages import make_inputs
@@ -80,9 +84,14 @@ def main(argv: list[str] | None = None) -> int:
             sync()
         prof.export_chrome_trace(a.trace)
     else:
+        if a.nvtx and backend.gpu:
+            import torch
+            torch.cuda.nvtx.range_push(a.nvtx)
         for _ in range(a.iters):
             mod.run(lib, shape, out, *inputs)
         sync()
+        if a.nvtx and backend.gpu:
+            torch.cuda.nvtx.range_pop()
     print(json.dumps({"ok": True, "task": spec.name, "shape": shape, "calls": a.warmup + a.iters,
                       "seconds": round(time.perf_counter() - t0, 4), "trace": a.trace}))
     return 0

@@ -1,0 +1,110 @@
+"""One Nsight Compute pass for a candidate about to be kept (issue 66): every launch of one call, inside an NVTX range,
+is both the launch check's geometry (tools/measure/launch.py from_profile) and the profile the keep records
+(agent/evaluation/evaluate.py verify_launch/take_profile). Through real subprocesses: an executable `ncu` first on PATH
+that writes a report the device captured (tests/fixtures/ncu/attn_t1.ncu-rep: attention_fwd_kernel, grid 2048, block
+128, 102 registers, 41728 B of dynamic shared memory) where ncu would, and the real report reader. Both directions: a
+plan the report agrees with passes, one it contradicts is rejected; a pass that cannot serve falls back to the trace."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import stat
+from pathlib import Path
+
+from agent.evaluation.evaluate import Evaluator
+from agent.evaluation.ended import LaunchRejected
+from agent.records.schema import StageTimes
+from tools.backends.device import table_limits
+from tools.measure.launch import from_profile
+from tools.profile import profile_task
+from tools.profile.ncu import NVTX_RANGE
+from tools.results import Launch, LaunchResult, LaunchStatus
+from tools.task import load_task
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+REPORT = ROOT / "tests" / "fixtures" / "ncu" / "attn_t1.ncu-rep"
+KERNEL = "attention_fwd_kernel"
+
+
+def fake_ncu(tmp_path: Path, writes: bool = True) -> Path:
+    """`ncu` on PATH: logs its argv; `writes`: copies the device's report to the -o stem, as ncu would, else says it
+    profiled nothing."""
+    d = tmp_path / "bin"
+    d.mkdir(exist_ok=True)
+    exe = d / "ncu"
+    body = (f'cp {REPORT} "$stem.ncu-rep"' if writes else
+            "echo '==WARNING== No kernels were profiled.'")
+    exe.write_text("#!/bin/bash\n"
+                   f'echo "$@" >> {tmp_path}/argv.log\n'
+                   'if [ "$1" = --version ]; then echo "Version 2025.3.1.0 (build 1) (public-release)"; exit 0; fi\n'
+                   'stem=""; prev=""; for a in "$@"; do [ "$prev" = -o ] && stem="$a"; prev="$a"; done\n'
+                   f"{body}\nexit 0\n")
+    exe.chmod(exe.stat().st_mode | stat.S_IEXEC)
+    return d
+
+
+@pytest.fixture()
+def on_path(monkeypatch, tmp_path):
+    def put(writes: bool = True) -> None:
+        monkeypatch.delenv("NCU", raising=False)
+        monkeypatch.setenv("PATH", f"{fake_ncu(tmp_path, writes)}{os.pathsep}{os.environ['PATH']}")
+    return put
+
+
+def plan(grid=(2048, 1, 1), smem=41728) -> LaunchResult:
+    return LaunchResult(status=LaunchStatus.ok, own_kernels=[KERNEL],
+                        launches=[Launch(kernel=KERNEL, grid=grid, block=(128, 1, 1), smem_dynamic_bytes=smem,
+                                         smem_static_bytes=0, source="plan")])
+
+
+def h200():
+    return table_limits("sm_90").model_copy(update={"source": "device"})
+
+
+def test_the_whole_call_is_profiled_inside_its_nvtx_range_and_its_launches_judged(on_path, tmp_path):
+    on_path()
+    task = load_task(ROOT / "kernels" / "attention_fwd")
+    rep = profile_task(task, tmp_path / "lib.so", out_dir=tmp_path / "p", whole_call=True, fallback=False)
+    argv = (tmp_path / "argv.log").read_text().splitlines()[-1].split()
+    assert argv[argv.index("--nvtx-include") + 1] == f"{NVTX_RANGE}/" and "--nvtx" in argv
+    assert "-k" not in argv and "--launch-skip" not in argv          # every launch of the call, whatever its name
+    target = argv[argv.index("tools.profile.target"):]               # the target opens the range around its call
+    assert target[target.index("--nvtx") + 1] == NVTX_RANGE
+    assert [k.name for k in rep.kernels] == [KERNEL]
+    ok = from_profile(task, rep, h200(), plan())
+    assert ok.status == LaunchStatus.ok and ok.mode == "dynamic", ok.message
+    assert [(ln.grid, ln.block, ln.registers, ln.smem_dynamic_bytes, ln.source) for ln in ok.launches] == \
+        [((2048, 1, 1), (128, 1, 1), 102, 41728, "ncu")]
+    # a plan the driver's launch contradicts (grid, or shared memory) is rejected, as the trace's check rejects it
+    for lie in (plan(grid=(1024, 1, 1)), plan(smem=16384)):
+        bad = from_profile(task, rep, h200(), lie)
+        assert bad.status == LaunchStatus.rejected and [v.rule for v in bad.violations] == ["plan_mismatch"]
+        assert "grid (2048, 1, 1)" in bad.violations[0].message
+
+
+def test_the_pass_serves_the_keep_once_and_a_pass_that_cannot_serve_leaves_the_trace_to_check(on_path, tmp_path):
+    task = load_task(ROOT / "kernels" / "attention_fwd")
+    lib = tmp_path / "iter-1" / "libattention_fwd.so"
+    lib.parent.mkdir()
+    lib.write_bytes(b"not loaded: ncu is a stand-in")
+    ev = Evaluator(task, tmp_path / "build", h200(), scratch_root=tmp_path / "scratch")
+    on_path()
+    times = StageTimes()
+    res = ev.verify_launch(lib, plan(), times, profile=(lib.parent, 1))
+    assert res.status == LaunchStatus.ok and "Nsight Compute pass" in res.message and times.launch > 0
+    assert len(list(lib.parent.glob("profile-t1-s*.ncu-rep"))) == 1    # in the iteration's folder, as a profile's is
+    rep = ev.take_profile(lib)
+    assert rep is not None and [k.name for k in rep.kernels] == [KERNEL]
+    assert ev.take_profile(lib) is None                          # once: the next keep takes its own
+    with pytest.raises(LaunchRejected, match="launch_plan must describe the real launch"):
+        ev.verify_launch(lib, plan(grid=(4096, 1, 1)), times, profile=(lib.parent, 1))
+    assert ev.take_profile(tmp_path / "other.so") is None        # a report of another library is not this one's
+    # no kernels profiled: the torch trace checks the launch instead (here, a machine with no GPU: it says so)
+    shutil.rmtree(tmp_path / "bin")
+    on_path(writes=False)
+    res = ev.verify_launch(lib, plan(), times, profile=(lib.parent, 1))
+    assert res.status == LaunchStatus.not_applicable and "no CUDA GPU" in res.message
+    assert ev.take_profile(lib) is None
