@@ -93,9 +93,9 @@ def test_a_machine_without_the_sanitizer_says_so(tmp_path, monkeypatch):
 def test_a_check_that_did_not_run_is_not_a_pass(tmp_path, monkeypatch):
     """Issue 62: a sanitizer missing (here AGENT_SANITIZER names no executable) fails the parity before a keep as
     `unchecked`, named, unless the user allows the keep without it by name; then the message, the record's, says
-    so, and so does the kept commit's trailer. The judge's own path (tools/judge/judge.py sanitized), on the CPU."""
+    so, and so does the kept commit's trailer. The judge's own path (tools/judge/sanitize.py sanitized), on the CPU."""
     from agent.optimize.gitops import kept_message
-    from tools.judge.judge import sanitized
+    from tools.judge.sanitize import sanitized
     from tools.results import ParityResult, ParityStatus, SanitizerResult
     monkeypatch.setenv("AGENT_SANITIZER", str(tmp_path / "no-such-sanitizer"))
     monkeypatch.setenv("AGENT_SCRATCH", str(tmp_path))
@@ -208,3 +208,47 @@ def test_racecheck_fails_a_shared_memory_race_and_passes_the_honest_kernel(tmp_p
     res = sanitize.memcheck(task, task.module(), {"lib": lib}, tmp_path, 1, "racecheck")
     assert res["tool"] == "racecheck" and res["seconds"] > 0
     assert res["status"] == ("ok" if name is None else "failed"), res["message"]
+
+
+def _slow_wrapper(tmp_path: Path, delay: float) -> Path:
+    """A stand-in for compute-sanitizer: takes its options, waits `delay` seconds (its start-up), runs the host."""
+    exe = tmp_path / "fake-sanitizer"
+    exe.write_text("#!/bin/bash\n"
+                   f'while [ $# -gt 0 ] && [ "$1" != "{sys.executable}" ]; do shift; done\n'
+                   f"echo $$ >> {tmp_path}/wrapper.pids\nsleep {delay}\nexec \"$@\"\n")
+    exe.chmod(0o755)
+    return exe
+
+
+@pytest.mark.skipif(shutil.which("g++") is None or not sys.platform.startswith("linux"), reason="needs g++ and Linux")
+def test_the_sanitizers_start_beside_parity_and_a_failed_parity_ends_them_at_once(tmp_path, monkeypatch):
+    """Issue 66: the judge starts the sanitizers' hosts before parity (their start-up paid while parity runs) and
+    joins them after it; where parity fails it ends them where they are, not after their start-up or their shapes,
+    and leaves no process. The judge's own class (tools/judge/sanitize.py Sanitizing), on the CPU, under a stand-in
+    sanitizer that takes 30 s to start."""
+    import time
+
+    from tests.fixtures.cpu_faults.faults import make_task
+    from tools.judge.sanitize import Sanitizing
+    from tools.results import ParityResult, ParityStatus
+    task, lib = make_task(tmp_path, "correct")
+    monkeypatch.setenv("AGENT_SCRATCH", str(tmp_path))
+    monkeypatch.setenv("AGENT_SANITIZER", str(_slow_wrapper(tmp_path, 30)))
+    beside = Sanitizing(task, task.module(), {"lib": str(lib), "seed": 2}, ("memcheck", "racecheck"))
+    time.sleep(1.0)                         # parity runs here, and fails
+    t0 = time.monotonic()
+    beside.stop()
+    assert time.monotonic() - t0 < 10, "the sanitizers were waited for"
+    pids = [int(p) for p in (tmp_path / "wrapper.pids").read_text().split()]
+    assert len(pids) == 2 and not [p for p in pids if os.path.exists(f"/proc/{p}")]
+    assert [f.result()["message"] for f in beside.futures] == [
+        f"{c} stopped: its answer was not needed (parity had failed)" for c in ("memcheck", "racecheck")]
+    # a parity that passes: the checks' answer joins it (here the stand-in reports nothing: clean on every shape)
+    monkeypatch.setenv("AGENT_SANITIZER", str(_slow_wrapper(tmp_path, 0)))
+    beside = Sanitizing(task, task.module(), {"lib": str(lib), "seed": 2}, ("memcheck",))
+    try:
+        par = beside.result(ParityResult(status=ParityStatus.ok, message="ok: 3 checks", seconds=1.0))
+    finally:
+        beside.stop()
+    assert par.status == ParityStatus.ok and par.memcheck.status == "ok", par.message
+    assert par.memcheck.shapes >= 1 and "memcheck clean on" in par.message

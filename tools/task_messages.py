@@ -8,10 +8,13 @@ comes first, with the known key it is closest to, and a knob is named by its nam
 from __future__ import annotations
 
 import difflib
+import threading
 import typing
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
+
+_DRAWING = threading.RLock()   # make_inputs: one draw at a time in a process
 
 
 def validation_message(e: ValidationError, raw: dict, model: type[BaseModel]) -> tuple[str, str]:
@@ -100,8 +103,11 @@ def _toml(shape: dict) -> str:
 def make_inputs(mod: Any, shape: dict, seed: int, device: str, dist: str) -> tuple:
     """task.py's make_inputs, called, its answer checked: the harness spreads it into empty_output, run and
     reference, so a bare tensor would be taken apart row by row (`empty_output() takes 2 positional
-    arguments but 17 were given`)."""
-    got = mod.make_inputs(shape, seed, device, dist)
+    arguments but 17 were given`). One call at a time in a process: the judge draws inputs for parity and for the
+    sanitizers' hosts from threads at once, and a task.py may seed torch's global generator (KernelBench's does): each
+    draw is still the one its seed names."""
+    with _DRAWING:
+        got = mod.make_inputs(shape, seed, device, dist)
     if isinstance(got, (tuple, list)):
         return tuple(got)
     what = "None" if got is None else f"a {type(got).__name__}"

@@ -147,6 +147,11 @@ class HostClient:
             self.proc.wait()
             return None
 
+    def kill(self) -> None:
+        """End the host now, from any thread (close() still reaps it and cleans up)."""
+        if self.proc.poll() is None:
+            self._kill()
+
     def _kill(self) -> None:
         if self.wrapped:
             from tools.isolation.proctree import kill_tree

@@ -158,15 +158,24 @@ def evaluate(task, mod, remote: Remote, job: dict, shapes: list[dict]) -> dict:
         launch = res.model_dump(mode="json")
         if res.status.value != "ok":
             return {"launch": launch, "parity": None, "bench": None}
-    mark("parity")
-    par = checked_parity(task, mod, remote, job)
-    if par.status != ParityStatus.ok:
-        return {"launch": launch, "parity": par.model_dump(mode="json"), "bench": None}
-    if job.get("memcheck") and task.backend.gpu:
-        mark("memcheck")
-        par = sanitized(task, mod, job, par, ("memcheck", "racecheck") if uses_shared_memory(ctx, plan) else ("memcheck",))
+    # compute-sanitizer's hosts start now, beside parity in this one (their start-up, a torch and a CUDA context under
+    # the sanitizer, is paid while parity runs, issue 66); joined after it, before the bench times anything
+    from tools.judge.sanitize import Sanitizing
+    beside = Sanitizing(task, mod, job, ("memcheck", "racecheck") if uses_shared_memory(ctx, plan) else ("memcheck",)) \
+        if job.get("memcheck") and task.backend.gpu else None
+    try:
+        mark("parity")
+        par = checked_parity(task, mod, remote, job)
         if par.status != ParityStatus.ok:
             return {"launch": launch, "parity": par.model_dump(mode="json"), "bench": None}
+        if beside is not None:
+            mark("memcheck")
+            par = beside.result(par)
+            if par.status != ParityStatus.ok:
+                return {"launch": launch, "parity": par.model_dump(mode="json"), "bench": None}
+    finally:
+        if beside is not None:
+            beside.stop()
     mark("bench")
     return {"launch": launch, "parity": par.model_dump(mode="json"), "bench": {"results": bench(task, mod, remote, job, shapes)}}
 
@@ -179,47 +188,6 @@ def uses_shared_memory(ctx: dict | None, plan: dict | None) -> bool:
     static = any(int(k.get("smem_static_bytes") or 0) > 0 for k in ctx.get("kernels") or [])
     launches = plan.get("launches") or [] if isinstance(plan, dict) else []
     return static or any(int(x.get("smem_dynamic_bytes") or 0) > 0 for x in launches if isinstance(x, dict))
-
-
-def sanitized(task, mod, job: dict, par, checks: tuple[str, ...] = ("memcheck",)):
-    """Parity's result with compute-sanitizer's `checks` on the candidate (tools/judge/sanitize.py), each in a host of
-    its own, at the same time (memcheck and racecheck: the slower one's seconds, not their sum): a failure is parity's
-    `invalid_access` (memcheck) or `race` (racecheck), memcheck's first; a machine without the sanitizer says so."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    from tools.judge.sanitize import memcheck
-    from tools.results import ParityStatus, SanitizerResult
-    root, seed = Path(os.environ.get("AGENT_SCRATCH") or os.getcwd()), int(job.get("seed") or 0)
-    with ThreadPoolExecutor(len(checks)) as pool:
-        futures = [pool.submit(memcheck, task, mod, job, root, seed, check) for check in checks]
-        results = [SanitizerResult(**f.result()) for f in futures]
-    took = max(r.seconds for r in results)
-    update = {r.tool: r for r in results}
-    for r in results:
-        if r.status == "failed":
-            status = ParityStatus.invalid_access if r.tool == "memcheck" else ParityStatus.race
-            return par.model_copy(update={**update, "status": status, "message": r.message,
-                                          "seconds": par.seconds + took})
-    return unchecked(par.model_copy(update={**update, "seconds": par.seconds + took}), results,
-                     job.get("allow_unchecked") or [])
-
-
-def unchecked(par, results: list, allowed: list[str]):
-    """A check that did not run is not a pass (issue 62): a sanitizer missing ("skipped") or that could not start
-    ("error") fails parity `unchecked`, unless the user allowed a keep without it by name (AGENT_ALLOW_UNCHECKED), and
-    then its message says so (the record keeps it; the kept commit's trailer names it: agent/optimize/gitops.py)."""
-    from tools.judge.sanitize import ALLOW_ENV
-    from tools.results import ParityStatus
-    missing = [r for r in results if r.status in ("skipped", "error")]
-    for r in missing:
-        r.message += (f" (kept without it: {ALLOW_ENV} allows {r.tool})" if r.tool in allowed else "")
-    refused = [r for r in missing if r.tool not in allowed]
-    if refused:
-        names = ",".join(r.tool for r in refused)
-        return par.model_copy(update={"status": ParityStatus.unchecked, "message": "; ".join(r.message for r in refused)
-                                      + f": a kernel is kept only after {names} ran clean on it ({ALLOW_ENV}={names} "
-                                      "keeps it without, and the record and the commit say so)"})
-    return par.model_copy(update={"message": "; ".join([par.message, *(r.message for r in results)])})
 
 
 def run(mode: str, task, mod, host: HostClient, job: dict, shapes: list[dict]) -> dict:

@@ -16,7 +16,8 @@ a guarded buffer has valid memory on both sides). The shapes: the listed and hid
 task's [dims] (tails, short rows) while they stay small, at most MAX_SHAPES. The sanitizer's report goes to a
 file in the judge's directory (the fenced host cannot write there); its first error is quoted in the verdict.
 Where the machine has no compute-sanitizer the check is skipped, and the record says so. AGENT_SANITIZER_LOGS=DIR
-keeps each report there.
+keeps each report there. The judge (tools/judge/judge.py evaluate) starts the checks' hosts before the candidate's
+parity and joins them after it (Sanitizing): their start-up runs while parity does; a parity failure ends them.
 
 racecheck (the same host, `--tool racecheck`): where the kernel uses shared memory (ptxas' static bytes or a launch's
 dynamic bytes), after memcheck, on the small shapes alone (it instruments every shared-memory access): the smallest
@@ -103,6 +104,21 @@ def shapes(spec, mod, rng: random.Random, most: int = MAX_SHAPES, largest: int =
     return keep[:most]
 
 
+def _ender(halt, host):
+    """A thread that ends `host` (the sanitizer, then the host under it) once `halt` is set or the host has ended:
+    a host still starting (a torch and a CUDA context under the sanitizer) is not waited for."""
+    import threading
+
+    def watch() -> None:
+        while host.proc.poll() is None:
+            if halt.wait(0.1):
+                host.kill()
+                return
+    t = threading.Thread(target=watch, daemon=True, name=f"sanitizer-halt-{host.proc.pid}")
+    t.start()
+    return t
+
+
 # "========= Invalid __global__ read of size 16 bytes" and the lines under it, up to the next "=========" blank
 _ERROR = re.compile(r"^=+ (Invalid |Misaligned |Out-of-range |Malloc/Free error|Cuda API error|Program hit|"
                     r"Barrier error|Warp |Uninitialized |Device heap|Error: Race reported)", re.M)
@@ -136,9 +152,10 @@ WHAT = {"memcheck": ("invalid access", "invalid accesses", "the kernel reads or 
                       "shared memory with no barrier between (right outputs here or not, the order is the scheduler's)")}
 
 
-def memcheck(task, mod, job: dict, root: Path, seed: int, check: str = "memcheck") -> dict:
+def memcheck(task, mod, job: dict, root: Path, seed: int, check: str = "memcheck", halt=None) -> dict:
     """The candidate (job["lib"]) under compute-sanitizer `check` (memcheck or racecheck), in a host of its own.
-    Returns a SanitizerResult's fields."""
+    Returns a SanitizerResult's fields. `halt` (a threading.Event): once set, the host is ended where it is (starting,
+    or between shapes) and the result says the check was stopped (the judge no longer needs it: parity failed)."""
     import torch
 
     from tools.judge.hostclient import HostClient, HostFailed, Remote
@@ -155,13 +172,14 @@ def memcheck(task, mod, job: dict, root: Path, seed: int, check: str = "memcheck
     host = HostClient(task.root, Path(root), wrap=command(tool, log, check), env=environment())
     done, failure, loaded = [], None, False
     deadline = t0 + TIMEOUT_S * 0.8
+    ender = _ender(halt, host) if halt is not None else None
     try:
         host.ask({"op": "load", "id": "candidate", "path": job["lib"]})
         loaded = True
         remote = Remote(host)
         dist = task.spec.distributions[0]
         for shape, label in todo:
-            if time.monotonic() > deadline:
+            if time.monotonic() > deadline or (halt is not None and halt.is_set()):
                 break
             inputs = make_inputs(mod, shape, seed, task.backend.torch_device, dist)
             template = mod.empty_output(shape, *inputs)
@@ -171,8 +189,14 @@ def memcheck(task, mod, job: dict, root: Path, seed: int, check: str = "memcheck
     except (HostFailed, RuntimeError) as e:
         failure = " ".join(str(e).split())[:300]
     finally:
-        rc = host.finish(timeout=60.0)
+        rc = host.finish(timeout=60.0) if halt is None or not halt.is_set() else None
         host.close()
+        if ender is not None:
+            ender.join()
+    if halt is not None and halt.is_set():
+        log.unlink(missing_ok=True)
+        return {"tool": check, "status": "error", "seconds": time.monotonic() - t0, "shapes": len(done),
+                "message": f"{check} stopped: its answer was not needed (parity had failed)"}
     text = log.read_text(errors="replace") if log.exists() else ""
     if os.environ.get("AGENT_SANITIZER_LOGS") and log.exists():   # kept for the user (or a device script's evidence)
         keep = Path(os.environ["AGENT_SANITIZER_LOGS"])
@@ -196,3 +220,67 @@ def memcheck(task, mod, job: dict, root: Path, seed: int, check: str = "memcheck
     left = f", {len(todo) - len(done)} left out past its time" if len(done) < len(todo) else ""
     return {"tool": check, "status": "ok", "seconds": secs, "shapes": len(done),
             "message": f"{check} clean on {len(done)} shapes{left} ({secs:.1f} s)"}
+
+
+# --- the judge's side: the checks started beside parity, their answer joined to its result ------------------------
+class Sanitizing:
+    """compute-sanitizer's `checks` on the candidate (tools/judge/sanitize.py), each in a host of its own, all started
+    now and at the same time (memcheck and racecheck: the slower one's seconds, not their sum). result(par): parity's
+    result with theirs; stop(): ends what still runs (parity failed: their answer is not needed)."""
+
+    def __init__(self, task, mod, job: dict, checks: tuple[str, ...] = ("memcheck",)):
+        import threading
+        from concurrent.futures import ThreadPoolExecutor
+
+        root, seed = Path(os.environ.get("AGENT_SCRATCH") or os.getcwd()), int(job.get("seed") or 0)
+        self.t0, self.job = time.monotonic(), job
+        self.halt = threading.Event()
+        self.pool = ThreadPoolExecutor(len(checks))
+        self.futures = [self.pool.submit(memcheck, task, mod, job, root, seed, check, self.halt) for check in checks]
+
+    def result(self, par):
+        """Parity's result with the checks' (each waited for): a failure is parity's `invalid_access` (memcheck) or
+        `race` (racecheck), memcheck's first; a machine without the sanitizer says so. Their seconds count from parity's
+        end (what they added to it)."""
+        from tools.results import ParityStatus, SanitizerResult
+        ended = time.monotonic()
+        results = [SanitizerResult(**f.result()) for f in self.futures]
+        took = time.monotonic() - ended
+        update = {r.tool: r for r in results}
+        for r in results:
+            if r.status == "failed":
+                status = ParityStatus.invalid_access if r.tool == "memcheck" else ParityStatus.race
+                return par.model_copy(update={**update, "status": status, "message": r.message,
+                                              "seconds": par.seconds + took})
+        return unchecked(par.model_copy(update={**update, "seconds": par.seconds + took}), results,
+                         self.job.get("allow_unchecked") or [])
+
+    def stop(self) -> None:
+        self.halt.set()
+        self.pool.shutdown(wait=True)
+
+
+def sanitized(task, mod, job: dict, par, checks: tuple[str, ...] = ("memcheck",)):
+    """Parity's result with compute-sanitizer's `checks` run now (Sanitizing, started and joined at once)."""
+    beside = Sanitizing(task, mod, job, checks)
+    try:
+        return beside.result(par)
+    finally:
+        beside.stop()
+
+
+def unchecked(par, results: list, allowed: list[str]):
+    """A check that did not run is not a pass (issue 62): a sanitizer missing ("skipped") or that could not start
+    ("error") fails parity `unchecked`, unless the user allowed a keep without it by name (AGENT_ALLOW_UNCHECKED), and
+    then its message says so (the record keeps it; the kept commit's trailer names it: agent/optimize/gitops.py)."""
+    from tools.results import ParityStatus
+    missing = [r for r in results if r.status in ("skipped", "error")]
+    for r in missing:
+        r.message += (f" (kept without it: {ALLOW_ENV} allows {r.tool})" if r.tool in allowed else "")
+    refused = [r for r in missing if r.tool not in allowed]
+    if refused:
+        names = ",".join(r.tool for r in refused)
+        return par.model_copy(update={"status": ParityStatus.unchecked, "message": "; ".join(r.message for r in refused)
+                                      + f": a kernel is kept only after {names} ran clean on it ({ALLOW_ENV}={names} "
+                                      "keeps it without, and the record and the commit say so)"})
+    return par.model_copy(update={"message": "; ".join([par.message, *(r.message for r in results)])})
