@@ -29,13 +29,17 @@ REPORT = ROOT / "tests" / "fixtures" / "ncu" / "attn_t1.ncu-rep"
 KERNEL = "attention_fwd_kernel"
 
 
-def fake_ncu(tmp_path: Path, writes: bool = True) -> Path:
-    """`ncu` on PATH: logs its argv; `writes`: copies the device's report to the -o stem, as ncu would, else says it
-    profiled nothing."""
+PERM = ("==ERROR== ERR_NVGPUCTRPERM - The user does not have permission to access NVIDIA GPU Performance Counters on "
+        "the target device 0.")
+
+
+def fake_ncu(tmp_path: Path, writes: bool | str = True) -> Path:
+    """`ncu` on PATH: logs its argv; `writes`: copies the device's report to the -o stem, as ncu would; False: says it
+    profiled nothing; "perm": refuses as ncu does where the counters are not permitted."""
     d = tmp_path / "bin"
     d.mkdir(exist_ok=True)
     exe = d / "ncu"
-    body = (f'cp {REPORT} "$stem.ncu-rep"' if writes else
+    body = (f'echo "{PERM}" >&2; exit 1' if writes == "perm" else f'cp {REPORT} "$stem.ncu-rep"' if writes else
             "echo '==WARNING== No kernels were profiled.'")
     exe.write_text("#!/bin/bash\n"
                    f'echo "$@" >> {tmp_path}/argv.log\n'
@@ -48,7 +52,7 @@ def fake_ncu(tmp_path: Path, writes: bool = True) -> Path:
 
 @pytest.fixture()
 def on_path(monkeypatch, tmp_path):
-    def put(writes: bool = True) -> None:
+    def put(writes: bool | str = True) -> None:
         monkeypatch.delenv("NCU", raising=False)
         monkeypatch.setenv("PATH", f"{fake_ncu(tmp_path, writes)}{os.pathsep}{os.environ['PATH']}")
     return put
@@ -107,4 +111,14 @@ def test_the_pass_serves_the_keep_once_and_a_pass_that_cannot_serve_leaves_the_t
     on_path(writes=False)
     res = ev.verify_launch(lib, plan(), times, profile=(lib.parent, 1))
     assert res.status == LaunchStatus.not_applicable and "no CUDA GPU" in res.message
-    assert ev.take_profile(lib) is None
+    assert ev.take_profile(lib) is None and ev.no_ncu is None     # the candidate's: the next one tries the pass again
+    # the counters not permitted: the machine's; the trace checks this launch, and no later one tries ncu again
+    shutil.rmtree(tmp_path / "bin")
+    on_path(writes="perm")
+    calls = len((tmp_path / "argv.log").read_text().splitlines())
+    for _ in range(2):
+        res = ev.verify_launch(lib, plan(), times, profile=(lib.parent, 1))
+        assert res.status == LaunchStatus.not_applicable and ev.take_profile(lib) is None
+    assert ev.no_ncu == "counters_not_permitted"
+    ran = [ln for ln in (tmp_path / "argv.log").read_text().splitlines()[calls:] if "--version" not in ln]
+    assert len(ran) == 1, ran

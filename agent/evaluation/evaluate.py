@@ -38,8 +38,9 @@ class Evaluator:
         self.scratch_root = scratch_root or Path(build_dir).parent / "scratch"
         # the user's checkout: file modes compared around each candidate child (tools/isolation/checkout.py)
         self.watch = None
-        # (library, report) of the last Nsight Compute pass that served a launch check (verify_launch's `profile`)
-        self.taken = None
+        # (library, report) of the last Nsight Compute pass that served a launch check (verify_launch's `profile`);
+        # `no_ncu`: why this machine's ncu cannot take that pass (not permitted, driver): not tried again this run
+        self.taken, self.no_ncu = None, None
         if checkout is not None:
             from tools.isolation.checkout import CheckoutWatch
             self.watch = CheckoutWatch(checkout)
@@ -123,9 +124,12 @@ class Evaluator:
         from tools.backends.toolchain import find_ncu
         from tools.measure.launch import from_profile
         from tools.profile import profile_task
-        if find_ncu() is None:
+        from tools.profile.model import ProfileStatus
+        if self.no_ncu is not None or find_ncu() is None:
             return None
         rep = profile_task(self.task, lib, tier=tier, out_dir=out_dir, whole_call=True, fallback=False)
+        if rep.status in (ProfileStatus.counters_not_permitted, ProfileStatus.driver_incompatible):
+            self.no_ncu = rep.status.value      # the machine's, not the candidate's: every later pass would fail so
         self.taken = (Path(lib), rep)
         return from_profile(self.task, rep, self.limits, static)
 
