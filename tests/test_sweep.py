@@ -152,6 +152,26 @@ def test_the_reentrant_probe_left_to_the_verification_still_refuses_the_best(tmp
 
 
 @pytest.mark.slow
+def test_a_best_wrong_only_at_a_dims_extreme_is_refused_by_the_verification(tmp_path):
+    """Issue 66: a sweep's full check runs parity's quick extent (the listed and hidden shapes, one seed); the [dims]
+    extremes are the verification's. LOOP_ORDER 1 (about 8x faster) writes one wrong element where M is past 2048,
+    which only the range shape "M at its largest" (4096) reaches: both fast configurations pass the screen and the
+    full checks, then fail the verification's parity: no answer."""
+    tail = "#if LOOP_ORDER == 1\n    if (M > 2048) C[0] += 1.0f;\n#endif\n"
+    d = planted_task(tmp_path, {"LOOP_ORDER": [0, 1], "BLOCK_M": [16], "BLOCK_N": [16, 32], "BLOCK_K": [16]},
+                     tail=tail)
+    lines: list[str] = []
+    res = sweep(load_task(d), tmp_path / "sweep", jobs=2, batch=8, screen=2, log=lines.append)
+    pts = _by_knobs(res)
+    for k in [(1, 16, 16, 16), (1, 16, 32, 16)]:
+        p = pts[k]
+        assert not p.ok and not p.verified and p.median_ms, p      # timed in the full check: it passed its parity
+        assert p.reason.startswith("on verification: ") and "M=4096" in p.reason, p
+    assert pts[(0, 16, 32, 16)].outcome == "screened_out" and res.best() is None and res.verified is None
+    assert sum("failed verification" in ln for ln in lines) == 2
+
+
+@pytest.mark.slow
 def test_an_initial_configuration_that_fails_parity_ends_the_sweep(tmp_path):
     """Issue 66: the initial's parity runs while the configurations compile; its failure still ends the sweep with
     the initial's reason (the bar must pass), and no configuration is evaluated against it."""
