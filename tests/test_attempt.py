@@ -151,3 +151,5 @@ def test_the_confirmation_is_sized_to_the_noise_the_first_bench_measured():
     assert confirm_rounds(ci(1.14, 1.04), 10) == 20                             # near its noise: twice the task's
     assert confirm_rounds(ci(1.30, 1.28), 4) == 4 and confirm_rounds(None, 10) == 10
     assert confirm_rounds(ci(0.99, 0.95), 10) == 10
+    # a first bench re-benched to 40 rounds (doubtful at 10): near its noise, confirmed in the task's 10 at least
+    assert confirm_rounds(ci(1.068, 1.055, rounds=40), 10) == 10 and confirm_rounds(ci(1.068, 1.055), 10) == 6
