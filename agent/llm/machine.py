@@ -228,7 +228,8 @@ HARNESS = ("The harness: every call gets an output whose every element was poiso
            "{unit}. Shapes range over task.toml's [dims] (rows of 1-17, odd widths, "
            "the longest reductions{wide}), beside hidden shapes you are not shown. Two threads may call at once on "
            "their own buffers{streams}: no static or global state. Before the build a scan refuses what no kernel "
-           "needs (the environment, files, threads, processes{own_streams}, mutable static state, clocks, "
+           "needs (the environment, files, threads, processes{own_streams}, mutable static state (a static or inline "
+           "function is not state), clocks, "
            "prints) unless task.toml allows it; the candidate runs in a process where starting a process "
            "fails{sanitizer}.")
 
