@@ -122,3 +122,21 @@ def test_the_pass_serves_the_keep_once_and_a_pass_that_cannot_serve_leaves_the_t
     assert ev.no_ncu == "counters_not_permitted"
     ran = [ln for ln in (tmp_path / "argv.log").read_text().splitlines()[calls:] if "--version" not in ln]
     assert len(ran) == 1, ran
+
+
+def test_a_pass_that_reached_its_launch_cap_leaves_the_launch_to_the_trace(on_path, tmp_path, monkeypatch):
+    """The pass profiles CALL_LAUNCHES_MAX launches of a call at most: a report that reached the cap may have left
+    launches unseen, so the trace checks the launch (here the cap lowered to the report's one kernel; on this machine the
+    trace says there is no GPU); the report still serves as the keep's profile."""
+    import tools.profile.ncu as ncu
+    monkeypatch.setattr(ncu, "CALL_LAUNCHES_MAX", 1)
+    on_path()
+    task = load_task(ROOT / "kernels" / "attention_fwd")
+    lib = tmp_path / "libattention_fwd.so"
+    lib.write_bytes(b"not loaded")
+    ev = Evaluator(task, tmp_path / "build", h200(), scratch_root=tmp_path / "scratch")
+    res = ev.verify_launch(lib, plan(), StageTimes(), profile=(tmp_path, 1))
+    assert res.status == LaunchStatus.not_applicable and "no CUDA GPU" in res.message
+    assert "--launch-count 1" in (tmp_path / "argv.log").read_text()
+    rep = ev.take_profile(lib)
+    assert rep is not None and [k.name for k in rep.kernels] == [KERNEL]

@@ -125,12 +125,15 @@ class Evaluator:
         from tools.measure.launch import from_profile
         from tools.profile import profile_task
         from tools.profile.model import ProfileStatus
+        from tools.profile.ncu import CALL_LAUNCHES_MAX
         if self.no_ncu is not None or find_ncu() is None:
             return None
         rep = profile_task(self.task, lib, tier=tier, out_dir=out_dir, whole_call=True, fallback=False)
         if rep.status in (ProfileStatus.counters_not_permitted, ProfileStatus.driver_incompatible):
             self.no_ncu = rep.status.value      # the machine's, not the candidate's: every later pass would fail so
         self.taken = (Path(lib), rep)
+        if len(rep.kernels) >= CALL_LAUNCHES_MAX:   # the pass's cap: launches past it unseen, the trace sees them all
+            return None
         return from_profile(self.task, rep, self.limits, static)
 
     def take_profile(self, lib: Path):
