@@ -324,7 +324,9 @@ def test_gate_passes_on_the_recorded_best_and_fails_on_a_planted_regression(run_
     res = json.loads(out)
     assert res["status"] == "regression" and not res["passed"]
     assert res["parity"]["status"] == "ok"                   # still correct, only slower
-    assert res["speedup"]["high"] < 0.95 and res["speedup_again"]["high"] < 0.95   # both benches see it
+    # both benches see it: their medians (a bench's interval on a loaded 2-core machine can reach past 1 around a
+    # median of 0.5: .ci/run once measured one reaching 1.43 while the gate's verdict was right)
+    assert res["speedup"]["median"] < 0.8 and res["speedup_again"]["median"] < 0.8, res
     assert res["current_ms"] / res["baseline_ms"] > 1.3      # the planted slowdown, as measured
     assert res["against_sha"] == run.state.best_sha
 
