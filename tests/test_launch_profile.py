@@ -33,14 +33,18 @@ PERM = ("==ERROR== ERR_NVGPUCTRPERM - The user does not have permission to acces
         "the target device 0.")
 
 
-def fake_ncu(tmp_path: Path, writes: bool | str = True) -> Path:
+def fake_ncu(tmp_path: Path, writes: bool | str = True, sees: Path | None = None) -> Path:
     """`ncu` on PATH: logs its argv; `writes`: copies the device's report to the -o stem, as ncu would; False: says it
-    profiled nothing; "perm": refuses as ncu does where the counters are not permitted."""
+    profiled nothing; "perm": refuses as ncu does where the counters are not permitted. `sees`: a profiling run waits
+    up to 10 s for that file to be written, and logs "sees it" where it was during the run."""
     d = tmp_path / "bin"
     d.mkdir(exist_ok=True)
     exe = d / "ncu"
     body = (f'echo "{PERM}" >&2; exit 1' if writes == "perm" else f'cp {REPORT} "$stem.ncu-rep"' if writes else
             "echo '==WARNING== No kernels were profiled.'")
+    if sees is not None:
+        body = (f'for i in $(seq 100); do [ -s {sees} ] && break; sleep 0.1; done; [ -s {sees} ] && '
+                f'echo "sees it" >> {tmp_path}/argv.log\n{body}')
     exe.write_text("#!/bin/bash\n"
                    f'echo "$@" >> {tmp_path}/argv.log\n'
                    'if [ "$1" = --version ]; then echo "Version 2025.3.1.0 (build 1) (public-release)"; exit 0; fi\n'
@@ -52,9 +56,9 @@ def fake_ncu(tmp_path: Path, writes: bool | str = True) -> Path:
 
 @pytest.fixture()
 def on_path(monkeypatch, tmp_path):
-    def put(writes: bool | str = True) -> None:
+    def put(writes: bool | str = True, sees: Path | None = None) -> None:
         monkeypatch.delenv("NCU", raising=False)
-        monkeypatch.setenv("PATH", f"{fake_ncu(tmp_path, writes)}{os.pathsep}{os.environ['PATH']}")
+        monkeypatch.setenv("PATH", f"{fake_ncu(tmp_path, writes, sees)}{os.pathsep}{os.environ['PATH']}")
     return put
 
 
@@ -140,3 +144,54 @@ def test_a_pass_that_reached_its_launch_cap_leaves_the_launch_to_the_trace(on_pa
     assert "--launch-count 1" in (tmp_path / "argv.log").read_text()
     rep = ev.take_profile(lib)
     assert rep is not None and [k.name for k in rep.kernels] == [KERNEL]
+
+
+def test_the_confirmation_and_its_sanitizer_hosts_start_during_the_launch_checks_pass(on_path, tmp_path, monkeypatch):
+    """A candidate about to be kept (agent/evaluation/keep.py): the confirmation's child, and with it compute-sanitizer's
+    hosts, are started before the launch check's ncu pass, whose run sees them up (a stand-in sanitizer that writes its
+    pid as it starts); a launch the pass rejects ends the iteration with the confirmation never given its job, and no
+    process left. An honest launch goes on to the confirmation (here its parity cannot load the stand-in library)."""
+    import time
+
+    from agent.evaluation.attempt import Attempt
+    from agent.evaluation.ended import RangeParityFailed
+    from agent.evaluation.keep import launch_and_confirm
+    from tools.results import ParityResult, ParityStatus
+    pids = tmp_path / "wrapper.pids"
+    san = tmp_path / "fake-sanitizer"
+    san.write_text("#!/bin/bash\n"
+                   f'while [ $# -gt 0 ] && [ "$1" != "{__import__("sys").executable}" ]; do shift; done\n'
+                   f'echo $$ >> {pids}\nexec "$@"\n')
+    san.chmod(0o755)
+    monkeypatch.setenv("AGENT_SANITIZER", str(san))
+    on_path(sees=pids)
+    task = load_task(ROOT / "kernels" / "attention_fwd")
+    lib = tmp_path / "iter-1" / "libattention_fwd.so"
+    lib.parent.mkdir()
+    lib.write_bytes(b"not loaded: ncu is a stand-in")
+    ev = Evaluator(task, tmp_path / "build", h200(), scratch_root=tmp_path / "scratch")
+
+    def attempt(launch: LaunchResult) -> Attempt:
+        return Attempt(iteration=1, run_id="r", started="t", parent_sha="p", launch=launch,
+                       parity=ParityResult(status=ParityStatus.ok, message="ok: the first parity"))
+
+    stages: list[str] = []
+    lying = attempt(plan(grid=(4096, 1, 1)))
+    with pytest.raises(LaunchRejected, match="launch_plan must describe the real launch"):
+        launch_and_confirm(ev, lib, None, lying, False, lambda name, res: None, (lib.parent, 1), stages.append)
+    assert stages == ["launch"] and lying.confirm is None and lying.confirm_error is None
+    assert "sees it" in (tmp_path / "argv.log").read_text(), "the sanitizer hosts were not up during the ncu pass"
+    started = [int(p) for p in pids.read_text().split()]
+    assert len(started) == 2                                    # memcheck's and racecheck's
+    for _ in range(100):
+        if not [p for p in started if os.path.exists(f"/proc/{p}")]:
+            break
+        time.sleep(0.1)
+    assert not [p for p in started if os.path.exists(f"/proc/{p}")], "a sanitizer host outlived the rejected launch"
+    # the honest launch: then the confirmation, in the child started before the pass
+    stages.clear()
+    honest = attempt(plan())
+    with pytest.raises(RangeParityFailed):
+        launch_and_confirm(ev, lib, None, honest, False, lambda name, res: None, (lib.parent, 1), stages.append)
+    assert stages == ["launch", "confirm"] and honest.launch.status == LaunchStatus.ok, honest.launch.message
+    assert "not the protocol" not in honest.parity.message and honest.parity.status != ParityStatus.ok

@@ -252,3 +252,53 @@ def test_the_sanitizers_start_beside_parity_and_a_failed_parity_ends_them_at_onc
         beside.stop()
     assert par.status == ParityStatus.ok and par.memcheck.status == "ok", par.message
     assert par.memcheck.shapes >= 1 and "memcheck clean on" in par.message
+
+
+@pytest.mark.skipif(shutil.which("g++") is None or not sys.platform.startswith("linux"), reason="needs g++ and Linux")
+def test_hosts_started_before_the_job_serve_the_checks_and_the_unused_ones_end(tmp_path, monkeypatch):
+    """Issue 66: the confirmation's sanitizer hosts start before its candidate is known (start_hosts: on the card their
+    start-up runs during the keep's Nsight Compute pass); the check asked for runs in the host started early (no
+    second start), the one not asked for is ended, and none is left. Then the judge child itself (--sanitize-early,
+    prestart_candidate): hosts it started and no check took (a CPU task has none) end with it."""
+    import time
+
+    from tests.fixtures.cpu_faults.faults import make_task
+    from tools.judge.candidate import prestart_candidate, run_candidate
+    from tools.judge.sanitize import Sanitizing, start_hosts
+    from tools.results import ParityResult, ParityStatus
+    task, lib = make_task(tmp_path, "correct")
+    monkeypatch.setenv("AGENT_SCRATCH", str(tmp_path))
+    monkeypatch.setenv("AGENT_SANITIZER", str(_slow_wrapper(tmp_path, 0)))
+    pids_file = tmp_path / "wrapper.pids"
+    early = start_hosts(task.root, tmp_path)
+    assert sorted(early) == ["memcheck", "racecheck"]
+    for _ in range(100):                      # both wrappers up before the job is known
+        if pids_file.exists() and len(pids_file.read_text().split()) == 2:
+            break
+        time.sleep(0.1)
+    beside = Sanitizing(task, task.module(), {"lib": str(lib), "seed": 2}, ("memcheck",), early)
+    assert early == {}, "the checks took the started hosts (used or ended)"
+    try:
+        par = beside.result(ParityResult(status=ParityStatus.ok, message="ok: 3 checks", seconds=1.0))
+    finally:
+        beside.stop()
+    assert par.status == ParityStatus.ok and par.memcheck.status == "ok" and par.memcheck.shapes >= 1, par.message
+    assert par.racecheck is None
+    pids = [int(p) for p in pids_file.read_text().split()]
+    assert len(pids) == 2, "a host was started again for the check"
+    assert not [p for p in pids if os.path.exists(f"/proc/{p}")]
+    # the judge child started with --sanitize-early: its hosts start with it, and end with it where nothing took them
+    pids_file.unlink()
+    warm = prestart_candidate(task, tmp_path / "scratch", sanitize_early=True)
+    try:
+        for _ in range(300):
+            if pids_file.exists() and len(pids_file.read_text().split()) == 2:
+                break
+            time.sleep(0.1)
+        pids = [int(p) for p in pids_file.read_text().split()]
+        assert len(pids) == 2, "the child started its sanitizer hosts before its job"
+        got = run_candidate(task, lib, None, warm=warm, scratch_root=tmp_path / "scratch")
+    finally:
+        warm.close()
+    assert got.parity is not None and got.parity.status == ParityStatus.ok, got.parity
+    assert not [p for p in pids if os.path.exists(f"/proc/{p}")], "a started host outlived the child"

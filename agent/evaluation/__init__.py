@@ -5,6 +5,8 @@ Entry points:
   doubtful, Verdict).
 - evaluate: Evaluator (build, the static launch check, parity and the bench in one judge child, the confirmation,
   the re-bench, the dynamic launch check), snapshot_lib, launch_ok.
+- keep: launch_and_confirm, a candidate about to be kept: its launch check, then its confirmation in a child
+  (and sanitizer hosts) started before that check.
 - ended: how an iteration ends early (IterationEnded and its family: CompileFailed, ParityFailed, NotFaster,
   Inconclusive, ...), each with its record's outcome.
 - executor: where candidates run (Local, or dask workers: make_executor, on_worker, pack_folder/unpack_folder).

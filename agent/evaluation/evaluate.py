@@ -107,6 +107,7 @@ class Evaluator:
         on a GPU with Nsight Compute, one ncu pass over every launch of one call is both the launch trace and the
         profile (tools/profile/ncu.py whole_call): take_profile() hands it to the keep; where it cannot serve, the
         torch profiler traces the launch as before."""
+        self.taken = None     # a pass over an earlier candidate (one the confirmation then refused) serves no keep
         if static.status != LaunchStatus.ok:
             return static
         t0 = time.monotonic()
@@ -159,7 +160,7 @@ class Evaluator:
             raise ParityFailed(f"parity {res.status.value}: {res.message}", res)
         return res
 
-    def confirm_bench(self, lib: Path, baseline: Path | None, a: Attempt) -> BenchResult:
+    def confirm_bench(self, lib: Path, baseline: Path | None, a: Attempt, warm=None) -> BenchResult:
         """The confirmation for a candidate about to be kept, in ONE fresh child: the parity the loop's first one
         (parity_extent="quick") left out, the other seeds, the extremes of the task's [dims] and the value draws past
         the sample (tools/measure/domains.py: every task has them, so there is always such a parity) (issue 39's probe
@@ -172,7 +173,7 @@ class Evaluator:
         tmp = Attempt(iteration=0, run_id="", started="", parent_sha="")
         rounds = confirm_rounds(ratio(a.bench), self.task.spec.bench.rounds)   # sized to the first bench's noise
         try:   # on a GPU, compute-sanitizer memcheck after the range parity (tools/judge/sanitize.py)
-            self.evaluate_candidate(lib, baseline, a.times, into=tmp, parity_extent="rest",
+            self.evaluate_candidate(lib, baseline, a.times, into=tmp, parity_extent="rest", warm=warm,
                                     memcheck=self.task.backend.gpu, with_reference=True, rounds=rounds)
         except ParityFailed as e:
             if e.result is not None:
@@ -183,14 +184,14 @@ class Evaluator:
                 a.parity = _joined(a.parity, tmp.parity)
         return tmp.bench
 
-    def confirm(self, lib: Path, baseline: Path | None, a: Attempt, reparity: bool, save) -> None:
+    def confirm(self, lib: Path, baseline: Path | None, a: Attempt, reparity: bool, save, warm=None) -> None:
         """decide()'s confirmation: quick parity on a fresh seed where the gain is implausible; then one child: what
         quick parity left out, a second bench (a.confirm, saved as confirm-bench.json); a failure of the bench is
         a.confirm_error, one of the parity ends the iteration."""
         try:
             if reparity:
                 self.parity(lib, a.times, seed=int(time.time()) % 100000 + 7, extent="quick")
-            a.confirm = self.confirm_bench(lib, baseline, a)
+            a.confirm = self.confirm_bench(lib, baseline, a, warm)
             save("confirm-bench.json", a.confirm)
         except RangeParityFailed:
             raise
@@ -230,14 +231,16 @@ class Evaluator:
                 "kernels": [k.model_dump(mode="json") for k in build.kernels],
                 "parent": parent.model_dump(mode="json") if parent is not None else None}
 
-    def prestart(self):
+    def prestart(self, confirmation: bool = False):
         """The candidate's evaluate child, started before its build so that the child's start-up
         (torch, the CUDA context) runs while nvcc does: a tools.judge.candidate.WarmChild for evaluate_candidate,
-        which the caller closes in any case. None when AGENT_NO_PRESTART=1 (one cold child instead)."""
+        which the caller closes in any case. None when AGENT_NO_PRESTART=1 (one cold child instead).
+        `confirmation` (confirm()'s child, started before the keep's Nsight Compute pass): on a GPU its
+        compute-sanitizer hosts start at once as well, so that their start-up runs during the pass."""
         if os.environ.get("AGENT_NO_PRESTART") == "1":
             return None
         from tools.judge.candidate import prestart_candidate
-        return prestart_candidate(self.task, self.scratch_root)
+        return prestart_candidate(self.task, self.scratch_root, sanitize_early=confirmation and self.task.backend.gpu)
 
     def evaluate_candidate(self, lib: Path, baseline: Path | None, times: StageTimes, *,
                            launch_context: dict | None = None, into: Attempt | None = None, warm=None,

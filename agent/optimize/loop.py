@@ -21,6 +21,7 @@ from agent.optimize.best import Best, dump, dump_results
 from agent.optimize.candidates import Candidates
 from agent.evaluation.ended import Implausible, Inconclusive, IterationEnded, NoChange, NotFaster
 from agent.evaluation.evaluate import Evaluator, snapshot_lib
+from agent.evaluation.keep import launch_and_confirm
 from agent.optimize.propose import StopRun, context, last_failure, propose_and_apply
 from agent.proposers.base import Proposer, ProposerError
 from agent.optimize.repair import feedback, repairable, set_aside
@@ -220,25 +221,27 @@ class Loop:
         self._settle(i, a, lib)
 
     def _settle(self, i: int, a: Attempt, lib: Path) -> None:
-        """What decide() asks for after the first bench: the confirmation, then the real launch geometry."""
+        """What decide() asks for after the first bench: re-benches; the real launch geometry, then the confirmation
+        (agent/evaluation/keep.py: the confirmation's child and sanitizer hosts start during the launch check)."""
         v = decide(a, rule := KeepRule(min_gain=self.cfg.min_gain, implausible=IMPLAUSIBLE_RATIO))
         save = lambda name, res: dump(self._iter_dir(a.iteration) / name, res)   # noqa: E731
+        profile, launched = (self._iter_dir(a.iteration), self.cfg.profile_tier), False
         while v.action in ("confirm", "rebench"):   # decide() bounds both: one confirmation, REBENCH_MAX re-benches
-            self.stage(i, v.action)
             if v.action == "confirm":
-                self.evaluator.confirm(lib, self.best.lib, a, v.reparity, save)
+                launch_and_confirm(self.evaluator, lib, self.best.lib, a, v.reparity, save, profile,
+                                   lambda name: self.stage(i, name))
+                launched = True
             else:
+                self.stage(i, "rebench")
                 self.evaluator.rebench(lib, self.best.lib, a, v, save)
             v = decide(a, rule)
         if v.action == "reject":
             self.best.profile_rejected(lib, self._iter_dir(a.iteration), a, v.outcome, self.run_end)
             raise {Outcome.implausible: Implausible, Outcome.inconclusive: Inconclusive}.get(v.outcome, NotFaster)(
                 v.reason)
-        # about to be kept: the real geometry must match plan and limits; on a GPU with ncu, the pass that shows it is
-        # also the profile the keep records (the launch stage's seconds are both)
-        self.stage(i, "launch")
-        a.launch = self.evaluator.verify_launch(lib, a.launch, a.times,
-                                                profile=(self._iter_dir(a.iteration), self.cfg.profile_tier))
+        if not launched:      # decide() keeps only after a confirmation; should that change, no keep goes unchecked
+            self.stage(i, "launch")
+            a.launch = self.evaluator.verify_launch(lib, a.launch, a.times, profile=profile)
 
     def _keep(self, i: int, d: Path, a: Attempt) -> IterationRecord:
         ci = a.bench.speedup_vs_baseline

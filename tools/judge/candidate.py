@@ -27,12 +27,13 @@ class CandidateChecks(NamedTuple):
     dropped_bytes: int = 0     # the child's output (the candidate's prints among it) past the capture's cap
 
 
-def prestart_candidate(task: Task, scratch_root: Path | None = None) -> WarmChild:
+def prestart_candidate(task: Task, scratch_root: Path | None = None, sanitize_early: bool = False) -> WarmChild:
     """The evaluate child of run_candidate, started now (in a scratch directory of its own under
     scratch_root): its torch import and CUDA context overlap the candidate's build. Pass it to
-    run_candidate, and close() it if the candidate never gets there."""
-    return WarmChild(task, prestart_python("tools.judge.judge", ["evaluate", "--task", str(task.root), "--job-stdin"],
-                                           scratch_root))
+    run_candidate, and close() it if the candidate never gets there. `sanitize_early` (a confirmation on a GPU):
+    it starts compute-sanitizer's hosts at once too (tools/judge/sanitize.py start_hosts)."""
+    args = ["evaluate", "--task", str(task.root), "--job-stdin"] + (["--sanitize-early"] if sanitize_early else [])
+    return WarmChild(task, prestart_python("tools.judge.judge", args, scratch_root))
 
 
 class WarmChild:

@@ -138,8 +138,9 @@ def bench(task, mod, remote: Remote, job: dict, shapes: list[dict]) -> list[dict
     return [r.model_dump(mode="json") for r in res]
 
 
-def evaluate(task, mod, remote: Remote, job: dict, shapes: list[dict]) -> dict:
-    """The launch check, parity, then the bench, each only if the one before passed."""
+def evaluate(task, mod, remote: Remote, job: dict, shapes: list[dict], early: dict | None = None) -> dict:
+    """The launch check, parity, then the bench, each only if the one before passed. `early`: the sanitizer hosts
+    main() started before the job came (tools/judge/sanitize.py start_hosts), taken by the checks that run."""
     import time
 
     from tools.measure.launch import from_context
@@ -158,10 +159,12 @@ def evaluate(task, mod, remote: Remote, job: dict, shapes: list[dict]) -> dict:
         launch = res.model_dump(mode="json")
         if res.status.value != "ok":
             return {"launch": launch, "parity": None, "bench": None}
-    # compute-sanitizer's hosts start now, beside parity in this one (their start-up, a torch and a CUDA context under
-    # the sanitizer, is paid while parity runs, issue 66); joined after it, before the bench times anything
+    # compute-sanitizer's hosts run beside parity in this one (their start-up, a torch and a CUDA context under the
+    # sanitizer, is paid while parity runs, or was paid before the job came: `early`, issue 66); joined after it,
+    # before the bench times anything
     from tools.judge.sanitize import Sanitizing
-    beside = Sanitizing(task, mod, job, ("memcheck", "racecheck") if uses_shared_memory(ctx, plan) else ("memcheck",)) \
+    beside = Sanitizing(task, mod, job, ("memcheck", "racecheck") if uses_shared_memory(ctx, plan) else ("memcheck",),
+                        early) \
         if job.get("memcheck") and task.backend.gpu else None
     try:
         mark("parity")
@@ -190,7 +193,7 @@ def uses_shared_memory(ctx: dict | None, plan: dict | None) -> bool:
     return static or any(int(x.get("smem_dynamic_bytes") or 0) > 0 for x in launches if isinstance(x, dict))
 
 
-def run(mode: str, task, mod, host: HostClient, job: dict, shapes: list[dict]) -> dict:
+def run(mode: str, task, mod, host: HostClient, job: dict, shapes: list[dict], early: dict | None = None) -> dict:
     if not job.get("lib"):
         raise ValueError("no library given")
     host.ask({"op": "load", "id": "candidate", "path": job["lib"]})
@@ -201,7 +204,7 @@ def run(mode: str, task, mod, host: HostClient, job: dict, shapes: list[dict]) -
         return checked_parity(task, mod, remote, job).model_dump(mode="json")
     if mode == "bench":
         return {"results": bench(task, mod, remote, job, shapes)}
-    return evaluate(task, mod, remote, job, shapes)
+    return evaluate(task, mod, remote, job, shapes, early)
 
 
 CONTEXT_WAIT_S = 3.0     # how long a killed host's CUDA context may stay on the GPU before it is named
@@ -251,6 +254,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--extent", choices=["full", "quick", "rest", "range"], default="full",
                     help="parity's shapes and seeds (tools.measure.parity.check): all; the listed and hidden shapes on "
                          "the first seed; what that left out; or the [dims] extremes alone")
+    ap.add_argument("--sanitize-early", action="store_true", help="start compute-sanitizer's hosts (memcheck, "
+                    "racecheck) now, before the job: a confirmation's checks then find them started (GPU tasks)")
     ap.add_argument("--baseline-lib")
     ap.add_argument("--shapes", help="JSON list of shape dicts (default: the main shape)")
     ap.add_argument("--no-reference", action="store_true")
@@ -261,8 +266,11 @@ def main(argv: list[str] | None = None) -> int:
     job = {"lib": a.lib, "seed": a.seed, "no_hidden": a.no_hidden, "parity_extent": a.extent, "baseline_lib": a.baseline_lib,
            "shapes": json.loads(a.shapes) if a.shapes else None, "no_reference": a.no_reference,
            "rounds": a.rounds, "confidence": a.confidence}
-    host, result, shapes = None, None, job["shapes"] or []
+    host, result, shapes, early = None, None, job["shapes"] or [], {}
     try:
+        if a.sanitize_early:     # first: their start-up overlaps this child's own and whatever the agent does meanwhile
+            from tools.judge.sanitize import start_hosts
+            early = start_hosts(Path(a.task), Path(os.environ.get("AGENT_SCRATCH") or os.getcwd()))
         import torch  # noqa: F401  (here first: the host is forked from this process with it, HostClient)
         host = HostClient(Path(a.task), Path(os.environ.get("AGENT_SCRATCH") or os.getcwd()))
         from tools.task import load_task
@@ -276,13 +284,15 @@ def main(argv: list[str] | None = None) -> int:
             job.update(json.loads(line))
         task.spec = bench_overrides(task.spec, job)
         shapes = job.get("shapes") or [dict(task.spec.main)]
-        result = run(a.mode, task, mod, host, job, shapes)
+        result = run(a.mode, task, mod, host, job, shapes, early)
     except HostFailed as e:
         result = failed(a.mode, f"{a.mode}: {e}", e.status, shapes)
     except Exception as e:  # a bad task, a library that does not load, a missing symbol: one line
         msg = " ".join(str(e).split())[:500]
         result = failed(a.mode, f"{a.mode} could not run: {type(e).__name__}: {msg}", "error", shapes)
     finally:
+        while early:     # started, and not taken by a check (no job, a failure before parity, no memcheck asked)
+            early.popitem()[1].close()
         if host is not None:
             files = host.close()
             if result is not None:

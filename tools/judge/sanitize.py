@@ -152,24 +152,51 @@ WHAT = {"memcheck": ("invalid access", "invalid accesses", "the kernel reads or 
                       "shared memory with no barrier between (right outputs here or not, the order is the scheduler's)")}
 
 
-def memcheck(task, mod, job: dict, root: Path, seed: int, check: str = "memcheck", halt=None) -> dict:
-    """The candidate (job["lib"]) under compute-sanitizer `check` (memcheck or racecheck), in a host of its own.
-    Returns a SanitizerResult's fields. `halt` (a threading.Event): once set, the host is ended where it is (starting,
-    or between shapes) and the result says the check was stopped (the judge no longer needs it: parity failed)."""
+class Started:
+    """A host started under compute-sanitizer `check` before its candidate is known (start_hosts): its start-up (a
+    torch and a CUDA context under the tool: two thirds of the check's seconds on an H200, BENCHMARKS.md) runs while
+    the agent does other work; memcheck() then loads the candidate into it."""
+
+    def __init__(self, task_root: Path, root: Path, tool: str, check: str):
+        from tools.judge.hostclient import HostClient
+        self.check = check
+        self.log = Path(root) / f"{check}-{os.getpid()}-early.log"
+        self.host = HostClient(Path(task_root), Path(root), wrap=command(tool, self.log, check), env=environment())
+
+    def close(self) -> None:
+        """End a host no check used (its report, if any, is not wanted)."""
+        self.host.close()
+        self.log.unlink(missing_ok=True)
+
+
+def start_hosts(task_root: Path, root: Path, checks: tuple[str, ...] = ("memcheck", "racecheck")) -> dict:
+    """{check: Started} for each of `checks`, started now; {} where the machine has no compute-sanitizer (memcheck()
+    then says the check was skipped)."""
+    tool = find_sanitizer()
+    return {c: Started(task_root, root, tool, c) for c in checks} if tool is not None else {}
+
+
+def memcheck(task, mod, job: dict, root: Path, seed: int, check: str = "memcheck", halt=None,
+             started: Started | None = None) -> dict:
+    """The candidate (job["lib"]) under compute-sanitizer `check` (memcheck or racecheck), in a host of its own
+    (`started`: one start_hosts() began, else one started now). Returns a SanitizerResult's fields. `halt` (a
+    threading.Event): once set, the host is ended where it is (starting, or between shapes) and the result says the
+    check was stopped (the judge no longer needs it: parity failed)."""
     import torch
 
     from tools.judge.hostclient import HostClient, HostFailed, Remote
     from tools.task_messages import make_inputs
-    t0 = time.monotonic()
-    tool = find_sanitizer()
+    t0 = time.monotonic()     # from when the check was asked: a host started earlier has its start-up hidden
+    tool = find_sanitizer() if started is None else "started"
     if tool is None:
         return {"tool": check, "status": "skipped", "seconds": 0.0,
                 "message": f"{check} skipped: compute-sanitizer is not on this machine (AGENT_SANITIZER, PATH, "
                            "$CUDA_HOME/bin)"}
-    log = Path(root) / f"{check}-{os.getpid()}-{seed}.log"
+    log = Path(root) / f"{check}-{os.getpid()}-{seed}.log" if started is None else started.log
     todo = shapes(task.spec, mod, random.Random(seed)) if check == "memcheck" else \
         shapes(task.spec, mod, random.Random(seed), RACE_SHAPES, RACE_ELEMENTS)
-    host = HostClient(task.root, Path(root), wrap=command(tool, log, check), env=environment())
+    host = HostClient(task.root, Path(root), wrap=command(tool, log, check), env=environment()) \
+        if started is None else started.host
     done, failure, loaded = [], None, False
     deadline = t0 + TIMEOUT_S * 0.8
     ender = _ender(halt, host) if halt is not None else None
@@ -228,7 +255,8 @@ class Sanitizing:
     now and at the same time (memcheck and racecheck: the slower one's seconds, not their sum). result(par): parity's
     result with theirs; stop(): ends what still runs (parity failed: their answer is not needed)."""
 
-    def __init__(self, task, mod, job: dict, checks: tuple[str, ...] = ("memcheck",)):
+    def __init__(self, task, mod, job: dict, checks: tuple[str, ...] = ("memcheck",), started: dict | None = None):
+        """`started`: {check: Started} from start_hosts(), used where a check is asked for; the others are ended."""
         import threading
         from concurrent.futures import ThreadPoolExecutor
 
@@ -236,7 +264,11 @@ class Sanitizing:
         self.t0, self.job = time.monotonic(), job
         self.halt = threading.Event()
         self.pool = ThreadPoolExecutor(len(checks))
-        self.futures = [self.pool.submit(memcheck, task, mod, job, root, seed, check, self.halt) for check in checks]
+        early = started if started is not None else {}     # taken: emptied here, each host used or ended
+        self.futures = [self.pool.submit(memcheck, task, mod, job, root, seed, check, self.halt, early.pop(check, None))
+                        for check in checks]
+        while early:
+            early.popitem()[1].close()
 
     def result(self, par):
         """Parity's result with the checks' (each waited for): a failure is parity's `invalid_access` (memcheck) or
