@@ -9,7 +9,8 @@
 # move is kept; softmax's first VEC move), in a fresh user repository, with the code of BEFORE.tar (an earlier commit:
 # `git archive -o BEFORE.tar COMMIT`, carried) where given, then with this checkout's. $OUT/summary.txt: per iteration
 # its decision, wall, stage seconds, and for a kept one what its parity's sanitizers took and where its launch
-# geometry came from (the Nsight Compute pass that is also the profile, or the torch trace).
+# geometry came from (the Nsight Compute pass that is also the profile, or the torch trace), its parity checks'
+# seconds (how many, in all, the five slowest).
 set -u
 [ $# -ge 1 ] || { echo "usage: bash scripts/device/kept_walls.sh attn|one|sm [BEFORE.tar]" >&2; exit 2; }
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl >/dev/null 2>&1
@@ -47,6 +48,9 @@ for line in (run / "iterations.jsonl").read_text().splitlines():
         print("    sanitizers:", {k: (p.get(k) or {}).get("seconds") for k in ("memcheck", "racecheck")},
               "parity", round(p.get("seconds") or 0, 2), "s;", "launch:", ((r.get("launch") or {}).get("message") or "")[-90:])
         print("    profile.json:", (run / f"iter-{r['iteration']}" / "profile.json").exists())
+        checks = sorted(p.get("checks") or [], key=lambda c: -(c.get("seconds") or 0))
+        print(f"    parity checks: {len(checks)} in {sum(c.get('seconds') or 0 for c in checks):.2f} s; the slowest:",
+              ", ".join(f"{c.get('label')} {c.get('dist')} {c.get('seconds') or 0:.2f}" for c in checks[:5]))
 PY
 }
 if [ $# -ge 2 ]; then
