@@ -153,3 +153,16 @@ def test_the_confirmation_is_sized_to_the_noise_the_first_bench_measured():
     assert confirm_rounds(ci(0.99, 0.95), 10) == 10
     # a first bench re-benched to 40 rounds (doubtful at 10): near its noise, confirmed in the task's 10 at least
     assert confirm_rounds(ci(1.068, 1.055, rounds=40), 10) == 10 and confirm_rounds(ci(1.068, 1.055), 10) == 6
+
+
+def test_a_rebenched_gain_the_confirmation_refuses_says_its_rebench():
+    """A no-op on a loaded machine (.ci/run at e4b26f5, tests/test_keep_rule.py): its first bench doubtful, re-benched
+    at 99% to 1.025x [1.002, 1.067], then refused by the confirmation. The reason gives the first bench's whole trail
+    (each re-bench's rounds and coverage), not its last figure alone: what the user reads says it was re-benched."""
+    a = _a(bench=_b(1.025, 1.002, 1.067).model_copy(update={"speedup_vs_baseline": SpeedupCI(
+        median=1.025, low=1.002, high=1.067, rounds=20, confidence=0.99)}), confirm=_b(1.009, 0.968, 1.029))
+    a.bench_undecided = [_b(1.03, 0.99, 1.08)]
+    v = decide(a, KeepRule(min_gain=0.02))
+    assert v.action == "reject" and v.outcome == Outcome.not_faster
+    assert v.reason.startswith("the first bench's gain (1.030x [0.990, 1.080], then 1.025x [1.002, 1.067] in 20 rounds "
+                               "at 99%) was not confirmed by a second interleaved bench (1.009x [0.968, 1.029]"), v.reason

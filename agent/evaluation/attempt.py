@@ -209,6 +209,8 @@ def decide(a: Attempt, rule: KeepRule) -> Verdict:
         if again is not None and doubtful(again, rule.min_gain):
             return _again(a, "confirm", ci.median) or _inconclusive(a, "confirm", ci.median)
         return Verdict(action="reject", outcome=Outcome.not_faster, speedup=ci.median,
-                       reason=f"a {_ci(ci)} gain was not confirmed by a second interleaved bench ({got})")
+                       # the first bench's trail: where it was re-benched, each bench's rounds (at 99%) are said
+                       reason=f"the first bench's gain ({_trail(a, 'bench')}) was not confirmed by a second interleaved "
+                              f"bench ({got})")
     return Verdict(action="keep", outcome=Outcome.kept, speedup=ci.median,
                    reason=f"kept: {ci.median:.3f}x over the parent")
