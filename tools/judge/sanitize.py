@@ -30,6 +30,7 @@ not.
 
 from __future__ import annotations
 
+import itertools
 import os
 import random
 import re
@@ -152,6 +153,9 @@ WHAT = {"memcheck": ("invalid access", "invalid accesses", "the kernel reads or 
                       "shared memory with no barrier between (right outputs here or not, the order is the scheduler's)")}
 
 
+_SERIAL = itertools.count()     # each host's report file its own name in this process
+
+
 class Started:
     """A host started under compute-sanitizer `check` before its candidate is known (start_hosts): its start-up (a
     torch and a CUDA context under the tool: two thirds of the check's seconds on an H200, BENCHMARKS.md) runs while
@@ -160,7 +164,7 @@ class Started:
     def __init__(self, task_root: Path, root: Path, tool: str, check: str):
         from tools.judge.hostclient import HostClient
         self.check = check
-        self.log = Path(root) / f"{check}-{os.getpid()}-early.log"
+        self.log = Path(root) / f"{check}-{os.getpid()}-{next(_SERIAL)}.log"
         self.host = HostClient(Path(task_root), Path(root), wrap=command(tool, self.log, check), env=environment())
 
     def close(self) -> None:
@@ -184,19 +188,19 @@ def memcheck(task, mod, job: dict, root: Path, seed: int, check: str = "memcheck
     check was stopped (the judge no longer needs it: parity failed)."""
     import torch
 
-    from tools.judge.hostclient import HostClient, HostFailed, Remote
+    from tools.judge.hostclient import HostFailed, Remote
     from tools.task_messages import make_inputs
     t0 = time.monotonic()     # from when the check was asked: a host started earlier has its start-up hidden
-    tool = find_sanitizer() if started is None else "started"
-    if tool is None:
-        return {"tool": check, "status": "skipped", "seconds": 0.0,
-                "message": f"{check} skipped: compute-sanitizer is not on this machine (AGENT_SANITIZER, PATH, "
-                           "$CUDA_HOME/bin)"}
-    log = Path(root) / f"{check}-{os.getpid()}-{seed}.log" if started is None else started.log
+    if started is None:
+        tool = find_sanitizer()
+        if tool is None:
+            return {"tool": check, "status": "skipped", "seconds": 0.0,
+                    "message": f"{check} skipped: compute-sanitizer is not on this machine (AGENT_SANITIZER, PATH, "
+                               "$CUDA_HOME/bin)"}
+        started = Started(task.root, Path(root), tool, check)
+    log, host = started.log, started.host
     todo = shapes(task.spec, mod, random.Random(seed)) if check == "memcheck" else \
         shapes(task.spec, mod, random.Random(seed), RACE_SHAPES, RACE_ELEMENTS)
-    host = HostClient(task.root, Path(root), wrap=command(tool, log, check), env=environment()) \
-        if started is None else started.host
     done, failure, loaded = [], None, False
     deadline = t0 + TIMEOUT_S * 0.8
     ender = _ender(halt, host) if halt is not None else None
