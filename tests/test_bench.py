@@ -280,8 +280,11 @@ def test_the_judges_clock_holds_the_hosts_timings_to_what_it_saw():
     # the candidate's times shaved: it claims 12 ms, the judge saw 51 ms pass (a real 2x claimed as 8x)
     why = outside_check(rounds((12, 51), (100, 101)))
     assert why is not None and "under-reported the candidate's bursts by 38 ms" in why
-    # shaved but still slower than the baseline: forged all the same
+    # shaved but still slower than the baseline: forged all the same where the bench claims the gain its host
+    # reported (90 ms against 100), passed where it claims none (the bench's own interval is what it claims)
     assert outside_check(rounds((90, 300), (100, 101))) is not None
+    assert outside_check(rounds((90, 300), (100, 101)), claimed={"baseline"}) is not None
+    assert outside_check(rounds((90, 300), (100, 101)), claimed=set()) is None
     # a real gain inflated by a little more than a tenth of it is caught, by less is not
     assert outside_check(rounds((44, 51), (100, 101))) is not None      # 56 claimed, 7 unseen
     assert outside_check(rounds((47, 51), (100, 101))) is None          # 53 claimed, 4 unseen < 5.3
@@ -310,6 +313,24 @@ def test_an_honest_host_on_a_loaded_machine_is_not_called_a_forger_and_a_shaving
         for cut in (0.2, 0.5):
             shaved = [(a, i * (1 - cut) if a == "candidate" else i, o) for a, i, o in bursts]
             assert "under-reported the candidate's bursts" in (outside_check(shaved) or ""), (cut, bursts)
+
+
+def test_a_host_that_under_reports_without_claiming_a_gain_is_not_called_a_forger(tmp_path):
+    """The outside check vouches for a claimed saving: a bench whose interval against the baseline reaches 1 claims
+    none, and is not refused for time its host left unreported (.ci/run refused a no-op candidate so on the loaded
+    2-core machine: honest rounds whose preemptions fell on its side, 2.3-2.5 ms in two benches of 7 rounds).
+    tests/fixtures/cheats' forge_clock kernel (compensated sums, 2-3x slower than the initial kernel) here divides
+    its bursts' times by 1.25 only: still slower than its baseline, so its bench claims no gain, gives its (slower)
+    figure and is not kept by it; the same kernel dividing by 17 claims a gain and is refused (the test below).
+    Fails if the bench held every arm to the judge's clock whatever it claims."""
+    from tests.fixtures.cheats.cheats import source as cheat
+    src = cheat("forge_clock")
+    assert "ts = [t / 17.0 for t in ts]" in src
+    task, honest = make_task(tmp_path, "correct")
+    lib = compile_lib(src.replace("ts = [t / 17.0 for t in ts]", "ts = [t / 1.25 for t in ts]"), tmp_path / "lib.so")
+    [r] = run_bench(task, lib, baseline_lib=honest, shapes=[SHAPE], with_reference=False)
+    assert r.status == BenchStatus.ok, r.message
+    assert "clocks disagreed" not in r.message and r.speedup_vs_baseline.high < 1.0, r.message
 
 
 FORGED_BURSTS = 11      # a bench's candidate bursts in the host: 2 rep costs and a warm-up, then 8 rounds

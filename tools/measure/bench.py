@@ -34,7 +34,7 @@ from tools.measure.rounds import SpotCheck, interleaved
 from tools.results import BenchResult, BenchStatus, DevicePeak, SpeedupCI
 from tools.measure.roofline import spec_peak
 from tools.isolation.sandbox import ProcStatus, run_python_json
-from tools.measure.stats import ci_text, speedup_ci, stats
+from tools.measure.stats import ci_text, claimed_arms, stats
 from tools.task import Task, load_task, shape_label
 from tools.task_messages import make_inputs
 
@@ -138,7 +138,7 @@ class LocalRuns:
     def fetch_outs(self, outs: list) -> None:
         self.clock.sync()     # they are here already
 
-    def clock_check(self) -> str | None:
+    def clock_check(self, claimed: set[str] | None = None) -> str | None:
         return None     # no clock outside this process to hold the bench to
 
     def clock_restart(self) -> None:
@@ -242,7 +242,7 @@ def _bench_shape(task, mod, runs, shape, with_reference, device_name="", keep_ga
     spot = SpotCheck(task, mod, runs, shape, sets, outs, b.rounds, sysrng)
     early = EarlyStop(keep_gain, b.rounds) if keep_gain is not None else None
     got, cis = interleaved(runs.clock, arms, b, spot, early)
-    clock_why, retimed = runs.clock_check(), ""
+    clock_why, retimed = runs.clock_check(claimed_arms(cis)), ""
     if clock_why is not None and spot.why is None:
         # The judge's clock and the host's disagreed: an honest host's can on a loaded machine (another
         # process takes the CPU between the host's reps and the judge's reads; .ci/run refused an honest
@@ -297,7 +297,7 @@ def _again(runs, arms, b, spot, early: EarlyStop | None = None) -> tuple[dict[st
     if early is not None:
         early.why = ""
     got, cis = interleaved(runs.clock, arms, b, spot, early)
-    return got, cis, runs.clock_check()
+    return got, cis, runs.clock_check(claimed_arms(cis))
 
 
 # --- CLI ----------------------------------------------------------------------------------
