@@ -103,3 +103,46 @@ def test_the_quick_pass_answers_as_the_full_account_and_leaves_both_sides_alone(
         full = [compare(o, e, 1e-2, 1e-2, chunk=c) for c in (97, o.numel())]
         assert all(_same(q, f) for q, f in zip(quick[k], full)), (k, quick[k], full)
     assert [quick[k][0]["status"] for k in refs] == ["ok", "ok", "nan_inf", "ok"]
+
+
+def test_differs_and_all_bits_equal_give_compare_and_bits_equal_verdicts_with_one_read_back():
+    """Issue 66: on a GPU every value parity reads back waits for the device, and a check made dozens of reads.
+    `differs` (changed_repeat's "does the change show") is compare's ok / not ok; `all_bits_equal` is bits_equal
+    over every input; each reads back once a chunk, where compare's failing path and a read per input read many."""
+    import torch
+    from torch.overrides import TorchFunctionMode
+
+    from tools.measure.compare import all_bits_equal, bits_equal, differs
+
+    class Reads(TorchFunctionMode):
+        n = 0
+
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            if func in (torch.Tensor.item, torch.Tensor.__bool__, torch.Tensor.tolist, torch.equal):
+                Reads.n += 1
+            return func(*args, **(kwargs or {}))
+
+    exp, got = _planted(torch.float32)
+    nan_ref = exp.clone()
+    nan_ref[1, 1], nan_ref[2, 2] = float("nan"), float("-inf")
+    close = exp + 1e-5
+    cases = [(got, exp), (exp, exp), (close, exp), (nan_ref, nan_ref), (nan_ref.clone().fill_(1), nan_ref),
+             (exp[:5], exp), (torch.tensor([1, 2, 3]), torch.tensor([1, 2, 4]))]
+    for a, b in cases:
+        want = compare(a, b, 1e-3, 1e-3)["status"] != "ok"
+        for chunk in (7, a.numel() or 1):
+            assert differs(a, b, 1e-3, 1e-3, chunk=chunk) == want, (a.flatten()[:3], chunk)
+    Reads.n = 0
+    with Reads():
+        assert differs(got, exp, 1e-3, 1e-3)
+    assert Reads.n == 1
+    zero = torch.zeros(4)
+    pairs = [(exp, exp.clone()), (torch.tensor([0.0]), torch.tensor([-0.0])), (3, 3), (zero, zero.clone())]
+    for k in range(len(pairs) + 1):
+        some = pairs[:k]
+        assert all_bits_equal(some) == all(bits_equal(a, b) for a, b in some), k
+    Reads.n = 0
+    with Reads():
+        assert all_bits_equal([pairs[0], pairs[3], (got, got.clone())])
+    assert Reads.n == 1
+    assert not all_bits_equal([(exp, exp.clone()), (exp, exp.to(torch.float64))])   # a dtype's bits differ

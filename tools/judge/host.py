@@ -45,8 +45,9 @@ import os
 import sys
 
 from tools.judge.iofiles import load_into, path_of, save
-from tools.judge.threads import names
 from tools.judge.runner import private_stdout
+from tools.judge.threads import ids, names
+from tools.measure.compare import bits_differ
 
 
 def digest(t) -> int:
@@ -56,12 +57,6 @@ def digest(t) -> int:
     b = t.detach().contiguous().view(-1).view(torch.uint8)
     w = b.view(torch.int32) if b.numel() % 4 == 0 else b
     return int(w.sum(dtype=torch.int64))
-
-
-def _same_bits(a, b) -> bool:
-    import torch
-    return bool(torch.equal(a.view(torch.uint8) if a.dtype != torch.bool else a,
-                            b.view(torch.uint8) if b.dtype != torch.bool else b))
 
 
 class Host:
@@ -199,7 +194,7 @@ class Host:
         from tools.measure.probes import StreamSpan
         span = StreamSpan(self.task.backend.gpu and r.get("threads") != 2)
         self.sync()
-        threads_before = names()
+        threads_before = ids()
         t0, late = time.perf_counter(), []
         if r.get("threads") == 2:
             late = self._two_threads(todo)
@@ -210,9 +205,10 @@ class Host:
         t1 = time.perf_counter()
         self.sync()
         t2 = time.perf_counter()
-        changed = sorted(k for k in keys if not _same_bits(before[k], self.bufs[k]))
+        keys = sorted(keys)     # those a call changed, read back at once
+        changed = [k for k, d in zip(keys, bits_differ([(before[k], self.bufs[k]) for k in keys])) if d]
         shared = self._give(list(r.get("get", [])) + changed, bool(r.get("ipc")))
-        left = {tid: name for tid, name in names().items() if tid not in threads_before}
+        left = names(but=threads_before)
         return {"ok": True, "issue_ms": (t1 - t0) * 1e3, "total_ms": (t2 - t0) * 1e3, "changed": changed,
                 "stream_ms": span.ms(), "shared": shared,
                 "threads_left": sorted(left.values())[:8], "late": late}

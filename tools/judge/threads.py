@@ -22,11 +22,21 @@ WINDOW_S = 0.15
 SHARE = 1 / 3         # of the window on a CPU: running, not waiting
 
 
-def names() -> dict[str, str]:
-    """This process's threads now: id -> name (/proc/self/task; empty where there is none)."""
+def ids() -> set[str]:
+    """This process's thread ids now (/proc/self/task; empty where there is none)."""
+    try:
+        return set(os.listdir("/proc/self/task"))
+    except OSError:
+        return set()
+
+
+def names(but: set[str] | None = None) -> dict[str, str]:
+    """This process's threads now, but those in `but`: id -> name (/proc/self/task; empty where there is none). The
+    host asks after every call for the threads the call started: the names of those alone are read (a GPU host has
+    dozens of threads; every check makes four calls)."""
     out = {}
     try:
-        for tid in os.listdir("/proc/self/task"):
+        for tid in set(os.listdir("/proc/self/task")) - (but or set()):
             try:
                 with open(f"/proc/self/task/{tid}/comm") as f:
                     out[tid] = f.read().strip()

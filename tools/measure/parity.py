@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from tools.measure.buffers import STATES, Buffers, changed_repeat, check_seed  # noqa: F401  (STATES: for the tests)
-from tools.measure.compare import bits_equal, compare, describe, disagree, error_budget, tolerance_for
+from tools.measure.compare import all_bits_equal, compare, describe, disagree, error_budget, tolerance_for
 from tools.measure.domains import draw, draws, is_values, scaled_atol, value_shapes
 from tools.measure.ranges import reduction_extreme, range_shapes
 from tools.measure.views import Offsets, draws as offset_draws, is_offset
@@ -205,7 +205,7 @@ def _one(task, mod, lib, shape, label, dist, seed, device, bufs: Buffers, sync, 
     sync()
     run(lib, shape, out1, *inputs)
     sync()
-    if not all(bits_equal(a, b) for a, b in zip(inputs, clones)):
+    if not all_bits_equal(zip(inputs, clones)):
         return {**base, "status": "input_mutated",
                 "message": f"{label} dist={dist}: the kernel changed its inputs (they must be read-only)"}
     exp = mod.reference(shape, *inputs)   # allocates and frees: leftovers are useless to the candidate
@@ -215,7 +215,7 @@ def _one(task, mod, lib, shape, label, dist, seed, device, bufs: Buffers, sync, 
     out2 = bufs.out(s2, mod.empty_output(shape, *inputs))
     run(lib, shape, out2, *inputs)
     sync()
-    if not all(bits_equal(a, b) for a, b in zip(inputs, clones)):
+    if not all_bits_equal(zip(inputs, clones)):
         return {**base, "status": "input_mutated",
                 "message": f"{label} dist={dist}: the kernel changed its inputs on its second call"}
     if (oob := bufs.out_of_bounds((0, 1), label, dist, out1.numel())) is not None:
