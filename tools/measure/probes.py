@@ -209,7 +209,10 @@ def repeat_speed(p: Probe) -> str | None:
         ms = p.time_pairs(seen + fresh + seen, seen_outs + outs + seen_outs, 3 * k)
         first, again = statistics.median(ms[k:2 * k]), statistics.median(ms[2 * k:])
         del fresh, outs
-        if first <= REPEAT_RATIO * again:
+        # and the fastest of each: a memo makes every repeated call cheaper; a loaded machine's preemptions (a
+        # scheduler slice, 3-6 ms) land on some calls and move a median of four (.ci/run refused a no-op matmul so,
+        # 2.99 ms against 1.2 in each of three tries, beside two test workers and a spinner on 2 cores)
+        if first <= REPEAT_RATIO * again or min(ms[k:2 * k]) <= REPEAT_RATIO * min(ms[2 * k:]):
             return None
         if best is None or first / max(again, 1e-9) < best[0] / max(best[1], 1e-9):
             best = (first, again)
