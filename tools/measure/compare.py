@@ -279,25 +279,23 @@ def bits_differ(pairs) -> list[bool]:
 
 
 def all_bits_equal(pairs) -> bool:
-    """bits_equal for every (a, b) pair, the tensors' verdicts read back at once (bits_differ)."""
+    """Every (a, b) pair the same: tensors of one shape and dtype bit for bit (their verdicts read back at once:
+    bits_differ), anything else by ==."""
     import torch
     same = []
     for a, b in pairs:
-        if not isinstance(a, torch.Tensor) or a.shape != b.shape or a.dtype != b.dtype:
-            if not bits_equal(a, b):
+        if not isinstance(a, torch.Tensor):
+            if a != b:
                 return False
+        elif a.shape != b.shape or a.dtype != b.dtype:
+            return False
         else:
             same.append((a, b))
     return not any(bits_differ(same))
 
 
 def bits_equal(a, b) -> bool:
-    import torch
-    if not isinstance(a, torch.Tensor):
-        return a == b
-    if a.shape != b.shape or a.dtype != b.dtype:
-        return False
-    return torch.equal(a.contiguous().reshape(-1).view(torch.uint8), b.contiguous().reshape(-1).view(torch.uint8))
+    return all_bits_equal([(a, b)])
 
 
 def describe(label: str, dist: str, c: dict[str, Any], atol: float, rtol: float) -> str:
