@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import shutil
 import stat
+import time
 from pathlib import Path
 
 from agent.evaluation.evaluate import Evaluator
@@ -49,6 +50,8 @@ def fake_ncu(tmp_path: Path, writes: bool | str = True, sees: Path | None = None
                    f'echo "$@" >> {tmp_path}/argv.log\n'
                    'if [ "$1" = --version ]; then echo "Version 2025.3.1.0 (build 1) (public-release)"; exit 0; fi\n'
                    'stem=""; prev=""; for a in "$@"; do [ "$prev" = -o ] && stem="$a"; prev="$a"; done\n'
+                   # a target with no --lib waits for its library on stdin (tools/profile/warm.py): ncu's stdin is its
+                   'case " $* " in *" --lib "*) ;; *) read -r job; echo "job $job" >> ' + f"{tmp_path}/argv.log;; esac\n"
                    f"{body}\nexit 0\n")
     exe.chmod(exe.stat().st_mode | stat.S_IEXEC)
     return d
@@ -195,3 +198,51 @@ def test_the_confirmation_and_its_sanitizer_hosts_start_during_the_launch_checks
         launch_and_confirm(ev, lib, None, honest, False, lambda name, res: None, (lib.parent, 1), stages.append)
     assert stages == ["launch", "confirm"] and honest.launch.status == LaunchStatus.ok, honest.launch.message
     assert "not the protocol" not in honest.parity.message and honest.parity.status != ParityStatus.ok
+
+
+def test_a_keeps_pass_is_started_before_its_candidate_is_known_and_serves_it_as_a_cold_one_would(on_path, tmp_path):
+    """The loop's evaluator holds one ncu pass started early (tools/profile/warm.py: a target waiting on stdin for its
+    library, the pass's start-up paid beside other work): the keep's launch check hands it the candidate and gets the
+    report where the cold pass writes it, and the same command line but for --lib; another is started for the next
+    keep; the run's end ends it. A pass of another tier is not used: the pass runs cold."""
+    on_path()
+    task = load_task(ROOT / "kernels" / "attention_fwd")
+    lib = tmp_path / "iter-1" / "libattention_fwd.so"
+    lib.parent.mkdir()
+    lib.write_bytes(b"not loaded: ncu is a stand-in")
+    ev = Evaluator(task, tmp_path / "build", h200(), scratch_root=tmp_path / "scratch")
+    ev.spare.tier = 1                       # as the loop sets it (agent/optimize/best.py)
+    child = ev.prestart()                   # each candidate's prestart: the spare pass starts with its first one
+    if child is not None:
+        child.close()
+    first = ev.spare.held
+    assert first is not None and first.child.alive
+    times = StageTimes()
+    res = ev.verify_launch(lib, plan(), times, profile=(lib.parent, 1))
+    assert res.status == LaunchStatus.ok and "Nsight Compute pass" in res.message, res.message
+    log = (tmp_path / "argv.log").read_text().splitlines()
+    jobs = [ln for ln in log if ln.startswith("job ")]
+    assert jobs == [f'job {{"lib": "{lib.resolve()}"}}'], log          # the one pass, handed its library on stdin
+    nxt = ev.spare.held
+    assert nxt is not None and nxt is not first and nxt.child.alive     # the next keep's, started now
+    for _ in range(100):                                                 # (its stand-in logs its argv as it starts)
+        ran = [ln for ln in (tmp_path / "argv.log").read_text().splitlines() if "--version" not in ln
+               and not ln.startswith("job ")]
+        if len(ran) == 2:
+            break
+        time.sleep(0.1)
+    assert len(ran) == 2 and "--lib" not in ran[0].split() and "--lib" not in ran[1].split()
+    assert [k.name for k in ev.take_profile(lib).kernels] == [KERNEL]
+    assert len(list(lib.parent.glob("profile-t1-s*.ncu-rep"))) == 1    # where a cold pass writes its report
+    assert not first.stem.parent.exists() and not first.child.alive   # the used one's folder and process gone
+    ev.spare.tier = 2                                                    # a pass of tier 1 does not serve tier 2
+    ev.verify_launch(lib, plan(), times, profile=(lib.parent, 2))
+    assert not nxt.child.alive and ev.take_profile(lib) is not None
+    log = (tmp_path / "argv.log").read_text().splitlines()
+    assert len([ln for ln in log if ln.startswith("job ")]) == 1        # the tier-2 pass ran cold, with --lib
+    cold = [ln for ln in log if "--version" not in ln and not ln.startswith("job ")][2]
+    assert "--lib" in cold.split() and "ComputeWorkloadAnalysis" in cold
+    last = ev.spare.held
+    assert last is not None and last.child.alive
+    ev.spare.close()                                                     # the run's end (agent/optimize/loop.py)
+    assert not last.child.alive and ev.spare.held is None

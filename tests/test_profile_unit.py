@@ -112,3 +112,33 @@ def test_profile_of_a_cpu_task_is_an_error_not_empty(matmul_lib):
     from tools.task import load_task
     rep = profile_task(load_task(ROOT / "kernels/matmul_cpu"), matmul_lib)
     assert rep.status == ProfileStatus.error and "CUDA" in rep.message and rep.hint
+
+
+def test_a_waiting_target_reads_its_task_only_once_its_library_comes(matmul_lib, tmp_path):
+    """tools/profile/warm.py starts the profiled program before its candidate is known: it imports torch, then waits
+    for its library on stdin. A candidate's commit may change the task meanwhile (here its shapes), so the task is
+    read after the job: the call reports the shape the task says then. End-of-file instead of a job: it ends quietly."""
+    import time
+
+    from tools.isolation.sandbox import Prestarted, python_env
+    task = tmp_path / "matmul_cpu"
+    shutil.copytree(ROOT / "kernels/matmul_cpu", task)
+    argv = [sys.executable, "-m", "tools.profile.target", "--task", str(task), "--shape-index", "0", "--warmup", "1",
+            "--iters", "1"]
+    child = Prestarted(argv, cwd=ROOT, env=python_env())
+    pid = child._proc.pid
+    t_end = time.monotonic() + 120
+    while "libtorch" not in Path(f"/proc/{pid}/maps").read_text() and time.monotonic() < t_end:
+        time.sleep(0.1)           # torch is being imported: the start-up is under way
+    time.sleep(1.0)
+    toml = task / "task.toml"
+    assert '{ M = 64,  N = 64,  K = 64 }' in toml.read_text()
+    toml.write_text(toml.read_text().replace('{ M = 64,  N = 64,  K = 64 }', '{ M = 32, N = 48, K = 16 }', 1))
+    res = child.run(json.dumps({"lib": str(matmul_lib)}), 120)
+    assert res.status.value == "ok", res.stderr
+    out = json.loads(res.stdout.strip().splitlines()[-1])
+    assert out["ok"] and out["calls"] == 2 and out["shape"] == {"M": 32, "N": 48, "K": 16}
+    quiet = Prestarted(argv, cwd=ROOT, env=python_env())
+    quiet._proc.stdin.close()
+    assert quiet._proc.wait(timeout=120) == 0 and quiet._proc.stdout.read() == b""
+    quiet.close()

@@ -18,6 +18,7 @@ from agent.evaluation.ended import (BenchFailed, CompileFailed, IterationEnded, 
 from agent.records.schema import StageTimes
 from tools.results import (BenchResult, BenchStatus, BuildResult, BuildStatus, DeviceLimits, LaunchResult,
                            LaunchStatus, ParityResult, ParityStatus)
+from tools.profile.warm import Spare
 from tools.task import Task
 
 
@@ -41,6 +42,7 @@ class Evaluator:
         # (library, report) of the last Nsight Compute pass that served a launch check (verify_launch's `profile`);
         # `no_ncu`: why this machine's ncu cannot take that pass (not permitted, driver): not tried again this run
         self.taken, self.no_ncu = None, None
+        self.spare = Spare()      # the next keep's ncu pass, started early (tools/profile/warm.py); the loop sets its tier
         if checkout is not None:
             from tools.isolation.checkout import CheckoutWatch
             self.watch = CheckoutWatch(checkout)
@@ -124,14 +126,15 @@ class Evaluator:
             return None
         from tools.backends.toolchain import find_ncu
         from tools.measure.launch import from_profile
-        from tools.profile import profile_task
         from tools.profile.model import ProfileStatus
         from tools.profile.ncu import CALL_LAUNCHES_MAX
         if self.no_ncu is not None or find_ncu() is None:
             return None
-        rep = profile_task(self.task, lib, tier=tier, out_dir=out_dir, whole_call=True, fallback=False)
+        rep = self.spare.profile(self.task, lib, tier, out_dir)   # the keep's one pass (the one held, if it serves)
         if rep.status in (ProfileStatus.counters_not_permitted, ProfileStatus.driver_incompatible):
             self.no_ncu = rep.status.value      # the machine's, not the candidate's: every later pass would fail so
+        else:
+            self.spare.ensure(self.task)        # the next keep's, its start-up beside this one's confirmation
         self.taken = (Path(lib), rep)
         if len(rep.kernels) >= CALL_LAUNCHES_MAX:   # the pass's cap: launches past it unseen, the trace sees them all
             return None
@@ -239,6 +242,8 @@ class Evaluator:
         compute-sanitizer hosts start at once as well, so that their start-up runs during the pass."""
         if os.environ.get("AGENT_NO_PRESTART") == "1":
             return None
+        if self.no_ncu is None and self.limits is not None and self.limits.source == "device":
+            self.spare.ensure(self.task)
         from tools.judge.candidate import prestart_candidate
         return prestart_candidate(self.task, self.scratch_root, sanitize_early=confirmation and self.task.backend.gpu)
 

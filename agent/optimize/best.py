@@ -44,6 +44,7 @@ class Best:
         self.profile: ProfileReport | None = None
         evaluator.budgets = state.stage_budgets      # a resumed run keeps the budgets its setup measured
         evaluator.keep_gain = cfg.min_gain           # below it a candidate's bench skips the probes only a keep needs
+        evaluator.spare.tier = cfg.profile_tier      # a keep's ncu pass is started before its candidate is known
 
     def save(self) -> None:
         write_json_atomic(self.run_dir / "state.json", self.state)

@@ -115,6 +115,7 @@ class Loop:
                 signal.signal(signal.SIGINT, prev)
             if self._k is not None:
                 self._k.ex.close()
+            self.evaluator.spare.close()
             self.view.close()
         return self.state
 
@@ -272,8 +273,7 @@ class Loop:
     def _revert(self, i: int, a: Attempt, reason: str, ref: int | str) -> str | None:
         """Its commit (returned) under refs/agent/RUN/rejected/REF, saying why; the branch back at the best."""
         t0 = time.monotonic()
-        commit_sha = a.commit_sha
-        if commit_sha is not None:
+        if (commit_sha := a.commit_sha) is not None:
             rejected_sha = commit_sha
             try:
                 if self.git.head() == commit_sha:

@@ -53,6 +53,7 @@ CLOCK_CONTROL = "none"
 _PASSES = re.compile(r"-\s*(\d+)\s+pass(?:es)?")
 NVTX_RANGE = "agent_call"       # the whole call's NVTX range (tools/profile/target.py --nvtx)
 CALL_LAUNCHES_MAX = 64          # launches of one call profiled at most (each is replayed for its sections)
+LACKING: set[str] = set()       # EXTRA_METRICS this machine's ncu or GPU said it lacks (a pass failed on it)
 
 
 def ncu_version(ncu: str) -> str | None:
@@ -97,6 +98,17 @@ def ncu_argv(ncu: str, tier: int, kernel_regex: str | None, launch_skip: int, la
     return argv + ["-o", str(report_stem), "-f"]
 
 
+def pass_argv(ncu: str, task: Task, lib_path: str | Path | None, idx: int, tier: int, stem: Path, whole_call: bool,
+              warmup: int = 3, launches_per_call: int = 1, metrics: list[str] | None = None) -> list[str]:
+    """ncu and its target: one pass of profile_task over the shape `idx` (`lib_path` None: a target that waits for
+    its library, tools/profile/warm.py)."""
+    metrics = [m for m in EXTRA_METRICS if m not in LACKING] if metrics is None else metrics
+    target = target_argv(task, lib_path, idx, warmup, 1, nvtx=NVTX_RANGE if whole_call else None)
+    return (ncu_argv(ncu, tier, None, 0, CALL_LAUNCHES_MAX, stem, metrics, nvtx=NVTX_RANGE) if whole_call else
+            ncu_argv(ncu, tier, task.spec.kernel_regex, warmup * launches_per_call, launches_per_call, stem, metrics)) \
+        + target
+
+
 def _failure(status: ProfileStatus, message: str, task: Task, shape: dict, env: ProfileEnv) -> ProfileReport:
     return ProfileReport(status=status, message=message, hint=HINTS.get(status, ""), task=task.name, shape=shape, env=env)
 
@@ -104,9 +116,10 @@ def _failure(status: ProfileStatus, message: str, task: Task, shape: dict, env: 
 def profile_task(task: Task, lib_path: str | Path, *, tier: int = 1, shape: int | dict | None = None,
                  timeout_s: float = 300, out_dir: str | Path | None = None, warmup: int = 3,
                  launches_per_call: int = 1, fallback: bool = True, measure_bare: bool = False,
-                 whole_call: bool = False) -> ProfileReport:
+                 whole_call: bool = False, warm=None) -> ProfileReport:
     """Profile the task's kernel(s) on one shape (default: the main shape); `whole_call`: every launch of one warm call
-    (module docstring). Never raises for a failure of ncu or of the program: every failure is a status with a hint."""
+    (module docstring); `warm`: a pass started earlier (tools/profile/warm.py WarmPass), used where it is this pass (the caller
+    closes it in any case). Never raises for a failure of ncu or of the program: every failure is a status with a hint."""
     spec = task.spec
     idx = spec.main_shape if shape is None else shape_index(task, shape)
     shp = dict(spec.shapes[idx])
@@ -115,7 +128,6 @@ def profile_task(task: Task, lib_path: str | Path, *, tier: int = 1, shape: int 
         return _failure(ProfileStatus.error, f"task {spec.name} runs on the {spec.device}: Nsight Compute profiles CUDA kernels",
                         task, shp, env).model_copy(update={"hint": "profile a CUDA task (device = \"cuda\")"})
     ncu = find_ncu()
-    target = target_argv(task, lib_path, idx, warmup, 1, nvtx=NVTX_RANGE if whole_call else None)
     if not ncu:
         return _maybe_fallback(_failure(ProfileStatus.ncu_not_found, "ncu is not on PATH", task, shp, env),
                                fallback, task, lib_path, idx, timeout_s)
@@ -125,19 +137,25 @@ def profile_task(task: Task, lib_path: str | Path, *, tier: int = 1, shape: int 
     out.mkdir(parents=True, exist_ok=True)
     stem = out / f"profile-t{tier}-s{idx}"
     rep = stem.with_name(stem.name + ".ncu-rep")
-    metrics = list(EXTRA_METRICS)
+    metrics = [m for m in EXTRA_METRICS if m not in LACKING]
     dropped: list[str] = []
     t_end = time.monotonic() + timeout_s
     while True:
         rep.unlink(missing_ok=True)
-        argv = (ncu_argv(ncu, tier, None, 0, CALL_LAUNCHES_MAX, stem, metrics, nvtx=NVTX_RANGE) if whole_call else
-                ncu_argv(ncu, tier, spec.kernel_regex, warmup * launches_per_call, launches_per_call, stem, metrics)) + target
-        proc = run_isolated(argv, max(1.0, t_end - time.monotonic()), cwd=REPO_ROOT, env=python_env())
+        argv = pass_argv(ncu, task, lib_path, idx, tier, stem, whole_call, warmup, launches_per_call, metrics)
+        if warm is not None and warm.serves(pass_argv(ncu, task, None, idx, tier, stem, whole_call, warmup,
+                                                      launches_per_call, metrics), stem):
+            argv = warm.argv      # the same pass, started before the candidate was known (tools/profile/warm.py)
+            proc = warm.run(Path(lib_path), rep, max(1.0, t_end - time.monotonic()))
+        else:
+            proc = run_isolated(argv, max(1.0, t_end - time.monotonic()), cwd=REPO_ROOT, env=python_env())
+        warm = None
         failure = classify_failure(proc, rep.is_file())
         gone = missing_metric(proc.stdout + proc.stderr) if failure else None
         if gone in metrics:          # this ncu/GPU lacks one of our extra metrics: drop it, try once more
             metrics.remove(gone)
             dropped.append(gone)
+            LACKING.add(gone)        # and leave it out of this process's later passes (a warm one's too)
             continue
         break
     env.wall_seconds = round(proc.seconds, 3)
@@ -154,6 +172,7 @@ def profile_task(task: Task, lib_path: str | Path, *, tier: int = 1, shape: int 
     env.replay_passes = int(m[-1]) if m else None
     env.gpu, env.sm_count = report.env.gpu, report.env.sm_count
     if measure_bare:
+        target = target_argv(task, lib_path, idx, warmup, 1, nvtx=NVTX_RANGE if whole_call else None)
         bare = run_isolated(target, timeout_s, cwd=REPO_ROOT, env=python_env())
         env.bare_seconds = round(bare.seconds, 3) if bare.status.value == "ok" else None
     notes = [f"report: {rep}"] + ([f"dropped metrics this ncu/GPU lacks: {', '.join(dropped)}"] if dropped else [])

@@ -5,6 +5,12 @@ Loads the task module and the compiled library, makes inputs for one shape and c
 W + N times; ncu wraps this process (launch skip past the warm-up). With --trace, the N measured
 calls run under the torch profiler and its chrome trace is written (the no-counter fallback).
 Prints one JSON line last.
+
+Without --lib the program starts up (torch imported and, for a CUDA task, its context made, under ncu where ncu
+wraps it) and then waits for its job, one JSON line on stdin: {"lib": PATH}. Those start-up seconds were 2.3-2.8 of a
+keep's 5-7 s Nsight Compute pass on an H200 (BENCHMARKS.md, issue 66), and a pass started early (tools/profile/warm.py)
+pays them while the agent does other work. The task (task.toml, its Python) is read only once the job has come: a
+candidate's commit may have changed it since the start.
 """
 
 from __future__ import annotations
@@ -20,13 +26,15 @@ if TYPE_CHECKING:   # the target itself loads the task at run time; the type is 
     from tools.task import Task
 
 
-def target_argv(task: Task, lib_path: str | Path, shape: int | dict | None, warmup: int, iters: int,
+def target_argv(task: Task, lib_path: str | Path | None, shape: int | dict | None, warmup: int, iters: int,
                 trace: str | None = None, nvtx: str | None = None) -> list[str]:
     """How to start this program on one shape of a task (ncu wraps it; the fallback traces it). `nvtx`: the measured
     calls inside an NVTX push/pop range of that name (ncu --nvtx-include NAME/: every launch they make, whatever
     its kernel's name and however many a call makes)."""
-    argv = [sys.executable, "-m", "tools.profile.target", "--task", str(task.root), "--lib", str(Path(lib_path).resolve()),
-            "--warmup", str(warmup), "--iters", str(iters)]
+    argv = [sys.executable, "-m", "tools.profile.target", "--task", str(task.root)]
+    if lib_path is not None:      # without: the target waits for its library on stdin (module docstring)
+        argv += ["--lib", str(Path(lib_path).resolve())]
+    argv += ["--warmup", str(warmup), "--iters", str(iters)]
     if shape is not None:
         argv += ["--shape-index", str(shape_index(task, shape))]
     if trace:
@@ -50,7 +58,7 @@ def shape_index(task: Task, shape: int | dict) -> int:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m tools.profile.target")
     ap.add_argument("--task", required=True)
-    ap.add_argument("--lib", required=True)
+    ap.add_argument("--lib", default=None, help="the library; without it, one JSON line on stdin names it")
     ap.add_argument("--shape-index", type=int, default=None)
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--iters", type=int, default=1)
@@ -61,6 +69,12 @@ def main(argv: list[str] | None = None) -> int:
     from tools.task import load_task
     from tools.task_messages import make_inputs
 
+    if a.lib is None:
+        _start_up(Path(a.task))
+        line = sys.stdin.readline()
+        if not line.strip():     # the agent ended the pass it started (or died): nothing to profile
+            return 0
+        a.lib = json.loads(line)["lib"]
     task = load_task(a.task)
     spec = task.spec
     shape = spec.shapes[spec.main_shape if a.shape_index is None else a.shape_index]
@@ -95,6 +109,19 @@ def main(argv: list[str] | None = None) -> int:
     print(json.dumps({"ok": True, "task": spec.name, "shape": shape, "calls": a.warmup + a.iters,
                       "seconds": round(time.perf_counter() - t0, 4), "trace": a.trace}))
     return 0
+
+
+def _start_up(task_dir: Path) -> None:
+    """What a waiting target pays before its job: torch and, where the task runs on CUDA, the context (the device kind
+    from task.toml, which a candidate does not edit; the task itself is read again once the job comes)."""
+    import tomllib
+
+    import torch
+    with open(task_dir / "task.toml", "rb") as f:
+        device = str(tomllib.load(f).get("device") or "cpu")
+    if device.startswith("cuda") and torch.cuda.is_available():
+        torch.cuda.init()
+        torch.empty(1, device="cuda")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,101 @@
+"""An Nsight Compute pass started before its candidate is known (issue 66).
+
+A keep's ncu pass (tools/profile/ncu.py whole_call: the launch check's geometry and the profile the next proposal
+reads) cost 5-7 s on an H200, of which the profiled program's start-up under ncu (Python, torch, the CUDA context,
+ncu's injection) was 3-3.8 s and the replay passes about 1 s (BENCHMARKS.md). `start_pass` starts ncu over a target
+that starts up and then waits for its library on stdin (tools/profile/target.py without --lib), so that a keep pays
+only the library's load, its calls, the replay and the report. The pass is the same command line as a cold one (the
+same sections, metrics, NVTX range, warm-up and shape), its report moved to where the cold pass would have written it;
+profile_task uses it only where its command line is the one it would have run, and otherwise runs cold.
+
+The waiting target holds a CUDA context and nothing else: it runs no kernel until its job comes. It is an isolated
+child (tools/isolation/sandbox.py Prestarted: its own session, death with the agent, its group ended by close()).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+from pathlib import Path
+
+from tools.isolation.sandbox import REPO_ROOT, Prestarted, ProcResult, python_env
+
+
+class WarmPass:
+    """ncu over a waiting target: `argv` is the pass's command line, its report stem in a folder of its own."""
+
+    def __init__(self, argv: list[str], stem: Path):
+        self.argv, self.stem = argv, stem
+        self.child = Prestarted(argv, cwd=REPO_ROOT, env=python_env())
+
+    def serves(self, argv: list[str], stem: Path) -> bool:
+        """Whether this pass runs `argv` (a cold pass writing to `stem`), its report stem aside."""
+        return self.child.alive and not self.child.used and \
+            [str(stem) if a == str(self.stem) else a for a in self.argv] == list(argv)
+
+    def run(self, lib: Path, rep: Path, timeout_s: float) -> ProcResult:
+        """The pass over `lib`, its report (where ncu wrote one) moved to `rep`."""
+        try:
+            proc = self.child.run(json.dumps({"lib": str(Path(lib).resolve())}), timeout_s)
+            mine = self.stem.with_name(self.stem.name + ".ncu-rep")
+            if mine.is_file():
+                shutil.move(str(mine), str(rep))
+            return proc
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        self.child.close()
+        shutil.rmtree(self.stem.parent, ignore_errors=True)
+
+
+def start_pass(task, tier: int) -> WarmPass | None:
+    """The pass a keep of `task` would run (profile_task(task, lib, tier=tier, whole_call=True) on the main shape),
+    started now; None where it could not serve (a CPU task, no ncu on this machine)."""
+    from tools.backends.toolchain import find_ncu
+    from tools.profile.ncu import pass_argv
+    ncu = find_ncu()
+    if not task.backend.gpu or ncu is None:
+        return None
+    stem = Path(tempfile.mkdtemp(prefix="agent-warm-pass-")) / f"profile-t{tier}-s{task.spec.main_shape}"
+    return WarmPass(pass_argv(ncu, task, None, task.spec.main_shape, tier, stem, whole_call=True), stem)
+
+
+class Spare:
+    """The run's next keep's pass, started early and held (at most one): `tier` is the loop's profile tier, None
+    where nothing is to be started (a caller that profiles no keep)."""
+
+    def __init__(self) -> None:
+        self.tier: int | None = None
+        self.held: WarmPass | None = None
+
+    def ensure(self, task) -> None:
+        """One held from now on, where the task runs on CUDA (a dead one replaced)."""
+        if self.held is not None and not self.held.child.alive:
+            self.close()
+        if self.held is None and self.tier is not None and task.backend.gpu:
+            self.held = start_pass(task, self.tier)
+
+    def take(self, tier: int) -> WarmPass | None:
+        """The pass held, for a pass of `tier` (the caller closes it); None where none is held or it is another's."""
+        held, self.held = self.held, None
+        if held is not None and tier != self.tier:
+            held.close()
+            return None
+        return held
+
+    def profile(self, task, lib: Path, tier: int, out_dir: Path):
+        """profile_task's whole-call pass of `tier` over `lib` into `out_dir`, in the pass held where it serves."""
+        from tools.profile.ncu import profile_task
+        warm = self.take(tier)
+        try:
+            return profile_task(task, lib, tier=tier, out_dir=out_dir, whole_call=True, fallback=False, warm=warm)
+        finally:
+            if warm is not None:
+                warm.close()
+
+    def close(self) -> None:
+        if self.held is not None:
+            self.held.close()
+            self.held = None
