@@ -203,8 +203,8 @@ def test_the_confirmation_and_its_sanitizer_hosts_start_during_the_launch_checks
 def test_a_keeps_pass_is_started_before_its_candidate_is_known_and_serves_it_as_a_cold_one_would(on_path, tmp_path):
     """The loop's evaluator holds one ncu pass started early (tools/profile/warm.py: a target waiting on stdin for its
     library, the pass's start-up paid beside other work): the keep's launch check hands it the candidate and gets the
-    report where the cold pass writes it, and the same command line but for --lib; another is started for the next
-    keep; the run's end ends it. A pass of another tier is not used: the pass runs cold."""
+    report where the cold pass writes it, and the same command line but for --lib; another is started as the keep
+    ends; the run's end ends it. A pass of another tier is not used: the pass runs cold."""
     on_path()
     task = load_task(ROOT / "kernels" / "attention_fwd")
     lib = tmp_path / "iter-1" / "libattention_fwd.so"
@@ -215,7 +215,8 @@ def test_a_keeps_pass_is_started_before_its_candidate_is_known_and_serves_it_as_
     child = ev.prestart()                   # each candidate's prestart: the spare pass starts with its first one
     if child is not None:
         child.close()
-    first = ev.spare.held
+    ev.spare.confirming.close()             # (the confirmation's child held beside it: the next test's)
+    first = ev.spare.pass_
     assert first is not None and first.child.alive
     times = StageTimes()
     res = ev.verify_launch(lib, plan(), times, profile=(lib.parent, 1))
@@ -223,8 +224,10 @@ def test_a_keeps_pass_is_started_before_its_candidate_is_known_and_serves_it_as_
     log = (tmp_path / "argv.log").read_text().splitlines()
     jobs = [ln for ln in log if ln.startswith("job ")]
     assert jobs == [f'job {{"lib": "{lib.resolve()}"}}'], log          # the one pass, handed its library on stdin
-    nxt = ev.spare.held
-    assert nxt is not None and nxt is not first and nxt.child.alive     # the next keep's, started now
+    assert ev.spare.pass_ is None                                        # taken
+    ev.spare.ensure_pass(ev)                                             # as the keep ends (agent/evaluation/keep.py)
+    nxt = ev.spare.pass_
+    assert nxt is not None and nxt is not first and nxt.child.alive
     for _ in range(100):                                                 # (its stand-in logs its argv as it starts)
         ran = [ln for ln in (tmp_path / "argv.log").read_text().splitlines() if "--version" not in ln
                and not ln.startswith("job ")]
@@ -238,11 +241,48 @@ def test_a_keeps_pass_is_started_before_its_candidate_is_known_and_serves_it_as_
     ev.spare.tier = 2                                                    # a pass of tier 1 does not serve tier 2
     ev.verify_launch(lib, plan(), times, profile=(lib.parent, 2))
     assert not nxt.child.alive and ev.take_profile(lib) is not None
+    ev.spare.ensure_pass(ev)
     log = (tmp_path / "argv.log").read_text().splitlines()
     assert len([ln for ln in log if ln.startswith("job ")]) == 1        # the tier-2 pass ran cold, with --lib
     cold = [ln for ln in log if "--version" not in ln and not ln.startswith("job ")][2]
     assert "--lib" in cold.split() and "ComputeWorkloadAnalysis" in cold
-    last = ev.spare.held
+    last = ev.spare.pass_
     assert last is not None and last.child.alive
     ev.spare.close()                                                     # the run's end (agent/optimize/loop.py)
-    assert not last.child.alive and ev.spare.held is None
+    assert not last.child.alive and ev.spare.pass_ is None
+
+
+def test_a_keeps_confirmation_child_is_held_from_the_first_candidate_and_serves_only_the_task_it_loaded(tmp_path):
+    """The confirmation's child (on a GPU with its compute-sanitizer hosts) is started with the run's first candidate
+    and held: the keep takes it instead of starting one (agent/evaluation/keep.py), and the next is started as that
+    keep ends. A child that loaded the task before its files changed (a kept commit edited its Python) does not serve:
+    it is ended and the keep starts its own. Real children (the judge's, waiting on stdin); the run's end ends them."""
+    root = tmp_path / "attention_fwd"
+    shutil.copytree(ROOT / "kernels" / "attention_fwd", root, ignore=shutil.ignore_patterns("__pycache__"))
+    ev = Evaluator(load_task(root), tmp_path / "build", h200(), scratch_root=tmp_path / "scratch")
+    own = ev.prestart(confirmation=True)
+    assert own is not None and ev.spare.confirming is None        # not the loop's evaluator: nothing held
+    own.close()
+    ev.spare.tier = 1
+    first = ev.prestart()
+    held = ev.spare.confirming
+    assert held is not None and held.proc.alive and held is not first and "--sanitize-early" in held.proc.argv
+    first.close()
+    second = ev.prestart()
+    assert second is not None and ev.spare.confirming is held                 # one held, not one a candidate
+    second.close()
+    assert ev.prestart(confirmation=True) is held and ev.spare.confirming is None
+    held.close()
+    ev.spare.ensure_confirmation(ev)                                          # as a keep ends
+    nxt = ev.spare.confirming
+    assert nxt is not None and nxt is not held and nxt.proc.alive
+    (root / "task.py").write_text((root / "task.py").read_text() + "\n# a kept commit's edit\n")
+    ev.task = load_task(root)
+    fresh = ev.prestart(confirmation=True)
+    assert fresh is not None and fresh is not nxt and not nxt.proc.alive    # the stale one ended, a fresh one started
+    fresh.close()
+    ev.spare.ensure_confirmation(ev)
+    last = ev.spare.confirming
+    assert last is not None and last.proc.alive
+    ev.spare.close()
+    assert not last.proc.alive and ev.spare.confirming is None

@@ -225,3 +225,31 @@ extern "C" void matmul(const float* A, const float* B, float* C, int M, int N, i
     [res] = run_bench(task, lib, with_reference=False, shapes=[SHAPE])
     assert res.status.value == "suspicious", res.message
     assert "thread 1 on M=16,N=24,K=8, thread 2 on M=16,N=24,K=8" in res.message, res.message
+
+
+def test_a_confirmation_leaves_out_the_probe_its_first_bench_ran_clean_on_the_same_library(tmp_path):
+    """Issue 66: a keep's two benches (the first, then the confirmation: agent/evaluation/evaluate.py confirm_bench)
+    both ran the reentrant probe on the same library, 0.8-1.7 s each on an H200. The confirmation is told which probes
+    its first bench ran clean (its probe_seconds) and leaves out those that look at the library alone, saying so;
+    the probes of its own timing run. Where the first bench did not run it (short of the minimum gain: never kept,
+    then re-benched into a keep), the confirmation runs it, and a shared-scratch kernel is refused there."""
+    from agent.evaluation.attempt import Attempt
+    from agent.evaluation.evaluate import Evaluator
+    from tools.results import BenchResult, BenchStatus, ParityResult, ParityStatus
+    from tools.task import load_task
+    task, honest = make_task(tmp_path, "correct", rounds=3)
+    toml = task.root / "task.toml"        # the main shape one whose calls overlap (SHAPE): the confirmation benches it
+    toml.write_text(toml.read_text().replace("{ M = 16, N = 24, K = 8 }", "{ M = 128, N = 96, K = 112 }"))
+    task, lib = load_task(task.root), _scratch(tmp_path)
+    assert task.spec.main == SHAPE
+    ev = Evaluator(task, tmp_path / "build", None, scratch_root=tmp_path / "scratch")
+    a = Attempt(iteration=1, run_id="r", started="", parent_sha="")
+    a.parity = ParityResult(status=ParityStatus.ok, message="the first parity")
+    a.bench = BenchResult(status=BenchStatus.ok, shape=SHAPE, probe_seconds={"fresh_inputs": 0.01, "reentrant": 0.2})
+    res = ev.confirm_bench(honest, None, a)
+    assert res.status.value == "ok", res.message
+    assert "reentrant probe not run: it ran clean on this library in its first bench" in res.message, res.message
+    assert "reentrant" not in res.probe_seconds and {"fresh_inputs", "burst"} <= set(res.probe_seconds)
+    a.bench = BenchResult(status=BenchStatus.ok, shape=SHAPE, probe_seconds={"fresh_inputs": 0.01})
+    with pytest.raises(Exception, match="two threads calling the candidate at once"):
+        ev.confirm_bench(lib, None, a)

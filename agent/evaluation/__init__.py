@@ -7,6 +7,8 @@ Entry points:
   the re-bench, the dynamic launch check), snapshot_lib, launch_ok.
 - keep: launch_and_confirm, a candidate about to be kept: its launch check, then its confirmation in a child
   (and sanitizer hosts) started before that check.
+- spares: Spares, what a keep needs started before its candidate is known and held by the loop's Evaluator (its
+  Nsight Compute pass's program, its confirmation's child and sanitizer hosts).
 - ended: how an iteration ends early (IterationEnded and its family: CompileFailed, ParityFailed, NotFaster,
   Inconclusive, ...), each with its record's outcome.
 - executor: where candidates run (Local, or dask workers: make_executor, on_worker, pack_folder/unpack_folder).

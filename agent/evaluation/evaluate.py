@@ -15,10 +15,10 @@ from pathlib import Path
 from agent.evaluation.attempt import Attempt, confirm_rounds, ratio
 from agent.evaluation.ended import (BenchFailed, CompileFailed, IterationEnded, LaunchRejected, ParityFailed,
                                     RangeParityFailed, TouchedCheckout)
+from agent.evaluation.spares import Spares
 from agent.records.schema import StageTimes
 from tools.results import (BenchResult, BenchStatus, BuildResult, BuildStatus, DeviceLimits, LaunchResult,
                            LaunchStatus, ParityResult, ParityStatus)
-from tools.profile.warm import Spare
 from tools.task import Task
 
 
@@ -42,7 +42,7 @@ class Evaluator:
         # (library, report) of the last Nsight Compute pass that served a launch check (verify_launch's `profile`);
         # `no_ncu`: why this machine's ncu cannot take that pass (not permitted, driver): not tried again this run
         self.taken, self.no_ncu = None, None
-        self.spare = Spare()      # the next keep's ncu pass, started early (tools/profile/warm.py); the loop sets its tier
+        self.spare = Spares()     # a keep's ncu pass and confirmation child, started early (agent/evaluation/spares.py)
         if checkout is not None:
             from tools.isolation.checkout import CheckoutWatch
             self.watch = CheckoutWatch(checkout)
@@ -133,8 +133,6 @@ class Evaluator:
         rep = self.spare.profile(self.task, lib, tier, out_dir)   # the keep's one pass (the one held, if it serves)
         if rep.status in (ProfileStatus.counters_not_permitted, ProfileStatus.driver_incompatible):
             self.no_ncu = rep.status.value      # the machine's, not the candidate's: every later pass would fail so
-        else:
-            self.spare.ensure(self.task)        # the next keep's, its start-up beside this one's confirmation
         self.taken = (Path(lib), rep)
         if len(rep.kernels) >= CALL_LAUNCHES_MAX:   # the pass's cap: launches past it unseen, the trace sees them all
             return None
@@ -172,12 +170,15 @@ class Evaluator:
         listed shapes get seeds the first parity did not use, its hidden shapes are new ones (a full parity's worth of
         checks, not the first one's hidden shapes again). These checks join a.parity; their failure raises
         RangeParityFailed (the iteration's parity failure), the bench's BenchFailed. The bench times the reference too:
-        a kept candidate's figure against it is measured beside it (agent/optimize/best.py side_by_side)."""
+        a kept candidate's figure against it is measured beside it (agent/optimize/best.py side_by_side); not the
+        probes of the library alone that its first bench ran clean (tools/judge/judge.py bench)."""
         tmp = Attempt(iteration=0, run_id="", started="", parent_sha="")
         rounds = confirm_rounds(ratio(a.bench), self.task.spec.bench.rounds)   # sized to the first bench's noise
+        done = tuple(a.bench.probe_seconds) if a.bench is not None and a.bench.status == BenchStatus.ok else ()
         try:   # on a GPU, compute-sanitizer memcheck after the range parity (tools/judge/sanitize.py)
             self.evaluate_candidate(lib, baseline, a.times, into=tmp, parity_extent="rest", warm=warm,
-                                    memcheck=self.task.backend.gpu, with_reference=True, rounds=rounds)
+                                    memcheck=self.task.backend.gpu, with_reference=True, rounds=rounds,
+                                    probes_done=done)
         except ParityFailed as e:
             if e.result is not None:
                 a.parity = _joined(a.parity, e.result)
@@ -235,15 +236,16 @@ class Evaluator:
                 "parent": parent.model_dump(mode="json") if parent is not None else None}
 
     def prestart(self, confirmation: bool = False):
-        """The candidate's evaluate child, started before its build so that the child's start-up
-        (torch, the CUDA context) runs while nvcc does: a tools.judge.candidate.WarmChild for evaluate_candidate,
-        which the caller closes in any case. None when AGENT_NO_PRESTART=1 (one cold child instead).
-        `confirmation` (confirm()'s child, started before the keep's Nsight Compute pass): on a GPU its
-        compute-sanitizer hosts start at once as well, so that their start-up runs during the pass."""
+        """The candidate's evaluate child, started before its build (its torch and CUDA context start up while nvcc
+        runs), and what a keep would need where not held (agent/evaluation/spares.py): a WarmChild the caller closes in
+        any case; None when AGENT_NO_PRESTART=1. `confirmation` (confirm()'s, before the keep's Nsight Compute pass):
+        the one held, else one started now, on a GPU with its compute-sanitizer hosts."""
         if os.environ.get("AGENT_NO_PRESTART") == "1":
             return None
-        if self.no_ncu is None and self.limits is not None and self.limits.source == "device":
-            self.spare.ensure(self.task)
+        if confirmation and (held := self.spare.take_confirmation(self.task)) is not None:
+            return held
+        if not confirmation:
+            self.spare.ensure(self)
         from tools.judge.candidate import prestart_candidate
         return prestart_candidate(self.task, self.scratch_root, sanitize_early=confirmation and self.task.backend.gpu)
 
@@ -251,7 +253,7 @@ class Evaluator:
                            launch_context: dict | None = None, into: Attempt | None = None, warm=None,
                            with_reference: bool = False, verify_launch: bool = False,
                            parity_extent: str = "full", memcheck: bool = False, rounds: int | None = None,
-                           profile: tuple[Path, int] | None = None) -> Attempt:
+                           profile: tuple[Path, int] | None = None, probes_done: tuple[str, ...] = ()) -> Attempt:
         """The one candidate pipeline of optimize, sweep, `agent check` and `agent gate`: in ONE child,
         the static launch check of the library's own plan (where `launch_context` is given: see
         launch_context()), parity, then the main-shape bench against `baseline` (None: the candidate
@@ -277,7 +279,7 @@ class Evaluator:
                                                     memcheck=memcheck,
                                                     budgets=self.budgets if parity_extent == "quick" else None,
                                                     keep_gain=self.keep_gain if parity_extent == "quick" else None,
-                                                    rounds=rounds)
+                                                    rounds=rounds, probes_done=probes_done)
         a.output_dropped_bytes += dropped
         total = time.monotonic() - t0
         l_secs = launch.seconds if launch is not None else 0.0

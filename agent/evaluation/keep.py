@@ -1,9 +1,11 @@
 """A candidate about to be kept (decide()'s "confirm"): its real launch geometry, then its confirmation (issue 66).
 
-The confirmation's child is started first, and on a GPU its compute-sanitizer hosts with it (tools/judge/sanitize.py
-start_hosts): their start-up, a torch and a CUDA context each under the tool (two thirds of each check's seconds on an
-H200: BENCHMARKS.md), runs during the launch check's Nsight Compute pass. They run no kernel until the job comes, so
-the pass's counters are the candidate's alone. A launch rejected ends the iteration before any of them does work.
+The confirmation's child, and on a GPU its compute-sanitizer hosts with it (tools/judge/sanitize.py start_hosts), is
+the one the loop's Evaluator started before this keep began (agent/evaluation/spares.py), else one started first: its
+start-up, a torch and a CUDA context each under the tool (two thirds of each check's seconds on an H200:
+BENCHMARKS.md), then runs during the launch check's Nsight Compute pass. They run no kernel until the job comes, so the
+pass's counters are the candidate's alone. A launch rejected ends the iteration before any of them does work. As it
+ends, the next keep's pass and child are started.
 """
 
 from __future__ import annotations
@@ -29,3 +31,4 @@ def launch_and_confirm(ev: Evaluator, lib: Path, baseline: Path | None, a: Attem
     finally:
         if warm is not None:
             warm.close()
+        ev.spare.ensure(ev)     # the next keep's pass and child, their start-up while the next candidate is proposed

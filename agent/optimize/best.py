@@ -84,6 +84,7 @@ class Best:
             dump(self.run_dir / "initial" / "parity.json", par)
         self.reprofile(self.run_dir / "initial", taken=ev.take_profile(self.lib))
         self.save()
+        ev.spare.ensure(ev)     # the first keep's pass and child (agent/evaluation/spares.py) while iteration 1 is proposed
         rci = bench.speedup_vs_reference_ci
         vs_ref = f", reference {st.reference_ms * 1e3:.1f} us: {ci_text(rci)} vs reference" if st.reference_ms else (
             ", reference unstable: no figure against it (its rounds disagreed in two benches; initial/bench.json)"

@@ -223,7 +223,7 @@ class Loop:
 
     def _settle(self, i: int, a: Attempt, lib: Path) -> None:
         """What decide() asks for after the first bench: re-benches; the real launch geometry, then the confirmation
-        (agent/evaluation/keep.py: the confirmation's child and sanitizer hosts start during the launch check)."""
+        (agent/evaluation/keep.py: the confirmation's child and sanitizer hosts, held from before the keep)."""
         v = decide(a, rule := KeepRule(min_gain=self.cfg.min_gain, implausible=IMPLAUSIBLE_RATIO))
         save = lambda name, res: dump(self._iter_dir(a.iteration) / name, res)   # noqa: E731
         profile, launched = (self._iter_dir(a.iteration), self.cfg.profile_tier), False

@@ -48,6 +48,12 @@ for line in (run / "iterations.jsonl").read_text().splitlines():
         print("    sanitizers:", {k: (p.get(k) or {}).get("seconds") for k in ("memcheck", "racecheck")},
               "parity", round(p.get("seconds") or 0, 2), "s;", "launch:", ((r.get("launch") or {}).get("message") or "")[-90:])
         print("    profile.json:", (run / f"iter-{r['iteration']}" / "profile.json").exists())
+        for k in ("bench", "confirm"):
+            b = r.get(k) or {}
+            ci = b.get("speedup_vs_baseline") or {}
+            print(f"    {k}: {b.get('seconds') or 0:.2f} s, {ci.get('rounds')} rounds, probes",
+                  {n: round(v, 2) for n, v in (b.get("probe_seconds") or {}).items()},
+                  f"undecided {len(r.get(k + '_undecided') or [])}:", (b.get("message") or "")[-150:])
         checks = sorted(p.get("checks") or [], key=lambda c: -(c.get("seconds") or 0))
         print(f"    parity checks: {len(checks)} in {sum(c.get('seconds') or 0 for c in checks):.2f} s; the slowest:",
               ", ".join(f"{c.get('label')} {c.get('dist')} {c.get('seconds') or 0:.2f}" for c in checks[:5]))

@@ -67,7 +67,8 @@ def run_candidate(task: Task, lib_path: Path, baseline_lib: Path | None, *, seed
                   warm: WarmChild | None = None, with_reference: bool = False,
                   scratch_root: Path | None = None, parity_extent: str = "full",
                   memcheck: bool = False, budgets: dict[str, StageBudget] | None = None,
-                  keep_gain: float | None = None, rounds: int | None = None) -> CandidateChecks:
+                  keep_gain: float | None = None, rounds: int | None = None,
+                  probes_done: tuple[str, ...] = ()) -> CandidateChecks:
     """The loop's candidate check in ONE child process: with `launch_context` ({limits, kernels,
     parent}: see tools.measure.launch.from_plan) the static launch check of the library's own plan, and
     nothing runs if it fails; then parity; then, only if it passed, the bench against the baseline.
@@ -78,14 +79,16 @@ def run_candidate(task: Task, lib_path: Path, baseline_lib: Path | None, *, seed
     the candidate under compute-sanitizer memcheck and racecheck (tools/judge/sanitize.py) before the bench. `budgets`: each
     stage's seconds measured at the run's setup (tools/judge/budgets.py); the task's timeouts still bound the whole.
     `keep_gain`: the loop's minimum gain: the probes only a keep needs are left out below it (tools/measure/bench.py).
-    `rounds`: the bench's rounds instead of task.toml's (the confirmation's, sized to the first bench's noise)."""
+    `rounds`: the bench's rounds instead of task.toml's (the confirmation's, sized to the first bench's noise).
+    `probes_done`: the probes an earlier bench of this library ran clean (the confirmation's: its first bench's); those
+    that look at the library alone (tools/measure/probes.py BEFORE_KEEP) are not run again, and the message says so."""
     seed = secrets.randbits(31) if seed is None else seed
     shapes = [dict(s) for s in (shapes or [task.spec.main])]
     job = {"lib": str(Path(lib_path).resolve()), "seed": seed, "shapes": shapes, "launch_context": launch_context,
            "baseline_lib": str(Path(baseline_lib).resolve()) if baseline_lib is not None else None,
            "no_reference": not with_reference, "parity_extent": parity_extent, "memcheck": memcheck,
            "allow_unchecked": allowed_unchecked(),
-           "keep_gain": keep_gain, "rounds": rounds}
+           "keep_gain": keep_gain, "rounds": rounds, "probes_done": list(probes_done)}
     timeout = task.spec.parity.timeout_s + task.spec.bench.timeout_for(rounds)
     if memcheck and task.backend.gpu:
         from tools.judge.sanitize import TIMEOUT_S

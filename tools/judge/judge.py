@@ -126,12 +126,19 @@ def wide(task, mod, remote: Remote, job: dict, par):
 
 
 def bench(task, mod, remote: Remote, job: dict, shapes: list[dict]) -> list[dict]:
+    """The bench of the job's library; the probes that look at the library alone (BEFORE_KEEP: two threads calling it)
+    and that an earlier bench ran clean on it (job["probes_done"]: a confirmation's first bench, issue 66: the
+    reentrant probe was 0.8-1.7 s of each of a keep's two benches on an H200) are not run again, and the message says
+    so. The others look at this bench's own timing, and run."""
     from tools.measure.bench import measure
+    from tools.measure.probes import BEFORE_KEEP
     from tools.results import BenchStatus
     gain = job.get("keep_gain")
+    done = tuple(c for c in BEFORE_KEEP if c.__name__ in (job.get("probes_done") or ()))
     res = measure(task, mod, None, shapes=shapes, with_reference=not job.get("no_reference"),
                   runs_for=lambda shape: HostRuns(remote, shape, bool(job.get("baseline_lib"))),
-                  keep_gain=float(gain) if isinstance(gain, (int, float)) else None)
+                  keep_gain=float(gain) if isinstance(gain, (int, float)) else None,
+                  left=(done, "it ran clean on this library in its first bench") if done else ((), ""))
     if (why := wrote_files(remote.host, task) or state_left(remote.host)) is not None:
         res = [r.model_copy(update={"status": BenchStatus.side_effect, "message": why}) if r.status == BenchStatus.ok
                else r for r in res]

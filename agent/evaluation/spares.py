@@ -1,0 +1,83 @@
+"""What a keep needs, started before its candidate is known (issue 66), held by the loop's Evaluator.
+
+A candidate about to be kept waits for two start-ups that do not depend on it: its Nsight Compute pass's program
+(Python, torch, a CUDA context under ncu: three quarters of a 5-7 s pass on an H200) and its confirmation's child with
+compute-sanitizer's memcheck and racecheck hosts (5-6 s each under the tool). Started as the keep began, the hosts'
+start-up ran beside the confirmation's parity checks and slowed them (BENCHMARKS.md, issue 66 slice 6). Here each is
+started early and held until a keep takes it: the pass (tools/profile/warm.py) and the confirmation's child
+(tools/judge/candidate.py prestart_candidate, sanitize_early), each with the run's first candidate and again as each
+keep's confirmation ends (agent/evaluation/keep.py), so that their start-up runs while the next candidate is proposed
+(a model's seconds), never beside a confirmation's bench. Started right after the pass instead, the next pass's
+start-up overlapped softmax's confirmation bench on an H200.
+
+What is held runs no kernel until its job comes, and a child serves only a task whose files are unchanged since it
+started (WarmChild.serves; else the keep starts one as before). `tier` is the loop's profile tier: None (every other
+caller of Evaluator: sweep, gate, candidates) starts nothing. AGENT_NO_PRESTART=1 starts nothing early.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from tools.judge.candidate import WarmChild, prestart_candidate
+from tools.profile.warm import WarmPass, start_pass
+
+
+class Spares:
+    def __init__(self) -> None:
+        self.tier: int | None = None
+        self.pass_: WarmPass | None = None
+        self.confirming: WarmChild | None = None
+
+    def _wanted(self, ev) -> bool:
+        return self.tier is not None and ev.task.backend.gpu and os.environ.get("AGENT_NO_PRESTART") != "1"
+
+    def ensure(self, ev) -> None:
+        """Both held from now on (started where not held)."""
+        self.ensure_pass(ev)
+        self.ensure_confirmation(ev)
+
+    def ensure_pass(self, ev) -> None:
+        """A pass held from now on, where the machine's ncu can take one (a dead one replaced)."""
+        if self.pass_ is not None and not self.pass_.child.alive:
+            self.pass_.close()
+            self.pass_ = None
+        if self.pass_ is None and self._wanted(ev) and ev.no_ncu is None and ev.limits is not None \
+                and ev.limits.source == "device":
+            self.pass_ = start_pass(ev.task, self.tier)
+
+    def ensure_confirmation(self, ev) -> None:
+        """A confirmation's child (its sanitizer hosts with it) held from now on (one that no longer serves the task
+        replaced)."""
+        if self.confirming is not None and not self.confirming.serves(ev.task):
+            self.confirming.close()
+            self.confirming = None
+        if self.confirming is None and self._wanted(ev):
+            self.confirming = prestart_candidate(ev.task, ev.scratch_root, sanitize_early=True)
+
+    def take_confirmation(self, task) -> WarmChild | None:
+        """The confirmation's child held, where it serves `task` (the caller closes it); else None."""
+        held, self.confirming = self.confirming, None
+        if held is not None and not held.serves(task):
+            held.close()
+            return None
+        return held
+
+    def profile(self, task, lib: Path, tier: int, out_dir: Path):
+        """profile_task's whole-call pass of `tier` over `lib` into `out_dir`, in the pass held where it serves."""
+        from tools.profile.ncu import profile_task
+        held, self.pass_ = self.pass_, None
+        try:
+            return profile_task(task, lib, tier=tier, out_dir=out_dir, whole_call=True, fallback=False,
+                                warm=held if tier == self.tier else None)
+        finally:
+            if held is not None:
+                held.close()
+
+    def close(self) -> None:
+        """The run's end: what is held is ended."""
+        for held in (self.pass_, self.confirming):
+            if held is not None:
+                held.close()
+        self.pass_ = self.confirming = None
