@@ -127,6 +127,56 @@ def test_the_server_and_its_children_die_with_the_agent(tmp_path):
     assert not _alive(pids["server"]) and not _alive(pids["child"]), pids
 
 
+def test_a_server_started_from_a_thread_outlives_the_thread_and_still_dies_with_the_agent(tmp_path):
+    """A sweep first used the fork server from a pool thread (its initial parity); PR_SET_PDEATHSIG fires when the
+    thread that started a process ends, so the server was SIGKILLed as that thread exited, and a judge it had just
+    forked came back "crashed with SIGKILL" (tests/test_extension.py, once in three loaded CI runs). A server started
+    from a thread now serves after the thread is gone (ghost-checked: with the death signal it is dead here), and
+    still ends with the agent, and its children with it."""
+    script = textwrap.dedent(f"""
+        import json, os, sys, threading, time
+        sys.path.insert(0, {str(Path(__file__).resolve().parent.parent)!r})
+        from tools.isolation.forkserver import ForkServer
+        from tools.isolation.sandbox import python_env
+        box = {{}}
+        t = threading.Thread(target=lambda: box.setdefault("s", ForkServer(python_env(), fresh=True)))
+        t.start()
+        t.join()
+        time.sleep(1.0)
+        s = box["s"]
+        env = {{"PATH": os.environ["PATH"], "PYTHONPATH": s.env["PYTHONPATH"]}}
+        alive = s.alive()
+        p = s.spawn({PROBE!r}, ["sleep", "120"], {str(tmp_path)!r}, env, False) if alive else None
+        print(json.dumps({{"alive": alive, "server": s.proc.pid, "child": p.pid if p else None}}), flush=True)
+        time.sleep(120)
+    """)
+    agent = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    try:
+        pids = json.loads(agent.stdout.readline())
+        assert pids["alive"] and _alive(pids["server"]) and _alive(pids["child"]), pids
+    finally:
+        agent.send_signal(signal.SIGKILL)
+        agent.wait()
+    deadline = time.monotonic() + 10
+    while (_alive(pids["server"]) or (pids["child"] and _alive(pids["child"]))) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _alive(pids["server"]) and not (pids["child"] and _alive(pids["child"])), pids
+
+
+def test_a_child_whose_server_died_first_says_its_code_is_made_up(tmp_path):
+    """Where the server dies before it reports a child's end, the child's code is made up (-SIGKILL: it died with
+    the server) and the outcome's stderr says so, not "the kernel faulted" alone."""
+    from tools.isolation.forkserver import ForkServer
+    server = ForkServer(python_env(), fresh=True)
+    env = {"PATH": os.environ["PATH"], "PYTHONPATH": server.env["PYTHONPATH"]}
+    proc = server.spawn(PROBE, ["sleep", "60"], str(tmp_path), env, False)
+    server.proc.kill()
+    server.proc.wait()
+    res = _finish(proc, [PROBE, "sleep", "60"], time.monotonic(), 30, None)
+    assert res.status == ProcStatus.crashed and res.signal == "SIGKILL", res
+    assert f"the fork server (pid {server.proc.pid}) ended" in res.stderr and "not the child's" in res.stderr, res.stderr
+
+
 def test_a_users_package_named_like_ours_in_the_agents_directory_is_not_imported(tmp_path):
     """The agent runs in the user's repository, and a user's repository may hold a tools/ package: the server does
     not put the agent's directory on its path (it used to die importing the user's package in place of ours, with a

@@ -5,7 +5,7 @@ Entry points:
 - sandbox.run_isolated, run_python_json, prestart_python / Prestarted: a child in its own session,
   with a timeout, dying with the agent; ProcResult says how it ended.
 - forkserver.forkserver: the warm parent (torch imported once) the judges are forked from; started afresh, or
-  forked from this process where it is warm already (forkserver.warm_here).
+  forked from this process where it is warm already (forkserver.warm_here); forked.ForkedChild, a child of it.
 - birth.become_child, die_with_parent, exit_with: a forked or started child's first steps.
 - confine.fence_scratch: the Landlock fence a process that loads candidate code puts on itself.
 - scratch.Scratch: a scratch directory per candidate process, and what it left there.

@@ -34,7 +34,7 @@ import threading
 import time
 
 from tools.isolation.birth import become_child, close_all_but, die_with, die_with_parent, exit_with
-from tools.isolation.capture import Capture, pump
+from tools.isolation.forked import ForkedChild
 from tools.isolation.proctree import end_adopted, subreaper
 
 _SERVER: ForkServer | None = None
@@ -71,12 +71,16 @@ class ForkServer:
         else:
             # -P: the agent's working directory (the user's repository) is not put on the server's path, where a
             # package of the user's named like one of ours (a tools/ folder) would be imported in its place
+            # the death signal comes when the *thread* that started the server ends: off the main thread (a sweep's pool)
+            # the server watches for the agent's end itself (serve), or a judge it forked died "with SIGKILL"
+            main = threading.current_thread() is threading.main_thread()
             self.proc = subprocess.Popen([sys.executable, "-P", "-m", "tools.isolation.forkserver",
                                           str(theirs.fileno()), *warm], env={**os.environ, **self.env},
                                          stdin=subprocess.DEVNULL, pass_fds=[theirs.fileno()],
-                                         preexec_fn=die_with_parent, start_new_session=True)
+                                         preexec_fn=die_with_parent if main else None, start_new_session=True)
         theirs.close()
         self.sock, self.exits, self.lock, self.next_id = ours, {}, threading.Lock(), 0
+        self.lost: dict[int, str] = {}      # children whose end the server died before reporting: why their code is made up
 
     def alive(self) -> bool:
         return self.proc.poll() is None
@@ -124,8 +128,10 @@ class ForkServer:
             while pid not in self.exits:
                 left = None if deadline is None else max(0.0, deadline - time.monotonic())
                 if self._recv(left) is None:     # nothing came in time (a timeout of 0: a poll)
-                    if not self.alive():
-                        return -signal.SIGKILL   # the server died: its children died with it
+                    if not self.alive():     # the server died: its children died with it
+                        self.lost[pid] = (f"the fork server (pid {self.proc.pid}) ended ({self.proc.poll()}) before "
+                                          f"it reported how its child {pid} ended: the agent's, not the child's")
+                        return -signal.SIGKILL
                     if deadline is not None and time.monotonic() >= deadline:
                         return None
             return self.exits.pop(pid)
@@ -204,73 +210,6 @@ def _fork_server(fd: int, env: dict[str, str], warm: tuple[str, ...] = ()) -> _S
         os._exit(code)
 
 
-class ForkedChild:
-    """What tools.isolation.sandbox uses of subprocess.Popen, over a child of the fork server."""
-
-    def __init__(self, server: ForkServer, pid: int, args: list[str], stdin_w, stdout_r: int, stderr_r: int):
-        self.server, self.pid, self.args = server, pid, args
-        self.stdin = os.fdopen(stdin_w, "w") if stdin_w is not None else None
-        self._fds = {stdout_r: Capture(), stderr_r: Capture()}
-        self._out, self._err = stdout_r, stderr_r
-        self._open = {stdout_r, stderr_r}
-        self.returncode: int | None = None
-
-    def poll(self) -> int | None:
-        if self.returncode is None:
-            self.returncode = self.server.returncode(self.pid, 0)
-        return self.returncode
-
-    def wait(self, timeout: float | None = None) -> int:
-        if self.returncode is None:
-            self.returncode = self.server.returncode(self.pid, timeout)
-            if self.returncode is None:
-                raise subprocess.TimeoutExpired(self.args, timeout)
-        return self.returncode
-
-    def kill(self) -> None:
-        if self.poll() is None:
-            try:
-                os.kill(self.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-
-    def communicate(self, input: str | None = None, timeout: float | None = None, clock=None) -> tuple[str, str]:
-        """Write input, read both pipes to their end and wait for the exit, within timeout; on
-        TimeoutExpired what was read so far is kept, and a second call goes on from there."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        if self.stdin is not None:
-            try:
-                if input:
-                    self.stdin.write(input)
-                self.stdin.close()
-            except (BrokenPipeError, ValueError):
-                pass
-            self.stdin = None
-        pump(self._fds, self._open, deadline, lambda: self.poll() is not None, os.close,
-             lambda: subprocess.TimeoutExpired(self.args, timeout, output=self._text(self._out),
-                                               stderr=self._text(self._err)), clock, self._err)
-        self.wait(None if deadline is None else max(0.0, deadline - time.monotonic()))
-        return self._text(self._out), self._text(self._err)
-
-    def close_pipes(self) -> None:
-        for fd in list(self._open):
-            os.close(fd)
-        self._open.clear()
-
-    def _text(self, fd: int) -> str:
-        return self._fds[fd].text()
-
-    @property
-    def dropped(self) -> int:
-        return sum(c.dropped for c in self._fds.values())
-
-    def __del__(self) -> None:
-        try:
-            self.close_pipes()
-        except OSError:
-            pass
-
-
 # --- the server ---------------------------------------------------------------------------------
 def serve(fd: int, warm: tuple[str, ...] = ()) -> int:
     import importlib
@@ -289,10 +228,12 @@ def serve(fd: int, warm: tuple[str, ...] = ()) -> int:
         gc.freeze()
         gc.enable()
     sock = socket.socket(fileno=fd)
-    me = os.getpid()
+    me, parent = os.getpid(), os.getppid()
     mine: set[int] = set()
     subreaper()
     while True:
+        if os.getppid() != parent:
+            return 0     # the agent is gone (a server started off its main thread has no death signal: ForkServer)
         ended = False
         while True:   # reap and report every child that ended
             try:

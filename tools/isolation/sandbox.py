@@ -217,6 +217,8 @@ def _finish(proc: subprocess.Popen, argv: list[str], t0: float, timeout_s: float
         raise
     # a finished leader may leave children behind (e.g. a build's compiler): end them too
     kill_tree(proc.pid)
+    if (lost := getattr(proc, "lost", None)):     # a fork server that died first: its code is made up, and says so
+        err = f"{err or ''}\n[agent] {lost}".lstrip("\n")
     dt = time.monotonic() - t0
     rc = proc.returncode
     if rc == 0:
