@@ -36,23 +36,28 @@ PERM = ("==ERROR== ERR_NVGPUCTRPERM - The user does not have permission to acces
 
 def fake_ncu(tmp_path: Path, writes: bool | str = True, sees: Path | None = None) -> Path:
     """`ncu` on PATH: logs its argv; `writes`: copies the device's report to the -o stem, as ncu would; False: says it
-    profiled nothing; "perm": refuses as ncu does where the counters are not permitted. `sees`: a profiling run waits
+    profiled nothing; "perm": refuses as ncu does where the counters are not permitted; "deaf": a target waiting for its
+    library (no --lib) never gets it, the pass profiles nothing 2 s on, a cold one writes the report. `sees`: a profiling run waits
     up to 10 s for that file to be written, and logs "sees it" where it was during the run."""
     d = tmp_path / "bin"
     d.mkdir(exist_ok=True)
     exe = d / "ncu"
     body = (f'echo "{PERM}" >&2; exit 1' if writes == "perm" else f'cp {REPORT} "$stem.ncu-rep"' if writes else
             "echo '==WARNING== No kernels were profiled.'")
+    if writes == "deaf":      # an ncu that does not hand its stdin to the target: a waiting target never gets its job
+        body = (f'case " $* " in *" --lib "*) cp {REPORT} "$stem.ncu-rep";; '
+                "*) sleep 2; echo '==WARNING== No kernels were profiled.';; esac")
     if sees is not None:
         body = (f'for i in $(seq 100); do [ -s {sees} ] && break; sleep 0.1; done; [ -s {sees} ] && '
                 f'echo "sees it" >> {tmp_path}/argv.log\n{body}')
+    # a target with no --lib waits for its library on stdin (tools/profile/warm.py): ncu's stdin is its
+    job = ('' if writes == "deaf" else
+           f'case " $* " in *" --lib "*) ;; *) read -r job; echo "job $job" >> {tmp_path}/argv.log;; esac\n')
     exe.write_text("#!/bin/bash\n"
                    f'echo "$@" >> {tmp_path}/argv.log\n'
                    'if [ "$1" = --version ]; then echo "Version 2025.3.1.0 (build 1) (public-release)"; exit 0; fi\n'
                    'stem=""; prev=""; for a in "$@"; do [ "$prev" = -o ] && stem="$a"; prev="$a"; done\n'
-                   # a target with no --lib waits for its library on stdin (tools/profile/warm.py): ncu's stdin is its
-                   'case " $* " in *" --lib "*) ;; *) read -r job; echo "job $job" >> ' + f"{tmp_path}/argv.log;; esac\n"
-                   f"{body}\nexit 0\n")
+                   + job + f"{body}\nexit 0\n")
     exe.chmod(exe.stat().st_mode | stat.S_IEXEC)
     return d
 
@@ -286,3 +291,24 @@ def test_a_keeps_confirmation_child_is_held_from_the_first_candidate_and_serves_
     assert last is not None and last.proc.alive
     ev.spare.close()
     assert not last.proc.alive and ev.spare.confirming is None
+
+
+def test_a_held_pass_whose_target_never_gets_its_library_is_run_cold(on_path, tmp_path):
+    """An ncu that does not hand its stdin to the program it runs: the held pass's target never gets its library and
+    the pass profiles nothing. That is the machine's, not the candidate's: the pass is run cold (--lib) at once, and
+    the keep's launch check and profile come from it."""
+    on_path(writes="deaf")
+    task = load_task(ROOT / "kernels" / "attention_fwd")
+    lib = tmp_path / "iter-1" / "libattention_fwd.so"
+    lib.parent.mkdir()
+    lib.write_bytes(b"not loaded: ncu is a stand-in")
+    ev = Evaluator(task, tmp_path / "build", h200(), scratch_root=tmp_path / "scratch")
+    ev.spare.tier = 1
+    ev.spare.ensure_pass(ev)
+    assert ev.spare.pass_ is not None
+    res = ev.verify_launch(lib, plan(), StageTimes(), profile=(lib.parent, 1))
+    assert res.status == LaunchStatus.ok and "Nsight Compute pass" in res.message, res.message
+    ran = [ln.split() for ln in (tmp_path / "argv.log").read_text().splitlines() if "--version" not in ln]
+    assert len(ran) == 2 and "--lib" not in ran[0] and "--lib" in ran[1], ran     # held, then cold
+    assert [k.name for k in ev.take_profile(lib).kernels] == [KERNEL]
+    ev.spare.close()

@@ -147,6 +147,10 @@ def profile_task(task: Task, lib_path: str | Path, *, tier: int = 1, shape: int 
                                                       launches_per_call, metrics), stem):
             argv = warm.argv      # the same pass, started before the candidate was known (tools/profile/warm.py)
             proc = warm.run(Path(lib_path), rep, max(1.0, t_end - time.monotonic()))
+            failure = classify_failure(proc, rep.is_file())
+            if failure and failure[0] == ProfileStatus.no_kernel_matched and '"ok": true' not in proc.stdout:
+                warm = None       # its target never had the job (an ncu that does not hand its stdin on): cold
+                continue
         else:
             proc = run_isolated(argv, max(1.0, t_end - time.monotonic()), cwd=REPO_ROOT, env=python_env())
         warm = None
