@@ -65,12 +65,12 @@ class Spares:
         return held
 
     def profile(self, task, lib: Path, tier: int, out_dir: Path):
-        """profile_task's whole-call pass of `tier` over `lib` into `out_dir`, in the pass held where it serves."""
+        """profile_task's whole-call pass of `tier` over `lib` into `out_dir`, in the pass held where it is that pass
+        (the same command line: another tier's is not)."""
         from tools.profile.ncu import profile_task
         held, self.pass_ = self.pass_, None
         try:
-            return profile_task(task, lib, tier=tier, out_dir=out_dir, whole_call=True, fallback=False,
-                                warm=held if tier == self.tier else None)
+            return profile_task(task, lib, tier=tier, out_dir=out_dir, whole_call=True, fallback=False, warm=held)
         finally:
             if held is not None:
                 held.close()

@@ -69,8 +69,8 @@ def main(argv: list[str] | None = None) -> int:
     from tools.task import load_task
     from tools.task_messages import make_inputs
 
-    if a.lib is None:
-        _start_up(Path(a.task))
+    if a.lib is None:      # torch and, for a CUDA task, its context now; the task itself read again after the job
+        load_task(a.task).backend.warm_up()
         line = sys.stdin.readline()
         if not line.strip():     # the agent ended the pass it started (or died): nothing to profile
             return 0
@@ -109,19 +109,6 @@ def main(argv: list[str] | None = None) -> int:
     print(json.dumps({"ok": True, "task": spec.name, "shape": shape, "calls": a.warmup + a.iters,
                       "seconds": round(time.perf_counter() - t0, 4), "trace": a.trace}))
     return 0
-
-
-def _start_up(task_dir: Path) -> None:
-    """What a waiting target pays before its job: torch and, where the task runs on CUDA, the context (the device kind
-    from task.toml, which a candidate does not edit; the task itself is read again once the job comes)."""
-    import tomllib
-
-    import torch
-    with open(task_dir / "task.toml", "rb") as f:
-        device = str(tomllib.load(f).get("device") or "cpu")
-    if device.startswith("cuda") and torch.cuda.is_available():
-        torch.cuda.init()
-        torch.empty(1, device="cuda")
 
 
 if __name__ == "__main__":
