@@ -284,6 +284,9 @@ def main(argv: list[str] | None = None) -> int:
         task = load_task(a.task)
         mod = task.module()
         task.backend.warm_up()
+        if a.job_stdin and task.backend.gpu and a.mode in ("evaluate", "parity"):   # parity's first kernels, now
+            from tools.measure.warmup import warm_checks
+            print(f"[judge] {warm_checks(task, mod, 'rest' if a.sanitize_early else 'quick')}", file=sys.stderr)
         if a.job_stdin:
             line = sys.stdin.readline()
             if not line.strip():

@@ -7,7 +7,8 @@ Entry points:
   (the profiler's trace) and its command line.
 - parity: run_parity (the parent side), check (in the judge: listed and hidden shapes, distributions,
   seeds, poisoned outputs; before a keep the [dims] extremes, ranges, the values past the sample, domains, and
-  views off the allocator's alignment, views); compare: poison_, compare, describe.
+  views off the allocator's alignment, views); compare: poison_, compare, describe; warmup: parity's own first
+  kernels paid by a judge child while it waits for its job.
 - bench: run_bench (the parent side), measure (in the judge: interleaved rounds, the spot check);
   stats (timing summaries, the speedup's interval), probes (the bench's cross-checks), roofline
   (the floor a time cannot beat), refcheck (when a figure against the reference is one).

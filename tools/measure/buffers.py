@@ -23,7 +23,7 @@ def check_seed(seed: int, shape: dict, dist: str) -> int:
     return random.Random(f"{seed} {sorted(shape.items())} {dist}").getrandbits(31)
 
 
-# what an output holds before the output-state call, in turn (tools/measure/parity.py _one)
+# what an output holds before the output-state call, in turn (tools/measure/parity.py one_check)
 STATES = ("stale", "zeros", "random")
 
 

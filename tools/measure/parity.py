@@ -152,7 +152,7 @@ def check(task: Task, mod, lib, *, seed: int, hidden: bool = True, run=None, run
                 t1, s = time.monotonic(), check_seed(s, shape, dist)
                 bufs.misalign = Offsets(spec, dist, s, mod) if is_offset(dist) else None
                 try:
-                    c = _one(task, mod, lib, shape, label, dist, s, device, bufs, sync, run or mod.run,
+                    c = one_check(task, mod, lib, shape, label, dist, s, device, bufs, sync, run or mod.run,
                              run_kept or (mod.run if run is None else None))
                 except Exception as e:  # the task's run raised (launcher error, bad symbol, ...)
                     msg = " ".join(str(e).split())[:400]
@@ -195,7 +195,7 @@ def check(task: Task, mod, lib, *, seed: int, hidden: bool = True, run=None, run
     return ParityResult(status=ParityStatus.ok, message=msg, checks=checks, seconds=time.monotonic() - t0)
 
 
-def _one(task, mod, lib, shape, label, dist, seed, device, bufs: Buffers, sync, run, run_kept) -> dict[str, Any]:
+def one_check(task, mod, lib, shape, label, dist, seed, device, bufs: Buffers, sync, run, run_kept) -> dict[str, Any]:
     inputs = bufs.adopt(draw(task.spec, mod, shape, seed, device, dist))
     clones = tuple(x.clone() if hasattr(x, "clone") else x for x in inputs)
     s1, s2 = bufs.order()

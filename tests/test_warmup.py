@@ -1,0 +1,123 @@
+"""Issue 66: parity's own work paid by a judge child while it waits for its job (tools/measure/warmup.py), on the CPU
+softmax of tests/fixtures/values (its value draws declared): the checks run on the smallest listed shape with the task's
+reference as the kernel, the confirmation's draws too where asked, and the warm-up ends the moment the job is waiting.
+On a GPU the judge runs it (tools/judge/judge.py); its seconds are measured on the card (BENCHMARKS.md)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+from tools.measure.domains import draws
+from tools.measure.views import draws as offset_draws
+from tools.measure.warmup import job_waiting, warm_checks
+from tools.task import load_task
+
+HERE = Path(__file__).resolve().parent / "fixtures" / "values"
+MASKING = '[[inputs]]\nname = "x"\nspecials = ["-inf"]   # masking\n'
+
+
+class Counted:
+    """The task module, its reference's calls counted and their shapes kept."""
+
+    def __init__(self, mod):
+        self.mod, self.shapes = mod, []
+
+    def __getattr__(self, name):
+        return getattr(self.mod, name)
+
+    def reference(self, shape, *inputs):
+        self.shapes.append(dict(shape))
+        return self.mod.reference(shape, *inputs)
+
+
+def _task(tmp: Path):
+    root = tmp / "task"
+    root.mkdir()
+    shutil.copy(HERE / "task.py", root / "task.py")
+    shutil.copy(HERE / "honest.cpp", root / "softmax.cpp")
+    (root / "task.toml").write_text((HERE / "task.toml").read_text().replace("{inputs}", MASKING))
+    return load_task(root)
+
+
+def test_the_warm_up_runs_each_distribution_on_the_smallest_shape_and_a_confirmations_draws_too(tmp_path):
+    task = _task(tmp_path)
+    quick = Counted(task.module())
+    line = warm_checks(task, quick, "quick", waiting=lambda: False)
+    n = len(task.spec.distributions)
+    assert line.startswith(f"warm-up: {n} of parity's checks on {{'M': 16, 'N': 24}}") and "stopped" not in line, line
+    assert quick.shapes and all(s == {"M": 16, "N": 24} for s in quick.shapes)   # the smallest listed shape only
+    rest = Counted(task.module())
+    line = warm_checks(task, rest, "rest", waiting=lambda: False)
+    assert f"warm-up: {n + len(draws(task.spec)) + len(offset_draws())} of" in line and "stopped" not in line, line
+    assert len(rest.shapes) > len(quick.shapes)
+
+
+def test_the_warm_up_stops_when_the_job_has_come_or_its_time_is_up(tmp_path):
+    task = _task(tmp_path)
+    asked = []
+
+    def after_one():
+        asked.append(1)
+        return len(asked) > 1
+    line = warm_checks(task, task.module(), "rest", waiting=after_one)
+    assert line.startswith("warm-up: 1 of") and line.endswith("stopped: the job came"), line
+    line = warm_checks(task, task.module(), "rest", seconds=0.0, waiting=lambda: False)
+    assert "stopped: past 0 s" in line, line
+
+
+def test_a_task_whose_reference_raises_ends_the_warm_up_with_the_reason_and_no_exception(tmp_path):
+    task = _task(tmp_path)
+
+    class Broken(Counted):
+        def reference(self, shape, *inputs):
+            raise RuntimeError("no such op")
+    line = warm_checks(task, Broken(task.module()), "quick", waiting=lambda: False)
+    assert line.startswith("warm-up: 0 of") and "stopped: RuntimeError: no such op" in line, line
+
+
+def test_job_waiting_sees_a_line_on_a_pipe_only_once_it_is_written():
+    r, w = os.pipe()
+    with os.fdopen(r) as reader, os.fdopen(w, "w") as writer:
+        assert not job_waiting(reader)
+        writer.write('{"lib": "x"}\n')
+        writer.flush()
+        assert job_waiting(reader)
+
+
+def _judge(task: str, tmp: Path, wait_for: str | None) -> tuple[str, str]:
+    """The judge child as the loop starts it (`evaluate --job-stdin`), given a job without a library once its stderr
+    says `wait_for` (None: at once, as a child started cold is): its answer and its stderr."""
+    import subprocess
+    import sys
+    import time
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")])),
+           "AGENT_SCRATCH": str(tmp)}
+    p = subprocess.Popen([sys.executable, "-m", "tools.judge.judge", "evaluate", "--task", str(root / task),
+                          "--job-stdin"], cwd=tmp, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    err = []
+    try:
+        if wait_for is not None:
+            deadline = time.monotonic() + 120
+            while time.monotonic() < deadline and not any(wait_for in ln for ln in err) and p.poll() is None:
+                err.append(p.stderr.readline())
+        out, rest = p.communicate('{"lib": ""}\n', timeout=120)
+    finally:
+        p.kill()
+    return out, "".join(err) + rest
+
+
+def test_the_judge_warms_parity_before_its_job_on_a_gpu_and_not_on_the_cpu(tmp_path):
+    """Real subprocess: on a GPU (the device) the prestarted judge says it ran the stand-in's checks while it waited,
+    and none when its job came at once; on the CPU it runs none (its first uses cost little, and its cores build)."""
+    import torch
+    if torch.cuda.is_available():
+        out, err = _judge("kernels/softmax", tmp_path, "warm-up:")
+        assert "[judge] warm-up: 3 of parity's checks" in err and "no library given" in out, (out, err)
+        assert "[judge] warm-up: 0 of parity's checks" in _judge("kernels/softmax", tmp_path, None)[1]
+    else:
+        out, err = _judge("kernels/matmul_cpu", tmp_path, None)
+        assert "warm-up" not in err and "no library given" in out, (out, err)
