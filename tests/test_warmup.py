@@ -11,7 +11,7 @@ from pathlib import Path
 
 from tools.measure.domains import draws
 from tools.measure.views import draws as offset_draws
-from tools.measure.warmup import job_waiting, warm_checks
+from tools.measure.warmup import job_waiting, wanted, warm_checks
 from tools.task import load_task
 
 HERE = Path(__file__).resolve().parent / "fixtures" / "values"
@@ -67,6 +67,28 @@ def test_the_warm_up_stops_when_the_job_has_come_or_its_time_is_up(tmp_path):
     assert "stopped: past 0 s" in line, line
 
 
+def test_the_warm_up_leaves_the_random_generators_as_it_found_them(tmp_path):
+    """An output-state check's random fill comes from torch's generator: a job's draws must not depend on how many
+    warm-up checks ran before it came."""
+    import random
+
+    import torch
+    task = _task(tmp_path)
+    torch.manual_seed(5)
+    random.seed(5)
+    before = (torch.random.get_rng_state(), random.getstate())
+    line = warm_checks(task, task.module(), "rest", waiting=lambda: False)
+    assert "stopped" not in line, line
+    assert torch.equal(torch.random.get_rng_state(), before[0]) and random.getstate() == before[1]
+
+
+def test_only_a_gpu_tasks_child_started_for_its_build_warms_not_the_held_confirmation_child():
+    root = Path(__file__).resolve().parents[1] / "kernels"
+    gpu, cpu = load_task(root / "softmax"), load_task(root / "matmul_cpu")
+    assert wanted(gpu, confirmation=False) and not wanted(gpu, confirmation=True)
+    assert not wanted(cpu, confirmation=False) and not wanted(cpu, confirmation=True)
+
+
 def test_a_task_whose_reference_raises_ends_the_warm_up_with_the_reason_and_no_exception(tmp_path):
     task = _task(tmp_path)
 
@@ -86,9 +108,9 @@ def test_job_waiting_sees_a_line_on_a_pipe_only_once_it_is_written():
         assert job_waiting(reader)
 
 
-def _judge(task: str, tmp: Path, wait_for: str | None) -> tuple[str, str]:
-    """The judge child as the loop starts it (`evaluate --job-stdin`), given a job without a library once its stderr
-    says `wait_for` (None: at once, as a child started cold is): its answer and its stderr."""
+def _judge(task: str, tmp: Path, wait_for: str | None, extra: tuple = (), wait_s: float = 0.0) -> tuple[str, str]:
+    """The judge child as the loop starts it (`evaluate --job-stdin`, and `extra`), given a job without a library once
+    its stderr says `wait_for` (None: after `wait_s`; 0, at once, as a child started cold is): its answer, its stderr."""
     import subprocess
     import sys
     import time
@@ -96,7 +118,7 @@ def _judge(task: str, tmp: Path, wait_for: str | None) -> tuple[str, str]:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")])),
            "AGENT_SCRATCH": str(tmp)}
     p = subprocess.Popen([sys.executable, "-m", "tools.judge.judge", "evaluate", "--task", str(root / task),
-                          "--job-stdin"], cwd=tmp, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                          "--job-stdin", *extra], cwd=tmp, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                          stderr=subprocess.PIPE, text=True)
     err = []
     try:
@@ -104,6 +126,7 @@ def _judge(task: str, tmp: Path, wait_for: str | None) -> tuple[str, str]:
             deadline = time.monotonic() + 120
             while time.monotonic() < deadline and not any(wait_for in ln for ln in err) and p.poll() is None:
                 err.append(p.stderr.readline())
+        time.sleep(wait_s)
         out, rest = p.communicate('{"lib": ""}\n', timeout=120)
     finally:
         p.kill()
@@ -118,6 +141,9 @@ def test_the_judge_warms_parity_before_its_job_on_a_gpu_and_not_on_the_cpu(tmp_p
         out, err = _judge("kernels/softmax", tmp_path, "warm-up:")
         assert "[judge] warm-up: 3 of parity's checks" in err and "no library given" in out, (out, err)
         assert "[judge] warm-up: 0 of parity's checks" in _judge("kernels/softmax", tmp_path, None)[1]
+        # the held confirmation child (its sanitizer hosts started early) runs no kernel while it waits
+        out, err = _judge("kernels/softmax", tmp_path, None, ("--sanitize-early",), wait_s=20)
+        assert "warm-up" not in err and "no library given" in out, (out, err)
     else:
         out, err = _judge("kernels/matmul_cpu", tmp_path, None)
         assert "warm-up" not in err and "no library given" in out, (out, err)

@@ -284,9 +284,11 @@ def main(argv: list[str] | None = None) -> int:
         task = load_task(a.task)
         mod = task.module()
         task.backend.warm_up()
-        if a.job_stdin and task.backend.gpu and a.mode in ("evaluate", "parity"):   # parity's first kernels, now
-            from tools.measure.warmup import warm_checks
-            print(f"[judge] {warm_checks(task, mod, 'rest' if a.sanitize_early else 'quick')}", file=sys.stderr)
+        from tools.measure.warmup import LOST, wanted, warm_checks
+        if a.job_stdin and a.mode in ("evaluate", "parity") and wanted(task, a.sanitize_early):   # its first kernels
+            print(f"[judge] {(warmed := warm_checks(task, mod, 'quick'))}", file=sys.stderr)
+            if LOST in warmed:
+                return 0      # ended before its job: the agent starts a cold child (WarmChild.serves)
         if a.job_stdin:
             line = sys.stdin.readline()
             if not line.strip():

@@ -7,8 +7,15 @@ cuDNN handles), and parity launches many (the reference's, the draws', the compa
 confirmation parity on attention_fwd took 8.33 s and the same checks on other seeds in the same process 5.81 and
 5.91 s: SDPA's first calls were 2.0 s of the 8.33 s, 0.16 s once warm (softmax: 3.06 s, then 1.98 s; BENCHMARKS.md).
 Nothing of the candidate runs here, and nothing here reaches a verdict: the stand-in's checks are thrown away; the job's
-checks are the same code on their own seeds and shapes. The warm-up stops as soon as the job is waiting on stdin (a
-child started cold is given its job at once and pays nothing) or its time is up.
+checks are the same code on their own seeds and shapes, and the random generators are put back as they were (an
+output-state check's random fill is drawn from torch's). The warm-up stops as soon as the job is waiting on stdin (a
+child started cold is given its job at once and pays nothing) or its time is up; a job that comes during a check waits
+for that check.
+
+Only the child started during its candidate's build warms (wanted): the evaluator's held confirmation child
+(agent/evaluation/spares.py) waits beside whatever the loop does next, the next candidate's bench among it, and runs no
+kernel until its job comes. Warmed, it made the first bench after the initial measurement 2.47 s instead of 1.37 on an
+H200: the bench's rounds shared the card with the warm-up (BENCHMARKS.md, issue 66 slice 8).
 """
 
 from __future__ import annotations
@@ -19,6 +26,12 @@ import sys
 import time
 
 SECONDS = 8.0    # at most this long, between two checks
+LOST = "the CUDA context is lost"   # a sticky CUDA error in the task's own code: the child must not take a job
+
+
+def wanted(task, confirmation: bool) -> bool:
+    """Whether a judge child started before its job warms: on a GPU, and not the held confirmation child (above)."""
+    return bool(task.backend.gpu) and not confirmation
 
 
 def job_waiting(stream=None) -> bool:
@@ -58,7 +71,11 @@ def warm_checks(task, mod, extent: str, seconds: float = SECONDS, waiting=job_wa
     shape = dict(min(spec.shapes, key=lambda s: math.prod(v for v in s.values() if isinstance(v, int) and v > 0)))
     dists = list(spec.distributions) + (draws(spec) + offset_draws() if extent in ("rest", "full") else [])
     run, done, why = stand_in(mod), 0, ""
+    import random
+
     import torch
+    states = (random.getstate(), torch.random.get_rng_state(),
+              torch.cuda.get_rng_state_all() if backend.gpu and torch.cuda.is_available() else None)
     try:
         for dist in dists:
             if waiting():
@@ -73,7 +90,15 @@ def warm_checks(task, mod, extent: str, seconds: float = SECONDS, waiting=job_wa
             done += 1
     except Exception as e:   # the task's own code on its own shape: the job's checks will say what is wrong
         why = f"; stopped: {type(e).__name__}: {' '.join(str(e).split())[:200]}"
+        if backend.gpu and torch.cuda.is_available():
+            try:
+                torch.cuda.synchronize()
+            except Exception:   # its job would fail every check on the candidate's account: a cold child takes it
+                why += f"; {LOST}"
     finally:
-        if backend.gpu:
+        random.setstate(states[0])
+        torch.random.set_rng_state(states[1])
+        if states[2] is not None:
+            torch.cuda.set_rng_state_all(states[2])
             torch.cuda.empty_cache()
     return f"warm-up: {done} of parity's checks on {shape} in {time.monotonic() - t0:.2f} s{why}"
