@@ -286,7 +286,7 @@ def main(argv: list[str] | None = None) -> int:
         task.backend.warm_up()
         from tools.measure.warmup import LOST, wanted, warm_checks
         if a.job_stdin and a.mode in ("evaluate", "parity") and wanted(task, a.sanitize_early):   # its first kernels
-            print(f"[judge] {(warmed := warm_checks(task, mod, 'quick'))}", file=sys.stderr)
+            print(f"[judge] {(warmed := warm_checks(task, mod))}", file=sys.stderr)
             if LOST in warmed:
                 return 0      # ended before its job: the agent starts a cold child (WarmChild.serves)
         if a.job_stdin:

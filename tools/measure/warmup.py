@@ -1,6 +1,6 @@
-"""Parity's own GPU work paid before the job (issue 66): a judge child started ahead of its candidate (the loop's
-prestarted evaluate child, the evaluator's held confirmation child: tools/judge/candidate.py) runs the checks once on
-the task's smallest listed shape with the task's reference standing in for the kernel, while it waits for its job.
+"""Parity's own GPU work paid before the job (issue 66): the judge child the loop starts while its candidate builds
+(tools/judge/candidate.py prestart_candidate) runs the checks once on the task's smallest listed shape with the task's
+reference standing in for the kernel, while it waits for its job.
 
 Why: a fresh process pays for the first use of each torch kernel it launches (CUDA's lazy module loading, cuBLAS and
 cuDNN handles), and parity launches many (the reference's, the draws', the comparisons'). On an H200 a fresh judge's
@@ -21,6 +21,7 @@ H200: the bench's rounds shared the card with the warm-up (BENCHMARKS.md, issue 
 from __future__ import annotations
 
 import math
+import random
 import select
 import sys
 import time
@@ -55,38 +56,32 @@ def stand_in(mod):
     return run
 
 
-def warm_checks(task, mod, extent: str, seconds: float = SECONDS, waiting=job_waiting) -> str:
+def warm_checks(task, mod, seconds: float = SECONDS, waiting=job_waiting) -> str:
     """Parity's checks (tools/measure/parity.py) once per distribution on the smallest listed shape, the stand-in as
-    the kernel; with extent "rest" or "full" also the value draws and the views off alignment that a confirmation
-    runs. Returns one line: how many checks in how many seconds, and why it stopped early where it did. Never raises:
-    a task whose checks cannot run here says so in its job."""
+    the kernel: what the loop's quick parity runs. Returns one line: how many checks in how many seconds, and why it
+    stopped early where it did. Never raises: a task whose checks cannot run here says so in its job."""
+    import torch
+
     from tools.measure.buffers import Buffers
-    from tools.measure.domains import draws
     from tools.measure.parity import one_check
-    from tools.measure.views import Offsets, draws as offset_draws, is_offset
     t0 = time.monotonic()
     spec, backend = task.spec, task.backend
     if not spec.shapes:
         return "warm-up: no listed shape"
     shape = dict(min(spec.shapes, key=lambda s: math.prod(v for v in s.values() if isinstance(v, int) and v > 0)))
-    dists = list(spec.distributions) + (draws(spec) + offset_draws() if extent in ("rest", "full") else [])
     run, done, why = stand_in(mod), 0, ""
-    import random
-
-    import torch
     states = (random.getstate(), torch.random.get_rng_state(),
               torch.cuda.get_rng_state_all() if backend.gpu and torch.cuda.is_available() else None)
     try:
-        for dist in dists:
+        for dist in spec.distributions:
             if waiting():
                 why = "; stopped: the job came"
                 break
             if time.monotonic() - t0 > seconds:
                 why = f"; stopped: past {seconds:g} s"
                 break
-            bufs = Buffers(torch)
-            bufs.misalign = Offsets(spec, dist, 1, mod) if is_offset(dist) else None
-            one_check(task, mod, None, shape, "warm-up", dist, 1, backend.torch_device, bufs, backend.sync, run, run)
+            one_check(task, mod, None, shape, "warm-up", dist, 1, backend.torch_device, Buffers(torch), backend.sync,
+                      run, run)
             done += 1
     except Exception as e:   # the task's own code on its own shape: the job's checks will say what is wrong
         why = f"; stopped: {type(e).__name__}: {' '.join(str(e).split())[:200]}"
