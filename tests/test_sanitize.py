@@ -252,6 +252,11 @@ def test_the_sanitizers_start_beside_parity_and_a_failed_parity_ends_them_at_onc
         beside.stop()
     assert par.status == ParityStatus.ok and par.memcheck.status == "ok", par.message
     assert par.memcheck.shapes >= 1 and "memcheck clean on" in par.message
+    # where its seconds went, in the record: each step once, in order, adding up to its seconds
+    steps = par.memcheck.steps
+    assert list(steps) == ["wait", "load", "calls", "finish", "slowest"], steps
+    assert par.memcheck.slowest_shape and steps["slowest"] <= steps["calls"]
+    assert abs(sum(v for k, v in steps.items() if k != "slowest") - par.memcheck.seconds) < 0.05
 
 
 @pytest.mark.skipif(shutil.which("g++") is None or not sys.platform.startswith("linux"), reason="needs g++ and Linux")

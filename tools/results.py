@@ -162,6 +162,11 @@ class SanitizerResult(BaseModel):
     seconds: float = 0.0         # what it cost, the sanitizer's start included
     shapes: int = 0              # calls made under it
     errors: int = 0
+    # where its seconds went (issue 66): "wait" (from when it was asked to when its host had started), "load" (the
+    # candidate's library into the host), "calls" (each shape's inputs and call), "finish" (the tool's end and its
+    # report); "slowest" the slowest call's seconds, "slowest_shape" its shape
+    steps: dict[str, float] = {}
+    slowest_shape: str = ""
 
 
 class ParityResult(BaseModel):

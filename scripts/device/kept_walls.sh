@@ -45,7 +45,8 @@ for line in (run / "iterations.jsonl").read_text().splitlines():
     print(f"  iter {r['iteration']}: {r['decision']} {r['outcome']}: wall {r.get('wall_s') or 0:.2f} s; {t}")
     if r["decision"] == "kept":
         p = r.get("parity") or {}
-        print("    sanitizers:", {k: (p.get(k) or {}).get("seconds") for k in ("memcheck", "racecheck")},
+        print("    sanitizers:", {k: ((p.get(k) or {}).get("seconds"), (p.get(k) or {}).get("steps"),
+                                       (p.get(k) or {}).get("slowest_shape")) for k in ("memcheck", "racecheck")},
               "parity", round(p.get("seconds") or 0, 2), "s;", "launch:", ((r.get("launch") or {}).get("message") or "")[-90:])
         print("    profile.json:", (run / f"iter-{r['iteration']}" / "profile.json").exists())
         for k in ("bench", "confirm"):

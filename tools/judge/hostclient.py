@@ -95,11 +95,7 @@ class HostClient:
     def ask(self, req: dict) -> dict:
         """One request; its answer, or HostFailed. An answer with ok false is the task's (or kernel's)
         exception: raised as RuntimeError with the host's message."""
-        if not self.started:
-            self.started = True
-            init = self.info = self._answer()
-            if init.get("ok") is not True:
-                raise HostFailed("error", f"the host could not load the task: {init.get('error')}")
+        self.ready()
         self._send(req)
         ans = self._answer()
         if isinstance(ans.get("fp_state"), str):     # tools/judge/fpstate.py: the host has put it back
@@ -132,6 +128,15 @@ class HostClient:
                     except OSError:
                         continue
         return sorted(out)
+
+    def ready(self) -> None:
+        """Wait for the host's start-up (its answer to init: the task and torch loaded, a CUDA task's context made);
+        HostFailed where it could not load the task."""
+        if not self.started:
+            self.started = True
+            init = self.info = self._answer()
+            if init.get("ok") is not True:
+                raise HostFailed("error", f"the host could not load the task: {init.get('error')}")
 
     def finish(self, timeout: float) -> int | None:
         """Let the host end on its own (its requests closed) within `timeout` seconds, so that a wrapper

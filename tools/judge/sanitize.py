@@ -153,6 +153,18 @@ WHAT = {"memcheck": ("invalid access", "invalid accesses", "the kernel reads or 
                       "shared memory with no barrier between (right outputs here or not, the order is the scheduler's)")}
 
 
+class Steps:
+    """The seconds between marks, from `t0`: each mark names what ran since the one before (a result's steps)."""
+
+    def __init__(self, t0: float):
+        self.last, self.seen = t0, {}
+
+    def mark(self, name: str) -> None:
+        now = time.monotonic()
+        self.seen[name] = round(now - self.last, 3)
+        self.last = now
+
+
 _SERIAL = itertools.count()     # each host's report file its own name in this process
 
 
@@ -204,29 +216,39 @@ def memcheck(task, mod, job: dict, root: Path, seed: int, check: str = "memcheck
     done, failure, loaded = [], None, False
     deadline = t0 + TIMEOUT_S * 0.8
     ender = _ender(halt, host) if halt is not None else None
+    steps, slowest = Steps(t0), ("", 0.0)
     try:
+        host.ready()
+        steps.mark("wait")
         host.ask({"op": "load", "id": "candidate", "path": job["lib"]})
+        steps.mark("load")
         loaded = True
         remote = Remote(host)
         dist = task.spec.distributions[0]
         for shape, label in todo:
             if time.monotonic() > deadline or (halt is not None and halt.is_set()):
                 break
+            c0 = time.monotonic()
             inputs = make_inputs(mod, shape, seed, task.backend.torch_device, dist)
             template = mod.empty_output(shape, *inputs)
             out = torch.empty(template.shape, dtype=template.dtype, device=template.device)   # its own allocation
             remote.run("candidate", shape, out, *inputs)
             done.append(label)
+            slowest = max(slowest, (label, time.monotonic() - c0), key=lambda x: x[1])
+        steps.mark("calls")
     except (HostFailed, RuntimeError) as e:
         failure = " ".join(str(e).split())[:300]
     finally:
         rc = host.finish(timeout=60.0) if halt is None or not halt.is_set() else None
+        steps.mark("finish")
         host.close()
         if ender is not None:
             ender.join()
+    where_went = {"steps": {**steps.seen, **({"slowest": round(slowest[1], 3)} if slowest[0] else {})},
+                  "slowest_shape": slowest[0]}
     if halt is not None and halt.is_set():
         log.unlink(missing_ok=True)
-        return {"tool": check, "status": "error", "seconds": time.monotonic() - t0, "shapes": len(done),
+        return {**where_went, "tool": check, "status": "error", "seconds": time.monotonic() - t0, "shapes": len(done),
                 "message": f"{check} stopped: its answer was not needed (parity had failed)"}
     text = log.read_text(errors="replace") if log.exists() else ""
     if os.environ.get("AGENT_SANITIZER_LOGS") and log.exists():   # kept for the user (or a device script's evidence)
@@ -239,17 +261,18 @@ def memcheck(task, mod, job: dict, root: Path, seed: int, check: str = "memcheck
     where = f" (at {todo[len(done)][1]})" if failure is not None and len(done) < len(todo) else ""
     one, many, why = WHAT[check]
     if errors or rc == ERROR_EXIT:
-        return {"tool": check, "status": "failed", "seconds": secs, "errors": max(errors, 1), "shapes": len(done),
+        return {**where_went, "tool": check, "status": "failed", "seconds": secs, "errors": max(errors, 1),
+                "shapes": len(done),
                 "message": f"compute-sanitizer {check}: {errors or 'an'} {one if errors == 1 else many}{where}: "
                            f"{first or failure or 'see the sanitizer'}: {why}"}
     if failure is not None and loaded:   # the kernel failed under the sanitizer, and only there
-        return {"tool": check, "status": "failed", "seconds": secs, "shapes": len(done),
+        return {**where_went, "tool": check, "status": "failed", "seconds": secs, "shapes": len(done),
                 "message": f"under compute-sanitizer {check} the kernel's call failed{where}: {failure}"}
     if failure is not None:   # the sanitizer or the host did not start: the machine's, not the candidate's
-        return {"tool": check, "status": "error", "seconds": secs, "shapes": 0,
+        return {**where_went, "tool": check, "status": "error", "seconds": secs, "shapes": 0,
                 "message": f"{check} could not start: {failure}; report: {' '.join(text.split())[-300:]}"}
     left = f", {len(todo) - len(done)} left out past its time" if len(done) < len(todo) else ""
-    return {"tool": check, "status": "ok", "seconds": secs, "shapes": len(done),
+    return {**where_went, "tool": check, "status": "ok", "seconds": secs, "shapes": len(done),
             "message": f"{check} clean on {len(done)} shapes{left} ({secs:.1f} s)"}
 
 
