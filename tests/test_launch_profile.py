@@ -51,8 +51,10 @@ def fake_ncu(tmp_path: Path, writes: bool | str = True, sees: Path | None = None
         body = (f'for i in $(seq 100); do [ -s {sees} ] && break; sleep 0.1; done; [ -s {sees} ] && '
                 f'echo "sees it" >> {tmp_path}/argv.log\n{body}')
     # a target with no --lib waits for its library on stdin (tools/profile/warm.py): ncu's stdin is its
+    # (lines before it, {"prepare": true}, logged too: tools/profile/target.py)
     job = ('' if writes == "deaf" else
-           f'case " $* " in *" --lib "*) ;; *) read -r job; echo "job $job" >> {tmp_path}/argv.log;; esac\n')
+           f'case " $* " in *" --lib "*) ;; *) while read -r job; do echo "job $job" >> {tmp_path}/argv.log; '
+           'case "$job" in *\'"lib"\'*) break;; esac; done;; esac\n')
     exe.write_text("#!/bin/bash\n"
                    f'echo "$@" >> {tmp_path}/argv.log\n'
                    'if [ "$1" = --version ]; then echo "Version 2025.3.1.0 (build 1) (public-release)"; exit 0; fi\n'
@@ -154,13 +156,14 @@ def test_a_pass_that_reached_its_launch_cap_leaves_the_launch_to_the_trace(on_pa
     assert rep is not None and [k.name for k in rep.kernels] == [KERNEL]
 
 
-def test_the_confirmation_and_its_sanitizer_hosts_start_during_the_launch_checks_pass(on_path, tmp_path, monkeypatch):
-    """A candidate about to be kept (agent/evaluation/keep.py): the confirmation's child, and with it compute-sanitizer's
-    hosts, are started before the launch check's ncu pass, whose run sees them up (a stand-in sanitizer that writes its
-    pid as it starts); a launch the pass rejects ends the iteration with the confirmation never given its job, and no
-    process left. An honest launch goes on to the confirmation (here its parity cannot load the stand-in library)."""
-    import time
-
+def test_a_keeps_pass_makes_its_context_beside_the_confirmation_and_a_failed_one_leaves_it_unused(on_path, tmp_path,
+                                                                                                   monkeypatch):
+    """A candidate about to be kept (agent/evaluation/keep.py): the held ncu pass's program (torch imported, no CUDA
+    context) is told to prepare as the keep begins (its context made beside the confirmation); the confirmation runs
+    first, in the child held for it with compute-sanitizer's hosts (a stand-in sanitizer that writes its pid as it
+    starts), and the pass runs after it. Where the confirmation fails (here its parity cannot load the stand-in
+    library) the launch is not checked: the pass never gets its library and is ended (its context would stay beside
+    the next candidates' benches), a fresh one is held for the next keep, and the run's end leaves no process."""
     from agent.evaluation.attempt import Attempt
     from agent.evaluation.ended import RangeParityFailed
     from agent.evaluation.keep import launch_and_confirm
@@ -172,37 +175,40 @@ def test_the_confirmation_and_its_sanitizer_hosts_start_during_the_launch_checks
                    f'echo $$ >> {pids}\nexec "$@"\n')
     san.chmod(0o755)
     monkeypatch.setenv("AGENT_SANITIZER", str(san))
-    on_path(sees=pids)
+    on_path()
     task = load_task(ROOT / "kernels" / "attention_fwd")
     lib = tmp_path / "iter-1" / "libattention_fwd.so"
     lib.parent.mkdir()
     lib.write_bytes(b"not loaded: ncu is a stand-in")
     ev = Evaluator(task, tmp_path / "build", h200(), scratch_root=tmp_path / "scratch")
-
-    def attempt(launch: LaunchResult) -> Attempt:
-        return Attempt(iteration=1, run_id="r", started="t", parent_sha="p", launch=launch,
-                       parity=ParityResult(status=ParityStatus.ok, message="ok: the first parity"))
-
+    ev.spare.tier = 1                       # as the loop sets it (agent/optimize/best.py)
+    ev.spare.ensure(ev)                     # held from the initial measurement on
+    prepared = ev.spare.pass_
     stages: list[str] = []
-    lying = attempt(plan(grid=(4096, 1, 1)))
-    with pytest.raises(LaunchRejected, match="launch_plan must describe the real launch"):
-        launch_and_confirm(ev, lib, None, lying, False, lambda name, res: None, (lib.parent, 1), stages.append)
-    assert stages == ["launch"] and lying.confirm is None and lying.confirm_error is None
-    assert "sees it" in (tmp_path / "argv.log").read_text(), "the sanitizer hosts were not up during the ncu pass"
+    honest = Attempt(iteration=1, run_id="r", started="t", parent_sha="p", launch=plan(),
+                     parity=ParityResult(status=ParityStatus.ok, message="ok: the first parity"))
+    with pytest.raises(RangeParityFailed):
+        launch_and_confirm(ev, lib, None, honest, False, lambda name, res: None, (lib.parent, 1), stages.append)
+    assert stages == ["confirm"], stages
+    assert "not the protocol" not in honest.parity.message and honest.parity.status != ParityStatus.ok
+    assert honest.launch.message == plan().message, "the launch was checked after a failed confirmation"
+    log = (tmp_path / "argv.log").read_text().splitlines()
+    for _ in range(100):                    # (the stand-in logs what it reads as it reads it)
+        if any(ln.startswith("job ") for ln in log):
+            break
+        time.sleep(0.1)
+        log = (tmp_path / "argv.log").read_text().splitlines()
+    assert [ln for ln in log if ln.startswith("job ")] == ['job {"prepare": true}'], log   # told, never given a library
+    assert not prepared.child.alive, "the prepared pass outlived its keep"
+    assert ev.spare.pass_ is not None and ev.spare.pass_ is not prepared and ev.spare.pass_.child.alive
     started = [int(p) for p in pids.read_text().split()]
-    assert len(started) == 2                                    # memcheck's and racecheck's
+    assert len(started) >= 2                                    # memcheck's and racecheck's (and the next keep's)
+    ev.spare.close()
     for _ in range(100):
         if not [p for p in started if os.path.exists(f"/proc/{p}")]:
             break
         time.sleep(0.1)
-    assert not [p for p in started if os.path.exists(f"/proc/{p}")], "a sanitizer host outlived the rejected launch"
-    # the honest launch: then the confirmation, in the child started before the pass
-    stages.clear()
-    honest = attempt(plan())
-    with pytest.raises(RangeParityFailed):
-        launch_and_confirm(ev, lib, None, honest, False, lambda name, res: None, (lib.parent, 1), stages.append)
-    assert stages == ["launch", "confirm"] and honest.launch.status == LaunchStatus.ok, honest.launch.message
-    assert "not the protocol" not in honest.parity.message and honest.parity.status != ParityStatus.ok
+    assert not [p for p in started if os.path.exists(f"/proc/{p}")], "a sanitizer host outlived the run"
 
 
 def test_a_keeps_pass_is_started_before_its_candidate_is_known_and_serves_it_as_a_cold_one_would(on_path, tmp_path):
@@ -223,12 +229,13 @@ def test_a_keeps_pass_is_started_before_its_candidate_is_known_and_serves_it_as_
     ev.spare.confirming.close()             # (the confirmation's child held beside it: the next test's)
     first = ev.spare.pass_
     assert first is not None and first.child.alive
+    assert first.prepare() and first.prepare()       # a keep's, twice: the program waits on for its library
     times = StageTimes()
     res = ev.verify_launch(lib, plan(), times, profile=(lib.parent, 1))
     assert res.status == LaunchStatus.ok and "Nsight Compute pass" in res.message, res.message
     log = (tmp_path / "argv.log").read_text().splitlines()
     jobs = [ln for ln in log if ln.startswith("job ")]
-    assert jobs == [f'job {{"lib": "{lib.resolve()}"}}'], log          # the one pass, handed its library on stdin
+    assert jobs == ['job {"prepare": true}'] * 2 + [f'job {{"lib": "{lib.resolve()}"}}'], log   # then its library
     assert ev.spare.pass_ is None                                        # taken
     ev.spare.ensure_pass(ev)                                             # as the keep ends (agent/evaluation/keep.py)
     nxt = ev.spare.pass_
@@ -248,7 +255,7 @@ def test_a_keeps_pass_is_started_before_its_candidate_is_known_and_serves_it_as_
     assert not nxt.child.alive and ev.take_profile(lib) is not None
     ev.spare.ensure_pass(ev)
     log = (tmp_path / "argv.log").read_text().splitlines()
-    assert len([ln for ln in log if ln.startswith("job ")]) == 1        # the tier-2 pass ran cold, with --lib
+    assert len([ln for ln in log if ln.startswith("job ")]) == 3        # the tier-2 pass ran cold, with --lib
     cold = [ln for ln in log if "--version" not in ln and not ln.startswith("job ")][2]
     assert "--lib" in cold.split() and "ComputeWorkloadAnalysis" in cold
     last = ev.spare.pass_
@@ -293,9 +300,9 @@ def test_a_keeps_confirmation_child_is_held_from_the_first_candidate_and_serves_
     assert not last.proc.alive and ev.spare.confirming is None
 
 
-def test_a_held_pass_whose_target_never_gets_its_library_is_run_cold(on_path, tmp_path):
-    """An ncu that does not hand its stdin to the program it runs: the held pass's target never gets its library and
-    the pass profiles nothing. That is the machine's, not the candidate's: the pass is run cold (--lib) at once, and
+def test_a_pass_started_early_whose_target_never_gets_its_library_is_run_cold(on_path, tmp_path):
+    """An ncu that does not hand its stdin to the program it runs: the early-started pass's target never gets its
+    library and the pass profiles nothing. That is the machine's, not the candidate's: the pass is run cold (--lib) at once, and
     the keep's launch check and profile come from it."""
     on_path(writes="deaf")
     task = load_task(ROOT / "kernels" / "attention_fwd")

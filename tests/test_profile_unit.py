@@ -116,7 +116,7 @@ def test_profile_of_a_cpu_task_is_an_error_not_empty(matmul_lib):
 
 def test_a_waiting_target_reads_its_task_only_once_its_library_comes(matmul_lib, tmp_path):
     """tools/profile/warm.py starts the profiled program before its candidate is known: it imports torch, then waits
-    for its library on stdin. A candidate's commit may change the task meanwhile (here its shapes), so the task is
+    for its library on stdin (a {"prepare": true} line before it makes a CUDA task's context). A candidate's commit may change the task meanwhile (here its shapes), so the task is
     read after the job: the call reports the shape the task says then. End-of-file instead of a job: it ends quietly."""
     import time
 
@@ -134,8 +134,10 @@ def test_a_waiting_target_reads_its_task_only_once_its_library_comes(matmul_lib,
     toml = task / "task.toml"
     assert '{ M = 64,  N = 64,  K = 64 }' in toml.read_text()
     toml.write_text(toml.read_text().replace('{ M = 64,  N = 64,  K = 64 }', '{ M = 32, N = 48, K = 16 }', 1))
+    assert child.tell(json.dumps({"prepare": True}))    # a keep began: its context now (a CUDA task's), then the job
     res = child.run(json.dumps({"lib": str(matmul_lib)}), 120)
     assert res.status.value == "ok", res.stderr
+    assert not child.tell(json.dumps({"prepare": True})), "a line told to a child whose job has run"
     out = json.loads(res.stdout.strip().splitlines()[-1])
     assert out["ok"] and out["calls"] == 2 and out["shape"] == {"M": 32, "N": 48, "K": 16}
     quiet = Prestarted(argv, cwd=ROOT, env=python_env())

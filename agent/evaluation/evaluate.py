@@ -238,8 +238,8 @@ class Evaluator:
     def prestart(self, confirmation: bool = False):
         """The candidate's evaluate child, started before its build (its torch and CUDA context start up while nvcc
         runs), and what a keep would need where not held (agent/evaluation/spares.py): a WarmChild the caller closes in
-        any case; None when AGENT_NO_PRESTART=1. `confirmation` (confirm()'s, before the keep's Nsight Compute pass):
-        the one held, else one started now, on a GPU with its compute-sanitizer hosts."""
+        any case; None when AGENT_NO_PRESTART=1. `confirmation` (confirm()'s, agent/evaluation/keep.py): the one held,
+        else one started now, on a GPU with its compute-sanitizer hosts."""
         if os.environ.get("AGENT_NO_PRESTART") == "1":
             return None
         if confirmation and (held := self.spare.take_confirmation(self.task)) is not None:

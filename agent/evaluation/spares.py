@@ -1,14 +1,16 @@
 """What a keep needs, started before its candidate is known (issue 66), held by the loop's Evaluator.
 
-A candidate about to be kept waits for two start-ups that do not depend on it: its Nsight Compute pass's program
-(Python, torch, a CUDA context under ncu: three quarters of a 5-7 s pass on an H200) and its confirmation's child with
-compute-sanitizer's memcheck and racecheck hosts (5-6 s each under the tool). Started as the keep began, the hosts'
-start-up ran beside the confirmation's parity checks and slowed them (BENCHMARKS.md, issue 66 slice 6). Here each is
-started early and held until a keep takes it: the pass (tools/profile/warm.py) and the confirmation's child
-(tools/judge/candidate.py prestart_candidate, sanitize_early), each with the run's first candidate and again as each
-keep's confirmation ends (agent/evaluation/keep.py), so that their start-up runs while the next candidate is proposed
-(a model's seconds), never beside a confirmation's bench. Started right after the pass instead, the next pass's
-start-up overlapped softmax's confirmation bench on an H200.
+A candidate about to be kept waits for two start-ups that do not depend on it: its confirmation's child with
+compute-sanitizer's memcheck and racecheck hosts (5-6 s each under the tool), and its Nsight Compute pass's program
+(Python, torch, a CUDA context under ncu: three quarters of a 5-7 s pass on an H200). Started as the keep began, the
+hosts' start-up ran beside the confirmation's parity checks and slowed them (BENCHMARKS.md, issue 66 slice 6). Here
+each is started early and held until a keep takes it: the confirmation's child (tools/judge/candidate.py
+prestart_candidate, sanitize_early) and the pass (tools/profile/warm.py), each with the run's first candidate and
+again as each keep ends (agent/evaluation/keep.py), so that their start-up runs while the next candidate is proposed
+(a model's seconds), never beside a confirmation's bench. The pass waits with torch imported and no CUDA context until
+a keep begins (prepare_pass: the context is made beside the confirmation, and the pass runs after it): a program
+waiting under ncu with its context made slowed the two-thread calls of every bench beside it threefold (issue 66
+slice 9).
 
 What is held runs no kernel until its job comes, and a child serves only a task whose files are unchanged since it
 started (WarmChild.serves; else the keep starts one as before). `tier` is the loop's profile tier: None (every other
@@ -41,11 +43,21 @@ class Spares:
     def ensure_pass(self, ev) -> None:
         """A pass held from now on, where the machine's ncu can take one (a dead one replaced)."""
         if self.pass_ is not None and not self.pass_.child.alive:
-            self.pass_.close()
-            self.pass_ = None
+            self.drop_pass()
         if self.pass_ is None and self._wanted(ev) and ev.no_ncu is None and ev.limits is not None \
                 and ev.limits.source == "device":
             self.pass_ = start_pass(ev.task, self.tier)
+
+    def prepare_pass(self) -> None:
+        """A keep has begun: the held pass makes its CUDA context now, beside the confirmation."""
+        if self.pass_ is not None:
+            self.pass_.prepare()
+
+    def drop_pass(self) -> None:
+        """The held pass ended (one a keep prepared and did not use: its context would stay beside the next benches)."""
+        if self.pass_ is not None:
+            self.pass_.close()
+            self.pass_ = None
 
     def ensure_confirmation(self, ev) -> None:
         """A confirmation's child (its sanitizer hosts with it) held from now on (one that no longer serves the task

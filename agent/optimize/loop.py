@@ -222,16 +222,15 @@ class Loop:
         self._settle(i, a, lib)
 
     def _settle(self, i: int, a: Attempt, lib: Path) -> None:
-        """What decide() asks for after the first bench: re-benches; the real launch geometry, then the confirmation
+        """What decide() asks for after the first bench: re-benches; the confirmation, then the real launch geometry
         (agent/evaluation/keep.py: the confirmation's child and sanitizer hosts, held from before the keep)."""
         v = decide(a, rule := KeepRule(min_gain=self.cfg.min_gain, implausible=IMPLAUSIBLE_RATIO))
         save = lambda name, res: dump(self._iter_dir(a.iteration) / name, res)   # noqa: E731
         profile, launched = (self._iter_dir(a.iteration), self.cfg.profile_tier), False
         while v.action in ("confirm", "rebench"):   # decide() bounds both: one confirmation, REBENCH_MAX re-benches
             if v.action == "confirm":
-                launch_and_confirm(self.evaluator, lib, self.best.lib, a, v.reparity, save, profile,
-                                   lambda name: self.stage(i, name))
-                launched = True
+                launched = launch_and_confirm(self.evaluator, lib, self.best.lib, a, v.reparity, save, profile,
+                                              lambda name: self.stage(i, name))
             else:
                 self.stage(i, "rebench")
                 self.evaluator.rebench(lib, self.best.lib, a, v, save)

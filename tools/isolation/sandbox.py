@@ -119,6 +119,17 @@ class Prestarted:
     def alive(self) -> bool:
         return not isinstance(self._proc, ProcResult) and self._proc.poll() is None
 
+    def tell(self, line: str) -> bool:
+        """One line on the child's stdin before its job (a step it takes while it waits); False where it has ended."""
+        if self.used or not self.alive or self._proc.stdin is None:
+            return False
+        try:
+            self._proc.stdin.write((line if line.endswith("\n") else line + "\n").encode())
+            self._proc.stdin.flush()
+            return True
+        except (OSError, ValueError):
+            return False
+
     def run(self, job: str, timeout_s: float, clock=None) -> ProcResult:
         """Hand the child its job (one line on stdin) and wait for it, at most timeout_s from now (and, with a
         `clock`, tools.judge.budgets.StageClock, at most its stage's budget). ProcResult.seconds counts from now,

@@ -6,11 +6,14 @@ W + N times; ncu wraps this process (launch skip past the warm-up). With --trace
 calls run under the torch profiler and its chrome trace is written (the no-counter fallback).
 Prints one JSON line last.
 
-Without --lib the program starts up (torch imported and, for a CUDA task, its context made, under ncu where ncu
-wraps it) and then waits for its job, one JSON line on stdin: {"lib": PATH}. Those start-up seconds were 2.3-2.8 of a
-keep's 5-7 s Nsight Compute pass on an H200 (BENCHMARKS.md, issue 66), and a pass started early (tools/profile/warm.py)
-pays them while the agent does other work. The task (task.toml, its Python) is read only once the job has come: a
-candidate's commit may have changed it since the start.
+Without --lib the program starts up (torch imported, under ncu where ncu wraps it) and then waits for its job, one
+JSON line on stdin: {"lib": PATH}. Those start-up seconds were 2.3-2.8 of a keep's 5-7 s Nsight Compute pass on an
+H200 (BENCHMARKS.md, issue 66), and a pass started early (tools/profile/warm.py) pays them while the agent does other
+work. A CUDA task's context is made only when a line {"prepare": true} comes before the job: a program waiting under
+ncu with its context made slowed the two-thread calls of every bench beside it threefold on an H200 (the reentrant
+probe, 0.43-0.55 s alone, 1.42 s beside it), and without its context it does not (0.47-0.50 s; BENCHMARKS.md, issue
+66 slice 9). The task (task.toml, its Python) is read again once the job has come: a candidate's commit may have
+changed it since the start.
 """
 
 from __future__ import annotations
@@ -69,12 +72,17 @@ def main(argv: list[str] | None = None) -> int:
     from tools.task import load_task
     from tools.task_messages import make_inputs
 
-    if a.lib is None:      # torch and, for a CUDA task, its context now; the task itself read again after the job
-        load_task(a.task).backend.warm_up()
-        line = sys.stdin.readline()
-        if not line.strip():     # the agent ended the pass it started (or died): nothing to profile
-            return 0
-        a.lib = json.loads(line)["lib"]
+    if a.lib is None:      # torch now; the CUDA context when told to prepare (module docstring); the task read again
+        __import__("torch")
+        load_task(a.task)
+        while a.lib is None:
+            line = sys.stdin.readline()
+            if not line.strip():     # the agent ended the pass it started (or died): nothing to profile
+                return 0
+            job = json.loads(line)
+            if job.get("prepare"):
+                load_task(a.task).backend.warm_up()
+            a.lib = job.get("lib")
     task = load_task(a.task)
     spec = task.spec
     shape = spec.shapes[spec.main_shape if a.shape_index is None else a.shape_index]

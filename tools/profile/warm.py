@@ -8,8 +8,9 @@ only the library's load, its calls, the replay and the report. The pass is the s
 same sections, metrics, NVTX range, warm-up and shape), its report moved to where the cold pass would have written it;
 profile_task uses it only where its command line is the one it would have run, and otherwise runs cold.
 
-The waiting target holds a CUDA context and nothing else: it runs no kernel until its job comes. It is an isolated
-child (tools/isolation/sandbox.py Prestarted: its own session, death with the agent, its group ended by close()).
+The waiting target holds torch and nothing else until a keep begins (prepare(): then its CUDA context), and runs no
+kernel until its job comes. It is an isolated child (tools/isolation/sandbox.py Prestarted: its own session, death
+with the agent, its group ended by close()).
 """
 
 from __future__ import annotations
@@ -33,6 +34,11 @@ class WarmPass:
         """Whether this pass runs `argv` (a cold pass writing to `stem`), its report stem aside."""
         return self.child.alive and not self.child.used and \
             [str(stem) if a == str(self.stem) else a for a in self.argv] == list(argv)
+
+    def prepare(self) -> bool:
+        """Have the waiting target make its CUDA context now (a keep has begun: tools/profile/target.py); False where
+        the pass has ended."""
+        return self.child.tell(json.dumps({"prepare": True}))
 
     def run(self, lib: Path, rep: Path, timeout_s: float) -> ProcResult:
         """The pass over `lib`, its report (where ncu wrote one) moved to `rep`."""
