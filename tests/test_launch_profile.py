@@ -211,6 +211,31 @@ def test_a_keeps_pass_makes_its_context_beside_the_confirmation_and_a_failed_one
     assert not [p for p in started if os.path.exists(f"/proc/{p}")], "a sanitizer host outlived the run"
 
 
+def test_a_keep_confirms_first_then_checks_its_launch_only_where_it_may_still_be_kept(tmp_path):
+    """agent/evaluation/keep.py on the CPU, a real library through the real judge: the confirmation runs first, then
+    the launch check (stages in that order; its answer says the launch was checked). Where the loop's decide() would
+    reject on the confirmation's figure (`worth` says no), the launch is not checked: the candidate ends as not faster,
+    not as a launch rejected, and pays for no pass."""
+    from agent.evaluation.attempt import Attempt
+    from tests.fixtures.cpu_faults.faults import make_task
+    from tools.results import ParityResult, ParityStatus
+    task, lib = make_task(tmp_path, "correct", rounds=3)
+    ev = Evaluator(task, tmp_path / "build", None, scratch_root=tmp_path / "scratch")
+    static = LaunchResult(status=LaunchStatus.ok, message="the static check of its own plan")
+
+    def attempt() -> Attempt:
+        return Attempt(iteration=1, run_id="r", started="t", parent_sha="p", launch=static,
+                       parity=ParityResult(status=ParityStatus.ok, message="ok: the first parity"))
+    from agent.evaluation.keep import launch_and_confirm
+    for worth, stages_then, checked in ((None, ["confirm", "launch"], True),
+                                        (lambda a: a.confirm is None, ["confirm"], False)):
+        a, stages = attempt(), []
+        assert launch_and_confirm(ev, lib, None, a, False, lambda name, res: None, (tmp_path, 1), stages.append,
+                                  worth) is checked
+        assert stages == stages_then and a.confirm is not None and a.confirm_error is None, (stages, a.confirm_error)
+        assert a.parity.status == ParityStatus.ok and "the first parity" in a.parity.message
+
+
 def test_a_keeps_pass_is_started_before_its_candidate_is_known_and_serves_it_as_a_cold_one_would(on_path, tmp_path):
     """The loop's evaluator holds one ncu pass started early (tools/profile/warm.py: a target waiting on stdin for its
     library, the pass's start-up paid beside other work): the keep's launch check hands it the candidate and gets the

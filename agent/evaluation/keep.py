@@ -20,17 +20,20 @@ from agent.evaluation.evaluate import Evaluator
 
 
 def launch_and_confirm(ev: Evaluator, lib: Path, baseline: Path | None, a: Attempt, reparity: bool, save,
-                       profile: tuple[Path, int], stage: Callable[[str], None]) -> bool:
+                       profile: tuple[Path, int], stage: Callable[[str], None],
+                       worth: Callable[[Attempt], bool] | None = None) -> bool:
     """Evaluator.confirm in the child held for it, then the launch check (Evaluator.verify_launch: a.launch,
     LaunchRejected where it fails; on a GPU with ncu its pass is also the profile a keep records), only where the
-    confirmation came out whole (a failed confirmation bench is a.confirm_error, which decide() weighs). Whether the
-    launch was checked. `stage(name)` is called as each begins (the loop's progress)."""
-    ev.spare.prepare_pass()
-    warm = ev.prestart(confirmation=True)
+    confirmation came out whole (no a.confirm_error) and `worth(a)` (the loop's: decide() does not reject it on the
+    confirmation's figure; a candidate that will not be kept is not profiled for a keep, and ends as not faster, not as
+    a launch rejected). Whether the launch was checked. `stage(name)` is called as each begins (the loop's progress)."""
+    warm = None
     try:
+        ev.spare.prepare_pass()
+        warm = ev.prestart(confirmation=True)
         stage("confirm")
         ev.confirm(lib, baseline, a, reparity, save, warm)
-        if a.confirm_error is None:
+        if a.confirm_error is None and (worth is None or worth(a)):
             stage("launch")
             a.launch = ev.verify_launch(lib, a.launch, a.times, profile=profile)
             return True
@@ -38,5 +41,5 @@ def launch_and_confirm(ev: Evaluator, lib: Path, baseline: Path | None, a: Attem
     finally:
         if warm is not None:
             warm.close()
-        ev.spare.drop_pass()    # one prepared and not used (a failed confirmation): its context made
+        ev.spare.drop_pass()    # one prepared and not used (the confirmation failed or refused it): its context made
         ev.spare.ensure(ev)     # the next keep's pass and child, their start-up while the next candidate is proposed

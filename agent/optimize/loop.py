@@ -230,7 +230,8 @@ class Loop:
         while v.action in ("confirm", "rebench"):   # decide() bounds both: one confirmation, REBENCH_MAX re-benches
             if v.action == "confirm":
                 launched = launch_and_confirm(self.evaluator, lib, self.best.lib, a, v.reparity, save, profile,
-                                              lambda name: self.stage(i, name))
+                                              lambda name: self.stage(i, name),
+                                              lambda at: decide(at, rule).action != "reject")
             else:
                 self.stage(i, "rebench")
                 self.evaluator.rebench(lib, self.best.lib, a, v, save)

@@ -123,8 +123,10 @@ class Prestarted:
         """One line on the child's stdin before its job (a step it takes while it waits); False where it has ended."""
         if self.used or not self.alive or self._proc.stdin is None:
             return False
-        try:
-            self._proc.stdin.write((line if line.endswith("\n") else line + "\n").encode())
+        import io
+        line = line if line.endswith("\n") else line + "\n"
+        try:     # a pipe of bytes (Popen), or of text (a fork server's child, tools/isolation/forked.py)
+            self._proc.stdin.write(line if isinstance(self._proc.stdin, io.TextIOBase) else line.encode())
             self._proc.stdin.flush()
             return True
         except (OSError, ValueError):

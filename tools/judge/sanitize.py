@@ -240,15 +240,18 @@ def memcheck(task, mod, job: dict, root: Path, seed: int, check: str = "memcheck
         failure = " ".join(str(e).split())[:300]
     finally:
         rc = host.finish(timeout=60.0) if halt is None or not halt.is_set() else None
-        steps.mark("finish")
         host.close()
         if ender is not None:
             ender.join()
-    where_went = {"steps": {**steps.seen, **({"slowest": round(slowest[1], 3)} if slowest[0] else {})},
-                  "slowest_shape": slowest[0]}
+
+    def went() -> dict:
+        """Its steps, "finish" up to now (the tool's end, its report read): they add up to its seconds."""
+        steps.mark("finish")
+        return {"steps": {**steps.seen, **({"slowest": round(slowest[1], 3)} if slowest[0] else {})},
+                "slowest_shape": slowest[0], "seconds": steps.last - t0}
     if halt is not None and halt.is_set():
         log.unlink(missing_ok=True)
-        return {**where_went, "tool": check, "status": "error", "seconds": time.monotonic() - t0, "shapes": len(done),
+        return {**went(), "tool": check, "status": "error", "shapes": len(done),
                 "message": f"{check} stopped: its answer was not needed (parity had failed)"}
     text = log.read_text(errors="replace") if log.exists() else ""
     if os.environ.get("AGENT_SANITIZER_LOGS") and log.exists():   # kept for the user (or a device script's evidence)
@@ -257,7 +260,8 @@ def memcheck(task, mod, job: dict, root: Path, seed: int, check: str = "memcheck
         shutil.copy(log, keep / f"{sum(1 for _ in keep.iterdir()):03d}-{log.name}")
     log.unlink(missing_ok=True)
     errors, first = parse_log(text)
-    secs = time.monotonic() - t0
+    where_went = went()
+    secs = where_went["seconds"]
     where = f" (at {todo[len(done)][1]})" if failure is not None and len(done) < len(todo) else ""
     one, many, why = WHAT[check]
     if errors or rc == ERROR_EXIT:

@@ -11,7 +11,7 @@ JSON line on stdin: {"lib": PATH}. Those start-up seconds were 2.3-2.8 of a keep
 H200 (BENCHMARKS.md, issue 66), and a pass started early (tools/profile/warm.py) pays them while the agent does other
 work. A CUDA task's context is made only when a line {"prepare": true} comes before the job: a program waiting under
 ncu with its context made slowed the two-thread calls of every bench beside it threefold on an H200 (the reentrant
-probe, 0.43-0.55 s alone, 1.42 s beside it), and without its context it does not (0.47-0.50 s; BENCHMARKS.md, issue
+probe 1.45 s beside it, 0.45-0.62 s alone), and without its context it does not (0.47-0.50 s; BENCHMARKS.md, issue
 66 slice 9). The task (task.toml, its Python) is read again once the job has come: a candidate's commit may have
 changed it since the start.
 """
@@ -80,6 +80,8 @@ def main(argv: list[str] | None = None) -> int:
             if not line.strip():     # the agent ended the pass it started (or died): nothing to profile
                 return 0
             job = json.loads(line)
+            if not isinstance(job, dict):
+                raise SystemExit(f"tools.profile.target: a job is a JSON object, not {line.strip()[:80]!r}")
             if job.get("prepare"):
                 load_task(a.task).backend.warm_up()
             a.lib = job.get("lib")
