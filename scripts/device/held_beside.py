@@ -62,28 +62,42 @@ def workload(label: str) -> None:
     print(f"A {label:<34} reference {min(ms):.4f} / median {sorted(ms)[2]:.4f} ms a call; clocks {during}", flush=True)
 
 
+SETTLE = float(os.environ.get("SETTLE", "15"))
+
+
+class HeldJudge:
+    """A judge child waiting for its job as the held confirmation child does (--job-stdin --sanitize-early)."""
+
+    def __init__(self):
+        self.proc = subprocess.Popen([sys.executable, "-m", "tools.judge.judge", "evaluate", "--task", str(task.root),
+                                      "--job-stdin", "--sanitize-early"], stdin=subprocess.PIPE,
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    def close(self):
+        self.proc.stdin.close()
+        self.proc.wait(timeout=60)
+
+
+HELD = {"beside a held ncu pass": lambda: [h for h in [held_pass()] if h is not None],
+        "beside memcheck+racecheck hosts": lambda: list(start_hosts(task.root, root).values()),
+        "beside a held confirmation child": lambda: [HeldJudge()]}
+
+
+def beside_each(measure, labels) -> None:
+    """`measure(label)` alone, beside each held process of `labels` (started SETTLE s before), and alone again."""
+    measure("alone")
+    for label in labels:
+        held = HELD[label]()
+        time.sleep(SETTLE)
+        measure(label)
+        for h in held:
+            h.close()
+        time.sleep(2)
+    measure("alone again")
+
+
 if "A" in os.environ.get("PARTS", "AB"):
-    workload("alone")
-    held = held_pass()
-    time.sleep(float(os.environ.get("SETTLE", "15")))
-    workload("beside a held ncu pass")
-    if held is not None:
-        held.close()
-    time.sleep(2)
-    hosts = start_hosts(task.root, root)
-    time.sleep(float(os.environ.get("SETTLE", "15")))
-    workload("beside memcheck+racecheck hosts")
-    for h in hosts.values():
-        h.close()
-    time.sleep(2)
-    judge = subprocess.Popen([sys.executable, "-m", "tools.judge.judge", "evaluate", "--task", str(task.root), "--job-stdin",
-                              "--sanitize-early"], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    time.sleep(float(os.environ.get("SETTLE", "15")))
-    workload("beside a held confirmation child")
-    judge.stdin.close()
-    judge.wait(timeout=60)
-    time.sleep(2)
-    workload("alone again")
+    beside_each(workload, list(HELD))
 
 import tools.measure.probes as probes_mod  # noqa: E402
 from tools.judge.hostruns import HostRuns  # noqa: E402
@@ -126,17 +140,4 @@ def benches(label: str, n: int = 2) -> None:
         host.close()
 
 
-benches("alone")
-held = held_pass()
-time.sleep(float(os.environ.get("SETTLE", "15")))
-benches("beside a held ncu pass")
-if held is not None:
-    held.close()
-time.sleep(2)
-hosts = start_hosts(task.root, root)
-time.sleep(float(os.environ.get("SETTLE", "15")))
-benches("beside memcheck+racecheck hosts")
-for h in hosts.values():
-    h.close()
-time.sleep(2)
-benches("alone again")
+beside_each(benches, ["beside a held ncu pass", "beside memcheck+racecheck hosts"])
