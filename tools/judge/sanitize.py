@@ -261,22 +261,22 @@ def memcheck(task, mod, job: dict, root: Path, seed: int, check: str = "memcheck
     log.unlink(missing_ok=True)
     errors, first = parse_log(text)
     where_went = went()
-    secs = where_went["seconds"]
+    secs = where_went["seconds"]       # where_went carries it into each result below
     where = f" (at {todo[len(done)][1]})" if failure is not None and len(done) < len(todo) else ""
     one, many, why = WHAT[check]
     if errors or rc == ERROR_EXIT:
-        return {**where_went, "tool": check, "status": "failed", "seconds": secs, "errors": max(errors, 1),
+        return {**where_went, "tool": check, "status": "failed", "errors": max(errors, 1),
                 "shapes": len(done),
                 "message": f"compute-sanitizer {check}: {errors or 'an'} {one if errors == 1 else many}{where}: "
                            f"{first or failure or 'see the sanitizer'}: {why}"}
     if failure is not None and loaded:   # the kernel failed under the sanitizer, and only there
-        return {**where_went, "tool": check, "status": "failed", "seconds": secs, "shapes": len(done),
+        return {**where_went, "tool": check, "status": "failed", "shapes": len(done),
                 "message": f"under compute-sanitizer {check} the kernel's call failed{where}: {failure}"}
     if failure is not None:   # the sanitizer or the host did not start: the machine's, not the candidate's
-        return {**where_went, "tool": check, "status": "error", "seconds": secs, "shapes": 0,
+        return {**where_went, "tool": check, "status": "error", "shapes": 0,
                 "message": f"{check} could not start: {failure}; report: {' '.join(text.split())[-300:]}"}
     left = f", {len(todo) - len(done)} left out past its time" if len(done) < len(todo) else ""
-    return {**where_went, "tool": check, "status": "ok", "seconds": secs, "shapes": len(done),
+    return {**where_went, "tool": check, "status": "ok", "shapes": len(done),
             "message": f"{check} clean on {len(done)} shapes{left} ({secs:.1f} s)"}
 
 

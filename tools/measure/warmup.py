@@ -20,7 +20,6 @@ H200: the bench's rounds shared the card with the warm-up (BENCHMARKS.md, issue 
 
 from __future__ import annotations
 
-import math
 import random
 import select
 import sys
@@ -64,11 +63,12 @@ def warm_checks(task, mod, seconds: float = SECONDS, waiting=job_waiting) -> str
 
     from tools.measure.buffers import Buffers
     from tools.measure.parity import one_check
+    from tools.task import shape_size
     t0 = time.monotonic()
     spec, backend = task.spec, task.backend
     if not spec.shapes:
         return "warm-up: no listed shape"
-    shape = dict(min(spec.shapes, key=lambda s: math.prod(v for v in s.values() if isinstance(v, int) and v > 0)))
+    shape = dict(min(spec.shapes, key=shape_size))
     run, done, why = stand_in(mod), 0, ""
     states = (random.getstate(), torch.random.get_rng_state(),
               torch.cuda.get_rng_state_all() if backend.gpu and torch.cuda.is_available() else None)

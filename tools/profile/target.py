@@ -74,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
 
     if a.lib is None:      # torch now; the CUDA context when told to prepare (module docstring); the task read again
         __import__("torch")
-        load_task(a.task)
+        waiting = load_task(a.task)     # its module imported now; read again once the job has come
         while a.lib is None:
             line = sys.stdin.readline()
             if not line.strip():     # the agent ended the pass it started (or died): nothing to profile
@@ -83,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
             if not isinstance(job, dict):
                 raise SystemExit(f"tools.profile.target: a job is a JSON object, not {line.strip()[:80]!r}")
             if job.get("prepare"):
-                load_task(a.task).backend.warm_up()
+                waiting.backend.warm_up()
             a.lib = job.get("lib")
     task = load_task(a.task)
     spec = task.spec
