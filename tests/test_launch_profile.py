@@ -103,6 +103,18 @@ def test_the_whole_call_is_profiled_inside_its_nvtx_range_and_its_launches_judge
         assert "grid (2048, 1, 1)" in bad.violations[0].message
 
 
+def traced(check) -> None:
+    """A launch the pass could not check goes to the torch trace: on a machine with no GPU it says there is none; on a
+    card (the device) it runs, and the stand-in library does not load, so the launch is refused, not passed."""
+    from tools.backends.device import cuda_present
+    if cuda_present():
+        with pytest.raises(LaunchRejected, match="could not trace the launch"):
+            check()
+        return
+    res = check()
+    assert res.status == LaunchStatus.not_applicable and "no CUDA GPU" in res.message
+
+
 def test_the_pass_serves_the_keep_once_and_a_pass_that_cannot_serve_leaves_the_trace_to_check(on_path, tmp_path):
     task = load_task(ROOT / "kernels" / "attention_fwd")
     lib = tmp_path / "iter-1" / "libattention_fwd.so"
@@ -120,19 +132,18 @@ def test_the_pass_serves_the_keep_once_and_a_pass_that_cannot_serve_leaves_the_t
     with pytest.raises(LaunchRejected, match="launch_plan must describe the real launch"):
         ev.verify_launch(lib, plan(grid=(4096, 1, 1)), times, profile=(lib.parent, 1))
     assert ev.take_profile(tmp_path / "other.so") is None        # a report of another library is not this one's
-    # no kernels profiled: the torch trace checks the launch instead (here, a machine with no GPU: it says so)
+    # no kernels profiled: the torch trace checks the launch instead (traced())
     shutil.rmtree(tmp_path / "bin")
     on_path(writes=False)
-    res = ev.verify_launch(lib, plan(), times, profile=(lib.parent, 1))
-    assert res.status == LaunchStatus.not_applicable and "no CUDA GPU" in res.message
+    traced(lambda: ev.verify_launch(lib, plan(), times, profile=(lib.parent, 1)))
     assert ev.take_profile(lib) is None and ev.no_ncu is None     # the candidate's: the next one tries the pass again
     # the counters not permitted: the machine's; the trace checks this launch, and no later one tries ncu again
     shutil.rmtree(tmp_path / "bin")
     on_path(writes="perm")
     calls = len((tmp_path / "argv.log").read_text().splitlines())
     for _ in range(2):
-        res = ev.verify_launch(lib, plan(), times, profile=(lib.parent, 1))
-        assert res.status == LaunchStatus.not_applicable and ev.take_profile(lib) is None
+        traced(lambda: ev.verify_launch(lib, plan(), times, profile=(lib.parent, 1)))
+        assert ev.take_profile(lib) is None
     assert ev.no_ncu == "counters_not_permitted"
     ran = [ln for ln in (tmp_path / "argv.log").read_text().splitlines()[calls:] if "--version" not in ln]
     assert len(ran) == 1, ran
@@ -140,8 +151,8 @@ def test_the_pass_serves_the_keep_once_and_a_pass_that_cannot_serve_leaves_the_t
 
 def test_a_pass_that_reached_its_launch_cap_leaves_the_launch_to_the_trace(on_path, tmp_path, monkeypatch):
     """The pass profiles CALL_LAUNCHES_MAX launches of a call at most: a report that reached the cap may have left
-    launches unseen, so the trace checks the launch (here the cap lowered to the report's one kernel; on this machine the
-    trace says there is no GPU); the report still serves as the keep's profile."""
+    launches unseen, so the trace checks the launch (here the cap lowered to the report's one kernel; traced() says what
+    the trace answers on each machine); the report still serves as the keep's profile."""
     import tools.profile.ncu as ncu
     monkeypatch.setattr(ncu, "CALL_LAUNCHES_MAX", 1)
     on_path()
@@ -149,8 +160,7 @@ def test_a_pass_that_reached_its_launch_cap_leaves_the_launch_to_the_trace(on_pa
     lib = tmp_path / "libattention_fwd.so"
     lib.write_bytes(b"not loaded")
     ev = Evaluator(task, tmp_path / "build", h200(), scratch_root=tmp_path / "scratch")
-    res = ev.verify_launch(lib, plan(), StageTimes(), profile=(tmp_path, 1))
-    assert res.status == LaunchStatus.not_applicable and "no CUDA GPU" in res.message
+    traced(lambda: ev.verify_launch(lib, plan(), StageTimes(), profile=(tmp_path, 1)))
     assert "--launch-count 1" in (tmp_path / "argv.log").read_text()
     rep = ev.take_profile(lib)
     assert rep is not None and [k.name for k in rep.kernels] == [KERNEL]
