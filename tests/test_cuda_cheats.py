@@ -22,7 +22,7 @@ CHEATS = ROOT / "tests" / "fixtures" / "cuda_cheats" / "softmax"
 NAMES = sorted(p.stem for p in CHEATS.glob("*.cu"))
 ATTENTION = ROOT / "tests" / "fixtures" / "cuda_cheats" / "attention"
 ATT_NAMES = sorted(p.stem for p in ATTENTION.glob("*.cu"))
-FIRST = r"// CHEAT \((range|precision|memcheck|race|shared-state|output-state|stale-input), issue 40\): "
+FIRST = r"// CHEAT \((range|precision|memcheck|race|shared-state|output-state|stale-input), issue (40|66)\): "
 
 
 def test_every_adversary_says_what_it_is_and_is_in_the_device_run():

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from tools.judge import sanitize
-from tools.task import load_task
+from tools.judge import sanitize, sanitize_shapes
+from tools.task import load_task, shape_size
 
 ROOT = Path(__file__).resolve().parents[1]
 CHEATS = ROOT / "tests" / "fixtures" / "cuda_cheats" / "softmax"
@@ -57,17 +57,47 @@ def test_a_wrapped_host_computes_then_ends_on_its_own(tmp_path):
 
 def test_memcheck_takes_small_shapes_and_the_tails():
     task = load_task(ROOT / "kernels" / "softmax")
-    got = sanitize.shapes(task.spec, task.module(), random.Random(7))
-    assert 10 <= len(got) <= sanitize.MAX_SHAPES
+    got = sanitize_shapes.shapes(task.spec, task.module(), random.Random(7))
+    assert 10 <= len(got) <= sanitize_shapes.MAX_SHAPES
     sizes = [s["M"] * s["N"] for s, _ in got]
-    assert max(sizes) <= sanitize.MAX_ELEMENTS
+    assert max(sizes) <= sanitize_shapes.MAX_ELEMENTS
     labels = [label for _, label in got]
-    assert "M=333,N=4097" in labels and "M=4096,N=1000" in labels   # listed shapes with ragged rows
-    assert "M=8192,N=4096" not in labels                               # the largest left to parity
+    assert "M=333,N=4097" in labels and "shrunk M=2048,N=1000" in labels   # listed shapes with ragged rows
+    assert "shrunk M=512,N=4096" in labels and "M=8192,N=4096" not in labels   # the largest: its rows as they are
     assert any(label.startswith("hidden ") for label in labels)
     tails = {s["N"] for s, label in got if label.startswith("range ")}
     assert {1, 2, 3} <= tails                                           # rows shorter than a vector
     assert len(set(labels)) == len(labels)
+
+
+def test_memcheck_shrinks_a_large_shape_to_its_rows_and_racecheck_takes_the_extremes_with_fewest_rows():
+    """memcheck's cost goes with a call's work (attention's B=8,H=16,S=2048: 4 s of its 6-7 s on an H200); what it
+    looks for, an access past an allocation's end, the last head of a smaller batch of the same rows reaches the same
+    way. So a listed shape past MAX_ELEMENTS is checked with its reductions as they are and the other [dims] halved:
+    every listed reduction length is still checked, the shapes within the budget as they are. racecheck's cost goes
+    with the blocks (B=33,H=31,S=1 took 5.4 s): its extremes are those with the fewest rows."""
+    task = load_task(ROOT / "kernels" / "attention_fwd")
+    spec, mod = task.spec, task.module()
+    for seed in range(4):
+        got = sanitize_shapes.shapes(spec, mod, random.Random(seed))
+        assert all(shape_size(s) <= sanitize_shapes.MAX_ELEMENTS for s, _ in got)
+        assert {s["S"] for s in spec.shapes} <= {s["S"] for s, _ in got}          # S = 2048 among them
+        labels = [label for _, label in got]
+        assert "shrunk B=4,H=4,S=2048,D=64,causal=0" in labels and "shrunk B=8,H=8,S=512,D=64,causal=0" in labels
+        assert "B=4,H=16,S=512,D=64,causal=1" in labels and "B=2,H=4,S=333,D=64,causal=1" in labels   # as listed
+        race = sanitize_shapes.shapes(spec, mod, random.Random(seed), sanitize_shapes.RACE_SHAPES, sanitize_shapes.RACE_ELEMENTS)
+        ranged = [sanitize_shapes.rows(spec, s) for s, label in race if label.startswith("range ")]
+        assert ranged == sorted(ranged) and ranged[0] == 1 and max(ranged) < 33 * 31, race
+    # both directions of shrunk(): the reductions never change; where they alone are past the budget, no shape
+    big = {"B": 8, "H": 16, "S": 2048, "D": 64, "causal": 1}
+    small = sanitize_shapes.shrunk(spec, big, 1 << 21)
+    assert small == {"B": 4, "H": 4, "S": 2048, "D": 64, "causal": 1}
+    assert sanitize_shapes.shrunk(spec, {"B": 33, "H": 1, "S": 4096, "D": 64, "causal": 0}, 1 << 21) == \
+        {"B": 5, "H": 1, "S": 4096, "D": 64, "causal": 0}       # halved rounded up: an odd count stays odd here
+    assert sanitize_shapes.shrunk(spec, {"B": 1, "H": 2, "S": 65536, "D": 64, "causal": 0}, 1 << 21) is None
+    soft = load_task(ROOT / "kernels" / "softmax").spec
+    assert sanitize_shapes.shrunk(soft, {"M": 8192, "N": 4096}, 1 << 21) == {"M": 512, "N": 4096}
+    assert sanitize_shapes.rows(soft, {"M": 7, "N": 100}) == 7 and sanitize_shapes.rows(spec, big) == 128
 
 
 def test_the_parser_quotes_the_first_invalid_access():
@@ -173,6 +203,32 @@ def test_memcheck_fails_an_access_past_an_end_and_passes_the_honest_kernel(tmp_p
         assert "Invalid __global__" in par.message
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not _gpu(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("name", ["long_rows_prefetch", None])
+def test_memcheck_sees_a_read_past_a_tensor_whose_size_is_a_whole_allocation(tmp_path, name):
+    """attention's K at B=4,H=4,S=2048 is 2 MiB, a whole allocation: a read past its end (long_rows_prefetch's last
+    prefetch, only on rows of S >= 1024) lands in the next tensor's, where memcheck, which checks addresses and not
+    owners, saw a valid access on an H200 until memcheck padded every allocation (sanitize.PADDING). The S = 2048 shape
+    is checked shrunk (sanitize_shapes.shrunk): its rows as listed, and the read past the last head's K still caught."""
+    from tools.build.build import build
+    from tools.judge.candidate import run_candidate
+    d = tmp_path / "attention_fwd"
+    shutil.copytree(ROOT / "kernels" / "attention_fwd", d, ignore=shutil.ignore_patterns("__pycache__"))
+    if name is not None:
+        shutil.copy(ROOT / "tests" / "fixtures" / "cuda_cheats" / "attention" / f"{name}.cu", d / "attention.cu")
+    task = load_task(d)
+    b = build(task, tmp_path / "b")
+    assert b.status.value == "ok", b.message
+    _, par, _, _ = run_candidate(task, Path(b.lib_path), None, parity_extent="quick", memcheck=True,
+                                 scratch_root=tmp_path / "s")
+    assert par.memcheck is not None and par.memcheck.seconds > 0
+    if name is None:
+        assert par.status.value == "ok" and par.memcheck.status == "ok", par.message
+    else:
+        assert par.status.value == "invalid_access" and "S=2048" in par.message, par.message
+
+
 def test_the_parser_quotes_the_first_race_and_counts_racechecks_errors_not_its_warnings():
     text = (ROOT / "tests" / "fixtures" / "sanitizer" / "racecheck_shared_red_reuse.log").read_text()
     n, first = sanitize.parse_log(text)
@@ -187,11 +243,13 @@ def test_the_parser_quotes_the_first_race_and_counts_racechecks_errors_not_its_w
 def test_racecheck_takes_the_small_shapes_and_runs_only_where_shared_memory_is_used():
     from tools.judge.judge import uses_shared_memory
     task = load_task(ROOT / "kernels" / "softmax")
-    got = sanitize.shapes(task.spec, task.module(), random.Random(7), sanitize.RACE_SHAPES, sanitize.RACE_ELEMENTS)
-    assert 1 <= len(got) <= sanitize.RACE_SHAPES
-    assert all(s["M"] * s["N"] <= sanitize.RACE_ELEMENTS for s, _ in got)
+    got = sanitize_shapes.shapes(task.spec, task.module(), random.Random(7), sanitize_shapes.RACE_SHAPES, sanitize_shapes.RACE_ELEMENTS)
+    assert 1 <= len(got) <= sanitize_shapes.RACE_SHAPES
+    assert all(s["M"] * s["N"] <= sanitize_shapes.RACE_ELEMENTS for s, _ in got)
     cmd = sanitize.command("compute-sanitizer", Path("r.log"), "racecheck")
-    assert cmd[cmd.index("--tool") + 1] == "racecheck" and "--leak-check" not in cmd
+    assert cmd[cmd.index("--tool") + 1] == "racecheck" and "--leak-check" not in cmd and "--padding" not in cmd
+    mem = sanitize.command("compute-sanitizer", Path("m.log"))     # every allocation padded as parity's guard is
+    assert int(mem[mem.index("--padding") + 1]) >= 1 << 16
     plain = {"kernels": [{"name": "k", "smem_static_bytes": 0}]}
     no_dyn = {"ok": True, "launches": [{"kernel": "k", "smem_dynamic_bytes": 0}]}
     assert not uses_shared_memory(plain, no_dyn)

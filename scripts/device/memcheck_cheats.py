@@ -1,13 +1,14 @@
-"""compute-sanitizer memcheck on each CUDA adversary of tests/fixtures/cuda_cheats/softmax/ and on the honest kernels
-(issue 40), on the GPU box:
+"""compute-sanitizer memcheck on each CUDA adversary of tests/fixtures/cuda_cheats/softmax/ (and attention/, by name) and
+on the honest kernels (issue 40), on the GPU box:
 
     python scripts/device/memcheck_cheats.py [NAME ...]     # from the repo root; NAME: a file stem or "honest" (the
                                                             # honest kernels); none: every file and the honest ones
 
-Each file replaces kernels/softmax/softmax.cu in a copy of the task, is built by the product's build and goes through
+Each file replaces kernels/softmax/softmax.cu (an attention/ one: kernels/attention_fwd/attention.cu) in a copy of the task, is built by the product's build and goes through
 the judge's candidate check as `agent check` runs it (tools.judge.candidate.run_candidate: parity with every shape,
 then memcheck, then the bench), and the honest kernels beside them: the committed softmax, its VEC 8 move, and the
-committed attention tasks. Prints one line per kernel (parity, memcheck, its seconds) and writes
+committed attention tasks. Prints one line per kernel (parity, memcheck and racecheck: their seconds, their slowest
+shape) and writes
 $OUT/memcheck_cheats.json; also $OUT/memcheck_raw.log, the sanitizer's own report on tail_rmw (the parser's test
 fixture, tests/fixtures/sanitizer/).
 """
@@ -33,11 +34,14 @@ from tools.task import load_task   # noqa: E402
 
 CHEATS = REPO / "tests" / "fixtures" / "cuda_cheats" / "softmax"
 SOFTMAX = REPO / "kernels" / "softmax"
+ATTENTION_CHEATS = REPO / "tests" / "fixtures" / "cuda_cheats" / "attention"   # by name only (a loop runs them all:
+ATTENTION = REPO / "kernels" / "attention_fwd"                                 # scripts/device/verify_attention.py)
 
 
 def variants(names: list[str]) -> list[tuple[str, Path, str | None, bool]]:
     """(name, task folder, replacement source or None, honest)."""
     out = [(cu.stem, SOFTMAX, str(cu), False) for cu in sorted(CHEATS.glob("*.cu")) if not names or cu.stem in names]
+    out += [(cu.stem, ATTENTION, str(cu), False) for cu in sorted(ATTENTION_CHEATS.glob("*.cu")) if cu.stem in names]
     if not names or "honest" in names:
         vec8 = re.sub(r"#define VEC 1\b", "#define VEC 8", (SOFTMAX / "softmax.cu").read_text())
         out += [("softmax (committed)", SOFTMAX, None, True), ("softmax VEC 8", SOFTMAX, vec8, True),
@@ -84,10 +88,15 @@ def main() -> int:
             if name == "tail_rmw":
                 raw_log(Path(b.lib_path), out)
         rows.append(row)
-        m = row.get("memcheck") or {}
+        if b.status.value == "ok":
+            row["racecheck"] = par.racecheck.model_dump(mode="json") if par.racecheck else None
+        m, r = row.get("memcheck") or {}, row.get("racecheck") or {}
         print(f"{name:26s} parity: {row.get('parity', {}).get('status', b.status.value):15s} memcheck: "
-              f"{m.get('status', '-'):8s} {m.get('seconds', 0):6.1f}s {m.get('shapes', 0):3d} shapes  "
-              f"{(m.get('message') or row.get('parity', {}).get('message') or b.message)[:200]}", flush=True)
+              f"{m.get('status', '-'):8s} {m.get('seconds', 0):6.1f}s {m.get('shapes', 0):3d} shapes (slowest "
+              f"{m.get('slowest_shape') or '-'} {(m.get('steps') or {}).get('slowest', 0):.2f}s) racecheck: "
+              f"{r.get('status', '-'):8s} {r.get('seconds', 0):6.1f}s (slowest {r.get('slowest_shape') or '-'} "
+              f"{(r.get('steps') or {}).get('slowest', 0):.2f}s)  "
+              f"{(row.get('parity', {}).get('message') or b.message)[:200]}", flush=True)
     import torch
     dev = torch.cuda.get_device_name() if torch.cuda.is_available() else "no CUDA device"
     (out / "memcheck_cheats.json").write_text(json.dumps({"device": dev, "rows": rows}, indent=2))

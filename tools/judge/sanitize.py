@@ -21,8 +21,9 @@ parity and joins them after it (Sanitizing): their start-up runs while parity do
 
 racecheck (the same host, `--tool racecheck`): where the kernel uses shared memory (ptxas' static bytes or a launch's
 dynamic bytes), after memcheck, on the small shapes alone (it instruments every shared-memory access): the smallest
-listed shape, then the smallest [dims] extremes, RACE_SHAPES in all, none past RACE_ELEMENTS. A read and a write of the same shared-memory word by threads of one block
-with no barrier between (a `__syncthreads()` dropped as "redundant", one buffer reused for two reductions) is right
+listed shape, then the [dims] extremes with the fewest rows (its cost goes with the blocks: rows()), RACE_SHAPES in
+all, none past RACE_ELEMENTS. A read and a write of the same shared-memory word by threads of one block with no barrier
+between (a `__syncthreads()` dropped as "redundant", one buffer reused for two reductions) is right
 whenever the scheduler happens to order them, which in a test it usually does: the race fails the candidate
 (parity's `race`) with the sanitizer's first report quoted. Its warnings (hazards whose outcome cannot differ) do
 not.
@@ -38,12 +39,14 @@ import shutil
 import time
 from pathlib import Path
 
-MAX_SHAPES = 24            # the candidate's calls under the sanitizer (each one instrumented, its buffers cudaMalloc'ed)
-MAX_ELEMENTS = 1 << 24     # the largest shape checked: the product of its dimensions
+from tools.judge.sanitize_shapes import RACE_ELEMENTS, RACE_SHAPES, shapes   # which shapes each check calls
+
 TIMEOUT_S = 240.0          # the memcheck's share of the confirmation child's budget (tools/judge/candidate.py)
 ERROR_EXIT = 86            # the sanitizer's exit code when it reported an error
-RACE_SHAPES = 4            # racecheck's calls (8 took attention's scalar path 25 s under it on an H200)
-RACE_ELEMENTS = 1 << 20    # racecheck's largest shape
+# memcheck's padding after every allocation, as parity's guard: without it a read past the end of a tensor whose size is
+# a multiple of the allocation granularity (attention's K at B=4,H=4,S=2048: 2 MiB) lands in the next tensor (V), and
+# memcheck, which checks addresses and not owners, sees a valid access (long_rows_prefetch.cu passed it so on an H200)
+PADDING = 1 << 16
 
 
 ALLOW_ENV = "AGENT_ALLOW_UNCHECKED"     # the checks a user lets a kept kernel go without: "memcheck,racecheck"
@@ -71,7 +74,8 @@ def find_sanitizer() -> str | None:
 def command(tool: str, log: Path, check: str = "memcheck") -> list[str]:
     """The wrapper for the host's command line: memcheck (or racecheck), its report in `log`, exit code ERROR_EXIT
     on an error."""
-    only = ["--leak-check", "no"] if check == "memcheck" else ["--racecheck-report", "analysis"]
+    only = ["--leak-check", "no", "--padding", str(PADDING)] if check == "memcheck" else \
+        ["--racecheck-report", "analysis"]
     return [tool, "--tool", check, *only, "--report-api-errors", "no", "--print-limit", "20",
             "--error-exitcode", str(ERROR_EXIT), "--log-file", str(log)]
 
@@ -79,30 +83,6 @@ def command(tool: str, log: Path, check: str = "memcheck") -> list[str]:
 def environment() -> dict[str, str]:
     """The host's environment under the sanitizer: every tensor its own allocation of its exact size."""
     return {"PYTORCH_NO_CUDA_MEMORY_CACHING": "1"}
-
-
-def shapes(spec, mod, rng: random.Random, most: int = MAX_SHAPES, largest: int = MAX_ELEMENTS) -> list[tuple[dict, str]]:
-    """(shape, label) checked under memcheck: the listed and hidden shapes up to `largest` elements, then the [dims]
-    extremes under it (short rows and tails first: where an access runs past an end), at most `most`."""
-    from tools.measure.ranges import range_shapes
-    from tools.task import shape_label, shape_size
-    out: list[tuple[dict, str]] = [(dict(s), "") for s in spec.shapes]
-    if spec.parity.hidden_shapes and hasattr(mod, "hidden_shapes"):
-        out += [(dict(s), "hidden ") for s in list(mod.hidden_shapes(random.Random(rng.getrandbits(32))))
-                [:spec.parity.hidden_shapes]]
-    extremes = [s for s, _ in range_shapes(spec, mod, random.Random(rng.getrandbits(32)))]
-    out += [(s, "range ") for s in sorted(extremes, key=shape_size)]
-    seen, keep = set(), []
-    for s, kind in out:
-        key = tuple(sorted(s.items()))
-        if key in seen or shape_size(s) > largest:
-            continue
-        seen.add(key)
-        keep.append((s, kind + shape_label(s)))
-    if most < MAX_SHAPES:   # racecheck: the smallest listed shape (several tiles, several warps), then the extremes
-        listed = sorted((k for k in keep if not k[1].startswith("range ")), key=lambda k: shape_size(k[0]))
-        keep = listed[:1] + [k for k in keep if k[1].startswith("range ")]
-    return keep[:most]
 
 
 def _ender(halt, host):
