@@ -181,6 +181,7 @@ def test_a_keeps_pass_makes_its_context_beside_the_confirmation_and_a_failed_one
     pids = tmp_path / "wrapper.pids"
     san = tmp_path / "fake-sanitizer"
     san.write_text("#!/bin/bash\n"
+                   '[ "$1" = --help ] && { echo "  --padding arg (=0)"; exit 0; }   # what it takes (sanitize.padded)\n'
                    f'while [ $# -gt 0 ] && [ "$1" != "{__import__("sys").executable}" ]; do shift; done\n'
                    f'echo $$ >> {pids}\nexec "$@"\n')
     san.chmod(0o755)

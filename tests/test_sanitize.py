@@ -85,9 +85,12 @@ def test_memcheck_shrinks_a_large_shape_to_its_rows_and_racecheck_takes_the_extr
         labels = [label for _, label in got]
         assert "shrunk B=4,H=4,S=2048,D=64,causal=0" in labels and "shrunk B=8,H=8,S=512,D=64,causal=0" in labels
         assert "B=4,H=16,S=512,D=64,causal=1" in labels and "B=2,H=4,S=333,D=64,causal=1" in labels   # as listed
-        race = sanitize_shapes.shapes(spec, mod, random.Random(seed), sanitize_shapes.RACE_SHAPES, sanitize_shapes.RACE_ELEMENTS)
-        ranged = [sanitize_shapes.rows(spec, s) for s, label in race if label.startswith("range ")]
-        assert ranged == sorted(ranged) and ranged[0] == 1 and max(ranged) < 33 * 31, race
+        race = sanitize_shapes.shapes(spec, mod, random.Random(seed), sanitize_shapes.RACE_SHAPES,
+                                      sanitize_shapes.RACE_ELEMENTS, sanitize_shapes.RACE_ELEMENTS)
+        ranged = [(s, sanitize_shapes.rows(spec, s)) for s, label in race if label.startswith("range ")]
+        assert ranged and max(n for _, n in ranged) <= sanitize_shapes.RACE_ROWS, race    # not B=33,H=31,S=1
+        assert [shape_size(s) for s, _ in ranged] == sorted(shape_size(s) for s, _ in ranged), race
+        assert not race[0][1].startswith(("range ", "shrunk ")), race    # a listed or hidden shape as it is listed
     # both directions of shrunk(): the reductions never change; where they alone are past the budget, no shape
     big = {"B": 8, "H": 16, "S": 2048, "D": 64, "causal": 1}
     small = sanitize_shapes.shrunk(spec, big, 1 << 21)
@@ -95,9 +98,35 @@ def test_memcheck_shrinks_a_large_shape_to_its_rows_and_racecheck_takes_the_extr
     assert sanitize_shapes.shrunk(spec, {"B": 33, "H": 1, "S": 4096, "D": 64, "causal": 0}, 1 << 21) == \
         {"B": 5, "H": 1, "S": 4096, "D": 64, "causal": 0}       # halved rounded up: an odd count stays odd here
     assert sanitize_shapes.shrunk(spec, {"B": 1, "H": 2, "S": 65536, "D": 64, "causal": 0}, 1 << 21) is None
+    soft_task = load_task(ROOT / "kernels" / "softmax")    # its hidden shapes may be past racecheck's budget: shrunk
+    for seed in range(4):
+        race = sanitize_shapes.shapes(soft_task.spec, soft_task.module(), random.Random(seed),
+                                      sanitize_shapes.RACE_SHAPES, sanitize_shapes.RACE_ELEMENTS,
+                                      sanitize_shapes.RACE_ELEMENTS)
+        assert not race[0][1].startswith(("range ", "shrunk ")), race
+    floor = spec.model_copy(update={"dims": {**spec.dims, "B": spec.dims["B"].model_copy(update={"min": 8})}})
+    assert sanitize_shapes.shrunk(floor, big, 1 << 21) == {"B": 8, "H": 2, "S": 2048, "D": 64, "causal": 1}  # B >= min
+
+    class Sixteens:   # a task whose valid_shape() takes 16 heads or more only: the shape is checked whole instead
+        valid_shape = staticmethod(lambda shape: shape["H"] >= 16)
+    assert sanitize_shapes.fit(spec, Sixteens, big, "", 1 << 21, 1 << 24) == (big, "")
+    assert sanitize_shapes.fit(spec, mod, big, "", 1 << 21, 1 << 24) == (small, "shrunk ")
+    assert sanitize_shapes.fit(spec, Sixteens, {**big, "B": 9}, "", 1 << 21, 1 << 24) == (None, "")   # past both
     soft = load_task(ROOT / "kernels" / "softmax").spec
     assert sanitize_shapes.shrunk(soft, {"M": 8192, "N": 4096}, 1 << 21) == {"M": 512, "N": 4096}
     assert sanitize_shapes.rows(soft, {"M": 7, "N": 100}) == 7 and sanitize_shapes.rows(spec, big) == 128
+    # a task that does not say which lengths are reductions (an imported or `agent init` one: [dims] without
+    # `reduction`, or no [dims]) is not shrunk: its listed shapes whole up to WHOLE_ELEMENTS, as before shrinking
+    unmarked = spec.model_copy(update={"dims": {d: r.model_copy(update={"reduction": False})
+                                                for d, r in spec.dims.items()}})
+    for other in (unmarked, spec.model_copy(update={"dims": {}})):
+        assert sanitize_shapes.shrunk(other, big, 1 << 21) is None
+        labels = [label for _, label in sanitize_shapes.shapes(other, mod, random.Random(1))]
+        assert "B=8,H=16,S=2048,D=64,causal=0" in labels and "B=32,H=8,S=512,D=64,causal=0" in labels
+        assert not any(label.startswith("shrunk ") for label in labels)
+        race = sanitize_shapes.shapes(other, mod, random.Random(1), sanitize_shapes.RACE_SHAPES,
+                                      sanitize_shapes.RACE_ELEMENTS, sanitize_shapes.RACE_ELEMENTS)
+        assert all(shape_size(s) <= sanitize_shapes.RACE_ELEMENTS for s, _ in race)
 
 
 def test_the_parser_quotes_the_first_invalid_access():
@@ -240,16 +269,22 @@ def test_the_parser_quotes_the_first_race_and_counts_racechecks_errors_not_its_w
     assert sanitize.parse_log(warned) == (0, "")
 
 
-def test_racecheck_takes_the_small_shapes_and_runs_only_where_shared_memory_is_used():
+def test_racecheck_takes_the_small_shapes_and_runs_only_where_shared_memory_is_used(tmp_path):
     from tools.judge.judge import uses_shared_memory
     task = load_task(ROOT / "kernels" / "softmax")
-    got = sanitize_shapes.shapes(task.spec, task.module(), random.Random(7), sanitize_shapes.RACE_SHAPES, sanitize_shapes.RACE_ELEMENTS)
+    got = sanitize_shapes.shapes(task.spec, task.module(), random.Random(7), sanitize_shapes.RACE_SHAPES,
+                                 sanitize_shapes.RACE_ELEMENTS, sanitize_shapes.RACE_ELEMENTS)
     assert 1 <= len(got) <= sanitize_shapes.RACE_SHAPES
     assert all(s["M"] * s["N"] <= sanitize_shapes.RACE_ELEMENTS for s, _ in got)
     cmd = sanitize.command("compute-sanitizer", Path("r.log"), "racecheck")
     assert cmd[cmd.index("--tool") + 1] == "racecheck" and "--leak-check" not in cmd and "--padding" not in cmd
-    mem = sanitize.command("compute-sanitizer", Path("m.log"))     # every allocation padded as parity's guard is
-    assert int(mem[mem.index("--padding") + 1]) >= 1 << 16
+    for takes in (True, False):   # every allocation padded as parity's guard is, where the tool takes --padding
+        tool = tmp_path / f"sanitizer-{takes}"
+        tool.write_text("#!/bin/sh\necho '  --padding arg (=0)   Size in bytes for padding buffer'\n" if takes else
+                        "#!/bin/sh\necho '  --leak-check arg'\n")
+        tool.chmod(0o755)
+        mem = sanitize.command(str(tool), Path("m.log"))
+        assert (int(mem[mem.index("--padding") + 1]) >= 1 << 16) if takes else "--padding" not in mem, mem
     plain = {"kernels": [{"name": "k", "smem_static_bytes": 0}]}
     no_dyn = {"ok": True, "launches": [{"kernel": "k", "smem_dynamic_bytes": 0}]}
     assert not uses_shared_memory(plain, no_dyn)
@@ -272,6 +307,7 @@ def _slow_wrapper(tmp_path: Path, delay: float) -> Path:
     """A stand-in for compute-sanitizer: takes its options, waits `delay` seconds (its start-up), runs the host."""
     exe = tmp_path / "fake-sanitizer"
     exe.write_text("#!/bin/bash\n"
+                   '[ "$1" = --help ] && { echo "  --padding arg (=0)"; exit 0; }   # what it takes (sanitize.padded)\n'
                    f'while [ $# -gt 0 ] && [ "$1" != "{sys.executable}" ]; do shift; done\n'
                    f"echo $$ >> {tmp_path}/wrapper.pids\nsleep {delay}\nexec \"$@\"\n")
     exe.chmod(0o755)

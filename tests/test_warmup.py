@@ -9,6 +9,8 @@ import os
 import shutil
 from pathlib import Path
 
+import pytest
+
 from tools.measure.warmup import job_waiting, wanted, warm_checks
 from tools.task import load_task
 
@@ -141,3 +143,28 @@ def test_the_judge_warms_parity_before_its_job_on_a_gpu_and_not_on_the_cpu(tmp_p
     else:
         out, err = _judge("kernels/matmul_cpu", tmp_path, None)
         assert "warm-up" not in err and "no library given" in out, (out, err)
+
+
+@pytest.mark.gpu
+def test_a_warm_up_that_loses_the_cuda_context_ends_the_child_before_its_job(tmp_path):
+    """A sticky CUDA error in the task's own code during the warm-up (here its reference indexes past its input on the
+    GPU: a device-side assert) leaves every later call in that process failing, the warm-up's own restoring of the
+    generators included: the child says so and ends without reading its job, so the agent gives the job to a cold
+    child (WarmChild.serves) and the candidate is not charged with the task's error. GPU only (the device); on the CPU
+    the judge does not warm."""
+    import torch
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    from tools.measure.warmup import LOST
+    task = tmp_path / "softmax"
+    shutil.copytree(Path(__file__).resolve().parents[1] / "kernels" / "softmax", task,
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    with open(task / "task.py", "a") as f:
+        f.write("\n\ndef reference(shape, x):   # the test's: a device-side assert, sticky\n"
+                "    import torch\n    return x[torch.tensor([x.shape[0] + 7], device=x.device)]\n")
+    work = tmp_path / "work"
+    work.mkdir()
+    out, err = _judge(str(task), work, "warm-up:")
+    assert LOST in err and "stopped:" in err, err
+    assert out.strip() == "", out          # no answer: the job line was never read
+

@@ -10,7 +10,7 @@
 # `git archive -o BEFORE.tar COMMIT`, carried) where given, then with this checkout's. $OUT/summary.txt: per iteration
 # its decision, wall, stage seconds, and for a kept one what its parity's sanitizers took and where its launch
 # geometry came from (the Nsight Compute pass that is also the profile, or the torch trace), its parity checks'
-# seconds (how many, in all, the five slowest).
+# seconds (how many, in all, the five slowest, and by kind: listed, hidden, range, values, views, wide).
 set -u
 [ $# -ge 1 ] || { echo "usage: bash scripts/device/kept_walls.sh attn|one|sm [BEFORE.tar]" >&2; exit 2; }
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl >/dev/null 2>&1
@@ -58,6 +58,14 @@ for line in (run / "iterations.jsonl").read_text().splitlines():
         checks = sorted(p.get("checks") or [], key=lambda c: -(c.get("seconds") or 0))
         print(f"    parity checks: {len(checks)} in {sum(c.get('seconds') or 0 for c in checks):.2f} s; the slowest:",
               ", ".join(f"{c.get('label')} {c.get('dist')} {c.get('seconds') or 0:.2f}" for c in checks[:5]))
+        kinds = {}      # by kind (the label's first word where it names one: range, values, wide, ...; else listed)
+        for c in checks:
+            word = (c.get("label") or "").split(" ")[0]
+            kind = word if word and "=" not in word else "listed"
+            n, sec = kinds.get(kind, (0, 0.0))
+            kinds[kind] = (n + 1, sec + (c.get("seconds") or 0))
+        print("    parity by kind (checks, s):", {k: (n, round(sec, 2)) for k, (n, sec) in
+                                                  sorted(kinds.items(), key=lambda kv: -kv[1][1])})
 PY
 }
 if [ $# -ge 2 ]; then

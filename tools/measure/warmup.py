@@ -93,7 +93,10 @@ def warm_checks(task, mod, seconds: float = SECONDS, waiting=job_waiting) -> str
     finally:
         random.setstate(states[0])
         torch.random.set_rng_state(states[1])
-        if states[2] is not None:
-            torch.cuda.set_rng_state_all(states[2])
-            torch.cuda.empty_cache()
+        if states[2] is not None and LOST not in why:   # a lost context fails every CUDA call, these too
+            try:
+                torch.cuda.set_rng_state_all(states[2])
+                torch.cuda.empty_cache()
+            except Exception:
+                why += f"; {LOST}"
     return f"warm-up: {done} of parity's checks on {shape} in {time.monotonic() - t0:.2f} s{why}"
