@@ -203,13 +203,18 @@ def _gpu() -> bool:
         return False
 
 
-def _softmax_built(tmp_path, name: str | None):
-    """The softmax task with the adversary `name` as its kernel (None: the committed one), built: (task, library)."""
+ADVERSARIES = {"softmax": ("softmax", "softmax.cu"), "attention_fwd": ("attention", "attention.cu")}   # folder, file
+
+
+def _built(tmp_path, name: str | None, kernel: str = "softmax"):
+    """The task kernels/`kernel` with the adversary `name` (tests/fixtures/cuda_cheats/, ADVERSARIES) as its kernel
+    source (None: the committed one), built: (task, library)."""
     from tools.build.build import build
-    d = tmp_path / "softmax"
-    shutil.copytree(ROOT / "kernels" / "softmax", d, ignore=shutil.ignore_patterns("__pycache__"))
+    d = tmp_path / kernel
+    shutil.copytree(ROOT / "kernels" / kernel, d, ignore=shutil.ignore_patterns("__pycache__"))
     if name is not None:
-        shutil.copy(CHEATS / f"{name}.cu", d / "softmax.cu")
+        folder, source = ADVERSARIES[kernel]
+        shutil.copy(CHEATS.parent / folder / f"{name}.cu", d / source)
     task = load_task(d)
     b = build(task, tmp_path / "b")
     assert b.status.value == "ok", b.message
@@ -221,7 +226,7 @@ def _softmax_built(tmp_path, name: str | None):
 @pytest.mark.parametrize("name", ["tail_rmw", "tail_overread", "rows_past_m", None])
 def test_memcheck_fails_an_access_past_an_end_and_passes_the_honest_kernel(tmp_path, name):
     from tools.judge.candidate import run_candidate
-    task, lib = _softmax_built(tmp_path, name)
+    task, lib = _built(tmp_path, name)
     _, par, _, _ = run_candidate(task, Path(lib), None, parity_extent="quick", memcheck=True,
                               scratch_root=tmp_path / "s")
     assert par.memcheck is not None and par.memcheck.seconds > 0
@@ -240,16 +245,9 @@ def test_memcheck_sees_a_read_past_a_tensor_whose_size_is_a_whole_allocation(tmp
     prefetch, only on rows of S >= 1024) lands in the next tensor's, where memcheck, which checks addresses and not
     owners, saw a valid access on an H200 until memcheck padded every allocation (sanitize.PADDING). The S = 2048 shape
     is checked shrunk (sanitize_shapes.shrunk): its rows as listed, and the read past the last head's K still caught."""
-    from tools.build.build import build
     from tools.judge.candidate import run_candidate
-    d = tmp_path / "attention_fwd"
-    shutil.copytree(ROOT / "kernels" / "attention_fwd", d, ignore=shutil.ignore_patterns("__pycache__"))
-    if name is not None:
-        shutil.copy(ROOT / "tests" / "fixtures" / "cuda_cheats" / "attention" / f"{name}.cu", d / "attention.cu")
-    task = load_task(d)
-    b = build(task, tmp_path / "b")
-    assert b.status.value == "ok", b.message
-    _, par, _, _ = run_candidate(task, Path(b.lib_path), None, parity_extent="quick", memcheck=True,
+    task, lib = _built(tmp_path, name, "attention_fwd")
+    _, par, _, _ = run_candidate(task, Path(lib), None, parity_extent="quick", memcheck=True,
                                  scratch_root=tmp_path / "s")
     assert par.memcheck is not None and par.memcheck.seconds > 0
     if name is None:
@@ -297,7 +295,7 @@ def test_racecheck_takes_the_small_shapes_and_runs_only_where_shared_memory_is_u
 @pytest.mark.skipif(not _gpu(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("name", ["shared_red_reuse", None])
 def test_racecheck_fails_a_shared_memory_race_and_passes_the_honest_kernel(tmp_path, name):
-    task, lib = _softmax_built(tmp_path, name)
+    task, lib = _built(tmp_path, name)
     res = sanitize.memcheck(task, task.module(), {"lib": lib}, tmp_path, 1, "racecheck")
     assert res["tool"] == "racecheck" and res["seconds"] > 0
     assert res["status"] == ("ok" if name is None else "failed"), res["message"]

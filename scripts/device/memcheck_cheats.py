@@ -1,16 +1,15 @@
-"""compute-sanitizer memcheck on each CUDA adversary of tests/fixtures/cuda_cheats/softmax/ (and attention/, by name) and
-on the honest kernels (issue 40), on the GPU box:
+"""compute-sanitizer memcheck on each CUDA adversary of tests/fixtures/cuda_cheats/softmax/ (and attention/, by
+name) and on the honest kernels (issue 40), on the GPU box:
 
     python scripts/device/memcheck_cheats.py [NAME ...]     # from the repo root; NAME: a file stem or "honest" (the
                                                             # honest kernels); none: every file and the honest ones
 
-Each file replaces kernels/softmax/softmax.cu (an attention/ one: kernels/attention_fwd/attention.cu) in a copy of the task, is built by the product's build and goes through
-the judge's candidate check as `agent check` runs it (tools.judge.candidate.run_candidate: parity with every shape,
-then memcheck, then the bench), and the honest kernels beside them: the committed softmax, its VEC 8 move, and the
-committed attention tasks. Prints one line per kernel (parity, memcheck and racecheck: their seconds, their slowest
-shape) and writes
-$OUT/memcheck_cheats.json; also $OUT/memcheck_raw.log, the sanitizer's own report on tail_rmw (the parser's test
-fixture, tests/fixtures/sanitizer/).
+Each file replaces kernels/softmax/softmax.cu (an attention/ one: kernels/attention_fwd/attention.cu) in a copy of
+the task, is built by the product's build and goes through the judge's candidate check as `agent check` runs it
+(tools.judge.candidate.run_candidate: parity with every shape, then memcheck, then the bench), and the honest kernels
+beside them: the committed softmax, its VEC 8 move, and the committed attention tasks. Prints one line per kernel
+(parity, memcheck and racecheck: their seconds, their slowest shape) and writes $OUT/memcheck_cheats.json; also
+$OUT/memcheck_raw.log, the sanitizer's own report on tail_rmw (the parser's test fixture, tests/fixtures/sanitizer/).
 """
 
 from __future__ import annotations

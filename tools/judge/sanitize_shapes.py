@@ -5,6 +5,7 @@ with the work a call does, racecheck's with the blocks it runs."""
 
 from __future__ import annotations
 
+import math
 import random
 
 MAX_SHAPES = 24            # the candidate's calls under the sanitizer (each one instrumented, its buffers cudaMalloc'ed)
@@ -66,17 +67,17 @@ def shrunk(spec, shape: dict, largest: int) -> dict | None:
     """`shape` within `largest` elements for memcheck, or None where it cannot be: its reduction dimensions as they
     are (the length an access runs along, its tail, the path a long row takes), the others of the task's [dims] halved
     (rounded up, never under their `min`), the largest first, until it fits. Halving may change those dimensions'
-    tails (B=6 becomes 3): the listed shapes that fit and the [dims] extremes keep theirs. memcheck's cost goes with the work a call does, O(S^2) on
-    attention's B=8,H=16,S=2048 (4 s of its 6-7 s on an H200), while what it looks for is an access past an end of
-    an allocation, which the last row (the last head) of a smaller batch of the same rows reaches the same way. What
-    a grid of that size alone takes is left to the listed shapes that fit (attention: B=4,H=16,S=512, 512 CTAs; softmax's
-    have 333 rows at most: its M=65536 and M=4096 rows are checked as 16384 and 2048).
+    tails (B=6 becomes 3): the listed shapes that fit and the [dims] extremes keep theirs. memcheck's cost goes with
+    the work a call does, O(S^2) on attention's B=8,H=16,S=2048 (4 s of its 6-7 s on an H200), while what it looks for
+    is an access past an end of an allocation, which the last row (the last head) of a smaller batch of the same rows
+    reaches the same way. What a grid of that size alone takes is left to the listed shapes that fit (attention:
+    B=4,H=16,S=512, 512 CTAs; softmax's have 333 rows at most: its M=65536 and M=4096 rows are checked as 16384 and
+    2048).
     None too where [dims] marks no reduction: which lengths an access runs along is then not known."""
     from tools.task import shape_size
     if not any(r.reduction for d, r in spec.dims.items() if d in shape):
         return None
-    out = dict(shape)
-    batch = [d for d, r in spec.dims.items() if not r.reduction and d in out]
+    out, batch = dict(shape), _batch(spec, shape)
     while shape_size(out) > largest:
         d = max((d for d in batch if (out[d] + 1) // 2 >= max(1, spec.dims[d].min) and out[d] > 1),
                 key=lambda d: out[d], default=None)
@@ -95,10 +96,10 @@ def rows(spec, shape: dict) -> int:
     extremes by size among those of at most RACE_ROWS rows (softmax's M=9 or 17 rows: a block of several rows keeps its
     tail), those with more after."""
     from tools.task import shape_size
-    batch = [d for d, r in spec.dims.items() if not r.reduction and d in shape]
-    if not batch:
-        return shape_size(shape)
-    n = 1
-    for d in batch:
-        n *= shape[d]
-    return n
+    batch = _batch(spec, shape)
+    return math.prod(shape[d] for d in batch) if batch else shape_size(shape)
+
+
+def _batch(spec, shape: dict) -> list[str]:
+    """`shape`'s dimensions that [dims] declares and does not mark as reductions."""
+    return [d for d, r in spec.dims.items() if not r.reduction and d in shape]
