@@ -276,13 +276,18 @@ def test_racecheck_takes_the_small_shapes_and_runs_only_where_shared_memory_is_u
     assert all(s["M"] * s["N"] <= sanitize_shapes.RACE_ELEMENTS for s, _ in got)
     cmd = sanitize.command("compute-sanitizer", Path("r.log"), "racecheck")
     assert cmd[cmd.index("--tool") + 1] == "racecheck" and "--leak-check" not in cmd and "--padding" not in cmd
-    for takes in (True, False):   # every allocation padded as parity's guard is, where the tool takes --padding
-        tool = tmp_path / f"sanitizer-{takes}"
-        tool.write_text("#!/bin/sh\necho '  --padding arg (=0)   Size in bytes for padding buffer'\n" if takes else
+    for takes in (True, False):   # every allocation padded as parity's guard is, where the tool takes --padding;
+        tool = tmp_path / f"sanitizer-{takes}"    # racecheck leaves torch's own kernels alone where it can be told to
+        tool.write_text("#!/bin/sh\necho '  --padding arg (=0)   Size in bytes for padding buffer'\n"
+                        "echo '  --kernel-name-exclude arg     key1=val1'\n" if takes else
                         "#!/bin/sh\necho '  --leak-check arg'\n")
         tool.chmod(0o755)
         mem = sanitize.command(str(tool), Path("m.log"))
         assert (int(mem[mem.index("--padding") + 1]) >= 1 << 16) if takes else "--padding" not in mem, mem
+        race = sanitize.command(str(tool), Path("r.log"), "racecheck")
+        excluded = [race[i + 1] for i, a in enumerate(race) if a == "--kernel-name-exclude"]
+        assert excluded == (["kns=2at6native", "kns=at_cuda_detail"] if takes else []), race
+        assert "--kernel-name-exclude" not in mem, mem    # memcheck: every kernel, torch's too
     plain = {"kernels": [{"name": "k", "smem_static_bytes": 0}]}
     no_dyn = {"ok": True, "launches": [{"kernel": "k", "smem_dynamic_bytes": 0}]}
     assert not uses_shared_memory(plain, no_dyn)

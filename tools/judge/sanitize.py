@@ -35,11 +35,11 @@ import functools
 import itertools
 import os
 import random
-import re
 import shutil
 import time
 from pathlib import Path
 
+from tools.judge.sanitize_report import WHAT, parse_log   # what a report says
 from tools.judge.sanitize_shapes import RACE_ELEMENTS, RACE_SHAPES, shapes   # which shapes each check calls
 
 TIMEOUT_S = 240.0          # the memcheck's share of the confirmation child's budget (tools/judge/candidate.py)
@@ -49,6 +49,13 @@ ERROR_EXIT = 86            # the sanitizer's exit code when it reported an error
 # memcheck, which checks addresses and not owners, sees a valid access (long_rows_prefetch.cu passed it so on an H200)
 PADDING = 1 << 16
 
+
+# racecheck leaves PyTorch's own kernels alone (substrings of their mangled names: at::native, and the cub torch
+# builds as at_cuda_detail): the host's copies, fills and comparisons around each call are not the candidate's, and
+# under the tool every shared-memory access of theirs was tracked too. A kernel the candidate builds is checked
+# whatever it is named, unless it is put in PyTorch's own namespaces. memcheck checks every kernel: a torch kernel that
+# an extension hands a bad pointer reads outside its tensors on the candidate's account.
+TORCH_KERNELS = ("2at6native", "at_cuda_detail")
 
 ALLOW_ENV = "AGENT_ALLOW_UNCHECKED"     # the checks a user lets a kept kernel go without: "memcheck,racecheck"
 
@@ -76,21 +83,27 @@ def command(tool: str, log: Path, check: str = "memcheck") -> list[str]:
     """The wrapper for the host's command line: memcheck (or racecheck), its report in `log`, exit code ERROR_EXIT
     on an error."""
     pad = ["--padding", str(PADDING)] if padded(tool) else []
-    only = ["--leak-check", "no", *pad] if check == "memcheck" else ["--racecheck-report", "analysis"]
+    torch_own = [a for k in TORCH_KERNELS for a in ("--kernel-name-exclude", f"kns={k}")] \
+        if "--kernel-name-exclude" in help_text(tool) else []
+    only = ["--leak-check", "no", *pad] if check == "memcheck" else ["--racecheck-report", "analysis", *torch_own]
     return [tool, "--tool", check, *only, "--report-api-errors", "no", "--print-limit", "20",
             "--error-exitcode", str(ERROR_EXIT), "--log-file", str(log)]
 
 
 @functools.cache
+def help_text(tool: str) -> str:
+    """This compute-sanitizer's `--help` ("" where it does not answer): which options it takes."""
+    import subprocess
+    try:
+        return subprocess.run([tool, "--help"], capture_output=True, text=True, timeout=60).stdout
+    except (OSError, subprocess.SubprocessError):
+        return ""
+
+
 def padded(tool: str) -> bool:
     """Whether this compute-sanitizer takes `--padding` (2025.3.1 on the H200 does): one that does not would refuse
     to start with it, so memcheck runs unpadded there, and its result says so."""
-    import subprocess
-    try:
-        out = subprocess.run([tool, "--help"], capture_output=True, text=True, timeout=60).stdout
-    except (OSError, subprocess.SubprocessError):
-        return False
-    return "--padding" in out
+    return "--padding" in help_text(tool)
 
 
 def environment() -> dict[str, str]:
@@ -111,39 +124,6 @@ def _ender(halt, host):
     t = threading.Thread(target=watch, daemon=True, name=f"sanitizer-halt-{host.proc.pid}")
     t.start()
     return t
-
-
-# "========= Invalid __global__ read of size 16 bytes" and the lines under it, up to the next "=========" blank
-_ERROR = re.compile(r"^=+ (Invalid |Misaligned |Out-of-range |Malloc/Free error|Cuda API error|Program hit|"
-                    r"Barrier error|Warp |Uninitialized |Device heap|Error: Race reported)", re.M)
-_SUMMARY = re.compile(r"(?:ERROR SUMMARY: (\d+) error|RACECHECK SUMMARY: \d+ hazards? displayed \((\d+) errors?)", re.M)
-
-
-def parse_log(text: str) -> tuple[int, str]:
-    """(errors, the first error's lines joined) from a compute-sanitizer report. The count is the summary's where
-    the report has one (the sanitizer ended), else the error headers counted."""
-    heads = list(_ERROR.finditer(text))
-    m = _SUMMARY.search(text)
-    n = int(m.group(1) or m.group(2)) if m else len(heads)
-    if not heads:
-        return n, ""
-    block = []
-    for line in text[heads[0].start():].splitlines()[:8]:
-        line = line.lstrip("= ").strip()
-        if not line and block:
-            break
-        if line.startswith("Saved host backtrace"):
-            break                 # the host frames: the launch's call stack, not the access
-        if line:
-            block.append(line)
-    return n, "; ".join(block)[:600]
-
-
-# what each tool's failure means to the user
-WHAT = {"memcheck": ("invalid access", "invalid accesses", "the kernel reads or writes outside its tensors (right outputs "
-                     "or not, on a user's tensor that is another allocation or a fault)"),
-        "racecheck": ("shared-memory race", "shared-memory races", "threads of one block read and write the same "
-                      "shared memory with no barrier between (right outputs here or not, the order is the scheduler's)")}
 
 
 class Steps:
