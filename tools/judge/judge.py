@@ -284,16 +284,24 @@ def main(argv: list[str] | None = None) -> int:
         task = load_task(a.task)
         mod = task.module()
         task.backend.warm_up()
-        from tools.measure.warmup import LOST, wanted, warm_checks
+        from tools.measure.warmup import LOST, wanted, warm_checks, warm_told
+        warmed_yet = False
         if a.job_stdin and a.mode in ("evaluate", "parity") and wanted(task, a.sanitize_early):   # its first kernels
             print(f"[judge] {(warmed := warm_checks(task, mod))}", file=sys.stderr)
             if LOST in warmed:
                 return 0      # ended before its job: the agent starts a cold child (WarmChild.serves)
-        if a.job_stdin:
+        while a.job_stdin:
             line = sys.stdin.readline()
             if not line.strip():
                 return 0      # never given a job (the agent moved on, or died)
-            job.update(json.loads(line))
+            if (window := warm_told(line)) is None:
+                job.update(json.loads(line))
+                break
+            if window > 0.5 and not warmed_yet:   # a held confirmation's: while a candidate builds, never past it
+                warmed_yet = True
+                print(f"[judge] {(warmed := warm_checks(task, mod, window - 0.5, values=True))}", file=sys.stderr)
+                if LOST in warmed:
+                    return 0
         task.spec = bench_overrides(task.spec, job)
         shapes = job.get("shapes") or [dict(task.spec.main)]
         result = run(a.mode, task, mod, host, job, shapes, early)
