@@ -236,16 +236,16 @@ class Evaluator:
                 "parent": parent.model_dump(mode="json") if parent is not None else None}
 
     def prestart(self, confirmation: bool = False):
-        """The candidate's evaluate child, started before its build (torch and CUDA start up while nvcc runs), a keep's
-        needs held, the held confirmation child warmed (agent/evaluation/spares.py): a WarmChild the caller closes; None
-        with AGENT_NO_PRESTART=1. `confirmation` (keep.py's): the one held, else one started now (with its sanitizers)."""
+        """The candidate's evaluate child, started before its build (its torch and CUDA context start up while nvcc
+        runs), and what a keep would need where not held (agent/evaluation/spares.py): a WarmChild the caller closes in
+        any case; None when AGENT_NO_PRESTART=1. `confirmation` (confirm()'s, agent/evaluation/keep.py): the one held,
+        else one started now, on a GPU with its compute-sanitizer hosts."""
         if os.environ.get("AGENT_NO_PRESTART") == "1":
             return None
         if confirmation and (held := self.spare.take_confirmation(self.task)) is not None:
             return held
         if not confirmation:
             self.spare.ensure(self)
-            self.spare.warm_confirmation()
         from tools.judge.candidate import prestart_candidate
         return prestart_candidate(self.task, self.scratch_root, sanitize_early=confirmation and self.task.backend.gpu)
 

@@ -26,9 +26,6 @@ from tools.judge.candidate import WarmChild, prestart_candidate
 from tools.profile.warm import WarmPass, start_pass
 
 
-WARM_S = 2.0     # the held confirmation child's warm-up window from a build's start (builds took 2.8-3.6 s on an H200)
-
-
 class Spares:
     def __init__(self) -> None:
         self.tier: int | None = None
@@ -70,13 +67,6 @@ class Spares:
             self.confirming = None
         if self.confirming is None and self._wanted(ev):
             self.confirming = prestart_candidate(ev.task, ev.scratch_root, sanitize_early=True)
-
-    def warm_confirmation(self) -> None:
-        """A candidate's build begins: the held confirmation's child may pay its first uses (SDPA's, cuBLAS', the
-        comparisons' kernels: 1-2 s of a keep's parity on an H200) for WARM_S, while nvcc runs and before the
-        candidate's bench; it warms once, on the first such window it is up to take."""
-        if self.confirming is not None:
-            self.confirming.warm(WARM_S)
 
     def take_confirmation(self, task) -> WarmChild | None:
         """The confirmation's child held, where it serves `task` (the caller closes it); else None."""

@@ -46,11 +46,6 @@ class WarmChild:
         return (self.proc.alive and not self.proc.used and self.root == Path(task.root)
                 and self.stamp == _task_stamp(task))
 
-    def warm(self, seconds: float) -> bool:
-        """A held confirmation's child pays its first uses now, for at most `seconds` from now and once
-        (tools/measure/warmup.py warm_told: the agent's window while a candidate builds, before its bench)."""
-        return self.proc.tell(json.dumps({"warm": time.time() + seconds}))
-
     def close(self) -> None:
         self.proc.close()
 

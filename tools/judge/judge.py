@@ -284,24 +284,16 @@ def main(argv: list[str] | None = None) -> int:
         task = load_task(a.task)
         mod = task.module()
         task.backend.warm_up()
-        from tools.measure.warmup import LOST, wanted, warm_checks, warm_told
-        warmed_yet = False
+        from tools.measure.warmup import LOST, wanted, warm_checks
         if a.job_stdin and a.mode in ("evaluate", "parity") and wanted(task, a.sanitize_early):   # its first kernels
             print(f"[judge] {(warmed := warm_checks(task, mod))}", file=sys.stderr)
             if LOST in warmed:
                 return 0      # ended before its job: the agent starts a cold child (WarmChild.serves)
-        while a.job_stdin:
+        if a.job_stdin:
             line = sys.stdin.readline()
             if not line.strip():
                 return 0      # never given a job (the agent moved on, or died)
-            if (window := warm_told(line)) is None:
-                job.update(json.loads(line))
-                break
-            if window > 0.5 and not warmed_yet:   # a held confirmation's: while a candidate builds, never past it
-                warmed_yet = True
-                print(f"[judge] {(warmed := warm_checks(task, mod, window - 0.5, values=True))}", file=sys.stderr)
-                if LOST in warmed:
-                    return 0
+            job.update(json.loads(line))
         task.spec = bench_overrides(task.spec, job)
         shapes = job.get("shapes") or [dict(task.spec.main)]
         result = run(a.mode, task, mod, host, job, shapes, early)

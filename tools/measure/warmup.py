@@ -29,19 +29,6 @@ SECONDS = 8.0    # at most this long, between two checks
 LOST = "the CUDA context is lost"   # a sticky CUDA error in the task's own code: the child must not take a job
 
 
-def warm_told(line: str) -> float | None:
-    """The seconds a held confirmation's child may warm for, where `line` (on its stdin before its job) tells it to:
-    {"warm": T}, T the agent's clock (time.time()) by which it must have stopped (the candidate's build ends, its
-    bench comes: tools/judge/candidate.py WarmChild.warm); None where the line is its job."""
-    import json
-    try:
-        msg = json.loads(line)
-    except ValueError:
-        return None
-    until = msg.get("warm") if isinstance(msg, dict) and len(msg) == 1 else None
-    return max(0.0, float(until) - time.time()) if isinstance(until, (int, float)) else None
-
-
 def wanted(task, confirmation: bool) -> bool:
     """Whether a judge child started before its job warms: on a GPU, and not the held confirmation child (above)."""
     return bool(task.backend.gpu) and not confirmation
@@ -68,16 +55,13 @@ def stand_in(mod):
     return run
 
 
-def warm_checks(task, mod, seconds: float = SECONDS, waiting=job_waiting, values: bool = False) -> str:
+def warm_checks(task, mod, seconds: float = SECONDS, waiting=job_waiting) -> str:
     """Parity's checks (tools/measure/parity.py) once per distribution on the smallest listed shape, the stand-in as
-    the kernel: what the loop's quick parity runs; with `values` (a confirmation's child: its parity draws them) then
-    one of each value draw there too (their edge search's first calls of timing_reference: SDPA in fp16 took 0.96 s
-    cold on an H200). Returns one line: how many checks in how many seconds, and why it stopped early where it did.
-    Never raises: a task whose checks cannot run here says so in its job."""
+    the kernel: what the loop's quick parity runs. Returns one line: how many checks in how many seconds, and why it
+    stopped early where it did. Never raises: a task whose checks cannot run here says so in its job."""
     import torch
 
     from tools.measure.buffers import Buffers
-    from tools.measure.domains import draws
     from tools.measure.parity import one_check
     from tools.task import shape_size
     t0 = time.monotonic()
@@ -89,7 +73,7 @@ def warm_checks(task, mod, seconds: float = SECONDS, waiting=job_waiting, values
     states = (random.getstate(), torch.random.get_rng_state(),
               torch.cuda.get_rng_state_all() if backend.gpu and torch.cuda.is_available() else None)
     try:
-        for dist in [*spec.distributions, *(draws(spec) if values else ())]:
+        for dist in spec.distributions:
             if waiting():
                 why = "; stopped: the job came"
                 break
