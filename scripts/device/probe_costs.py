@@ -1,13 +1,14 @@
 """Where a GPU bench's probes spend their time (issue 40: attention's reentrant probe cost 17-20 s a bench), on the
 GPU box:
 
-    python scripts/device/probe_costs.py [TASK] [bench|wide]   # from the repo root; default attention_fwd bench
+    python scripts/device/probe_costs.py [TASK] [bench|quick|rest|wide]   # from the repo root; default attention_fwd bench
 
 Builds the task's kernel with its tensor-core knobs where it has them (a fast candidate: more calls per probe) and
 the committed kernel as its baseline, then runs the judge's bench (`python -m tools.judge.judge bench`, the same
 child the loop runs) under cProfile. Prints the bench's per-probe seconds and the judge's 25 costliest functions
 (cumulative); writes $OUT/probe_costs.prof and $OUT/probe_costs.txt. `quick`: the judge's parity as a candidate's first check runs it (`--extent
-quick`), the 25 functions that spend its time. `wide`: the judge's parity on the [dims]
+quick`), the 25 functions that spend its time; `rest`: what a confirmation's parity adds (`--extent rest`), the same.
+`wide`: the judge's parity on the [dims]
 extremes instead (`parity --extent range`, what a candidate about to be kept pays), the 2^31-element shape's
 check (tools/judge/wide.py) among them.
 """
@@ -55,7 +56,7 @@ def main() -> int:
     argv = ["bench", "--task", str(libs["candidate"][0]), "--lib", str(libs["candidate"][1]), "--baseline-lib",
             str(libs["baseline"][1]), "--no-reference"] if mode == "bench" else \
         ["parity", "--task", str(libs["candidate"][0]), "--lib", str(libs["candidate"][1]), "--extent",
-         "quick" if mode == "quick" else "range"]
+         mode if mode in ("quick", "rest") else "range"]
     code = (f"import cProfile\nfrom tools.judge.judge import main\n"
             f"cProfile.run({f'main({argv!r})'!r}, {str(prof)!r})\n")
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=400,
@@ -74,10 +75,13 @@ def main() -> int:
     buf = io.StringIO()
     pstats.Stats(str(prof), stream=buf).sort_stats("cumulative").print_stats(40)
     (out / "probe_costs.txt").write_text(buf.getvalue())
-    if mode == "quick":   # where a rejected candidate's parity goes: the functions that take the time themselves
+    if mode in ("quick", "rest"):   # where parity goes: the functions that take the time themselves
         buf = io.StringIO()
         pstats.Stats(str(prof), stream=buf).sort_stats("tottime").print_stats(25)
         print("\n".join(ln[:150] for ln in buf.getvalue().splitlines()[-32:]))
+        buf = io.StringIO()
+        pstats.Stats(str(prof), stream=buf).sort_stats("cumulative").print_stats(45)
+        print("\n".join(ln[:150] for ln in buf.getvalue().splitlines()[-50:]))
         return 0
     print(buf.getvalue()[-9000:])
     return 0
