@@ -357,6 +357,38 @@ def test_the_sanitizers_start_beside_parity_and_a_failed_parity_ends_them_at_onc
 
 
 @pytest.mark.skipif(shutil.which("g++") is None or not sys.platform.startswith("linux"), reason="needs g++ and Linux")
+def test_racecheck_checks_pytorchs_kernels_too_where_the_candidate_names_one(tmp_path, monkeypatch):
+    """racecheck leaves PyTorch's own kernels out (sanitize.TORCH_KERNELS: the host's copies and comparisons), which
+    would leave out a candidate's kernel that kept PyTorch's namespace (code copied from at::native). Such a library
+    is found by its bytes, and its racecheck runs in a host of its own that checks every kernel: the one started early
+    with the exclusion is ended unused. The judge's own functions, on the CPU, under a stand-in sanitizer that writes
+    down its command line."""
+    from tests.fixtures.cpu_faults.faults import make_task
+    task, lib = make_task(tmp_path, "correct")
+    named = tmp_path / "copied_from_torch.so"    # bytes after the ELF's sections: the loader ignores them
+    named.write_bytes(Path(lib).read_bytes() + b"\0_ZN2at6native12_GLOBAL__N_114softmax_kernelEv\0")
+    assert sanitize.names_torch_kernels(named) and not sanitize.names_torch_kernels(lib)
+    assert sanitize.names_torch_kernels(tmp_path / "missing.so")     # unread: every kernel checked
+    exe = tmp_path / "argv-sanitizer"
+    exe.write_text("#!/bin/bash\n"
+                   '[ "$1" = --help ] && { echo "  --padding arg"; echo "  --kernel-name-exclude arg"; exit 0; }\n'
+                   f'echo "$*" >> {tmp_path}/argv.log\n'
+                   f'while [ $# -gt 0 ] && [ "$1" != "{sys.executable}" ]; do shift; done\nexec "$@"\n')
+    exe.chmod(0o755)
+    monkeypatch.setenv("AGENT_SCRATCH", str(tmp_path))
+    monkeypatch.setenv("AGENT_SANITIZER", str(exe))
+    for path in (lib, named):
+        early = sanitize.start_hosts(task.root, tmp_path, ("racecheck",))
+        res = sanitize.memcheck(task, task.module(), {"lib": str(path)}, tmp_path, 1, "racecheck",
+                                started=early["racecheck"])
+        assert res["status"] == "ok", res["message"]
+    lines = (tmp_path / "argv.log").read_text().splitlines()
+    # the plain library in the early host; the named one: the early host (ended), then its own without the exclusion
+    assert ["kns=2at6native" in ln for ln in lines] == [True, True, False], lines
+    assert all("--tool racecheck" in ln for ln in lines), lines
+
+
+@pytest.mark.skipif(shutil.which("g++") is None or not sys.platform.startswith("linux"), reason="needs g++ and Linux")
 def test_hosts_started_before_the_job_serve_the_checks_and_the_unused_ones_end(tmp_path, monkeypatch):
     """Issue 66: the confirmation's sanitizer hosts start before its candidate is known (start_hosts: on the card their
     start-up runs during the keep's Nsight Compute pass); the check asked for runs in the host started early (no

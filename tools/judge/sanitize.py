@@ -52,9 +52,9 @@ PADDING = 1 << 16
 
 # racecheck leaves PyTorch's own kernels alone (substrings of their mangled names: at::native, and the cub torch
 # builds as at_cuda_detail): the host's copies, fills and comparisons around each call are not the candidate's, and
-# under the tool every shared-memory access of theirs was tracked too. A kernel the candidate builds is checked
-# whatever it is named, unless it is put in PyTorch's own namespaces. memcheck checks every kernel: a torch kernel that
-# an extension hands a bad pointer reads outside its tensors on the candidate's account.
+# under the tool every shared-memory access of theirs was tracked too. A candidate's library that names one of these
+# (code copied from PyTorch keeps its namespace: names_torch_kernels) gets a racecheck of every kernel. memcheck checks
+# every kernel: a torch kernel that an extension hands a bad pointer reads outside its tensors on the candidate's account.
 TORCH_KERNELS = ("2at6native", "at_cuda_detail")
 
 ALLOW_ENV = "AGENT_ALLOW_UNCHECKED"     # the checks a user lets a kept kernel go without: "memcheck,racecheck"
@@ -79,12 +79,12 @@ def find_sanitizer() -> str | None:
     return None
 
 
-def command(tool: str, log: Path, check: str = "memcheck") -> list[str]:
+def command(tool: str, log: Path, check: str = "memcheck", exclude_torch: bool = True) -> list[str]:
     """The wrapper for the host's command line: memcheck (or racecheck), its report in `log`, exit code ERROR_EXIT
-    on an error."""
+    on an error; racecheck leaves PyTorch's own kernels out unless `exclude_torch` is False."""
     pad = ["--padding", str(PADDING)] if padded(tool) else []
     torch_own = [a for k in TORCH_KERNELS for a in ("--kernel-name-exclude", f"kns={k}")] \
-        if "--kernel-name-exclude" in help_text(tool) else []
+        if exclude_torch and "--kernel-name-exclude" in help_text(tool) else []
     only = ["--leak-check", "no", *pad] if check == "memcheck" else ["--racecheck-report", "analysis", *torch_own]
     return [tool, "--tool", check, *only, "--report-api-errors", "no", "--print-limit", "20",
             "--error-exitcode", str(ERROR_EXIT), "--log-file", str(log)]
@@ -146,16 +146,29 @@ class Started:
     torch and a CUDA context under the tool: two thirds of the check's seconds on an H200, BENCHMARKS.md) runs while
     the agent does other work; memcheck() then loads the candidate into it."""
 
-    def __init__(self, task_root: Path, root: Path, tool: str, check: str):
+    def __init__(self, task_root: Path, root: Path, tool: str, check: str, exclude_torch: bool = True):
         from tools.judge.hostclient import HostClient
         self.check, self.padded = check, padded(tool)
         self.log = Path(root) / f"{check}-{os.getpid()}-{next(_SERIAL)}.log"
-        self.host = HostClient(Path(task_root), Path(root), wrap=command(tool, self.log, check), env=environment())
+        wrap = command(tool, self.log, check, exclude_torch)
+        self.excludes = "--kernel-name-exclude" in wrap      # PyTorch's own kernels left out (TORCH_KERNELS)
+        self.host = HostClient(Path(task_root), Path(root), wrap=wrap, env=environment())
 
     def close(self) -> None:
         """End a host no check used (its report, if any, is not wanted)."""
         self.host.close()
         self.log.unlink(missing_ok=True)
+
+
+def names_torch_kernels(lib: str | Path) -> bool:
+    """Whether the candidate's library names a kernel (or anything) in PyTorch's namespaces that racecheck leaves out
+    (TORCH_KERNELS): code copied from PyTorch keeps `namespace at::native`. A kernel registered by the CUDA runtime
+    has its mangled name in the library's host data, uncompressed. True where the file cannot be read."""
+    try:
+        data = Path(lib).read_bytes()
+    except OSError:
+        return True
+    return any(k.encode() in data for k in TORCH_KERNELS)
 
 
 def start_hosts(task_root: Path, root: Path, checks: tuple[str, ...] = ("memcheck", "racecheck")) -> dict:
@@ -176,13 +189,17 @@ def memcheck(task, mod, job: dict, root: Path, seed: int, check: str = "memcheck
     from tools.judge.hostclient import HostFailed, Remote
     from tools.task_messages import make_inputs
     t0 = time.monotonic()     # from when the check was asked: a host started earlier has its start-up hidden
+    in_torch = check == "racecheck" and names_torch_kernels(job["lib"])
+    if started is not None and started.excludes and in_torch:   # it would leave the candidate's own kernel out
+        started.close()
+        started = None
     if started is None:
         tool = find_sanitizer()
         if tool is None:
             return {"tool": check, "status": "skipped", "seconds": 0.0,
                     "message": f"{check} skipped: compute-sanitizer is not on this machine (AGENT_SANITIZER, PATH, "
                                "$CUDA_HOME/bin)"}
-        started = Started(task.root, Path(root), tool, check)
+        started = Started(task.root, Path(root), tool, check, exclude_torch=not in_torch)
     log, host = started.log, started.host
     todo = shapes(task.spec, mod, random.Random(seed)) if check == "memcheck" else \
         shapes(task.spec, mod, random.Random(seed), RACE_SHAPES, RACE_ELEMENTS, RACE_ELEMENTS)
