@@ -363,6 +363,8 @@ def test_racecheck_checks_pytorchs_kernels_too_where_the_candidate_names_one(tmp
     is found by its bytes, and its racecheck runs in a host of its own that checks every kernel: the one started early
     with the exclusion is ended unused. The judge's own functions, on the CPU, under a stand-in sanitizer that writes
     down its command line."""
+    import time
+
     from tests.fixtures.cpu_faults.faults import make_task
     task, lib = make_task(tmp_path, "correct")
     named = tmp_path / "copied_from_torch.so"    # bytes after the ELF's sections: the loader ignores them
@@ -377,12 +379,16 @@ def test_racecheck_checks_pytorchs_kernels_too_where_the_candidate_names_one(tmp
     exe.chmod(0o755)
     monkeypatch.setenv("AGENT_SCRATCH", str(tmp_path))
     monkeypatch.setenv("AGENT_SANITIZER", str(exe))
-    for path in (lib, named):
+    log = tmp_path / "argv.log"
+    for n, path in enumerate((lib, named)):
         early = sanitize.start_hosts(task.root, tmp_path, ("racecheck",))
+        deadline = time.monotonic() + 60      # the early host's stand-in has written its line (it may be ended next)
+        while time.monotonic() < deadline and len(log.read_text().splitlines() if log.exists() else []) < n + 1:
+            time.sleep(0.05)
         res = sanitize.memcheck(task, task.module(), {"lib": str(path)}, tmp_path, 1, "racecheck",
                                 started=early["racecheck"])
         assert res["status"] == "ok", res["message"]
-    lines = (tmp_path / "argv.log").read_text().splitlines()
+    lines = log.read_text().splitlines()
     # the plain library in the early host; the named one: the early host (ended), then its own without the exclusion
     assert ["kns=2at6native" in ln for ln in lines] == [True, True, False], lines
     assert all("--tool racecheck" in ln for ln in lines), lines

@@ -197,6 +197,41 @@ extern "C" void matmul(const float* A, const float* B, float* C, int M, int N, i
     UNROLL4
     for (int i = 0; i < M; ++i) rows(A, B, C, i, i + 1, N, K);
 }"""),
+    # a module loaded at run time from a blob: its kernel compiled by no build of ours, named in PyTorch's namespace
+    # (racecheck leaves those out: tools/judge/sanitize.py), found by a name made at run time
+    ("dynamic_loading", """
+#include <cuda.h>
+extern const unsigned char kBlob[];
+extern "C" int softmax_run(const void* x, void* y, int M, int N, int flags, cudaStream_t stream) {
+    CUmodule mod; CUfunction f;
+    cuModuleLoadData(&mod, kBlob);
+    cuModuleGetFunction(&f, mod, "_ZN2at6native7kernelEPKfPfii");
+    void* args[] = {&x, &y, &M, &N};
+    return (int)cuLaunchKernel(f, M, 1, 1, 128, 1, 1, 0, stream, args, nullptr);
+}""", """
+#include <cuda.h>
+// A TMA descriptor through the driver's entry point: no module is loaded, the kernel is the build's own
+extern "C" int softmax_run(const void* x, void* y, int M, int N, int flags, cudaStream_t stream) {
+    void* encode = nullptr;
+    cudaDriverEntryPointQueryResult q;
+    cudaGetDriverEntryPoint("cuTensorMapEncodeTiled", &encode, cudaEnableDefault, &q);
+    return launch(x, y, M, N, encode, stream);
+}"""),
+    ("dynamic_loading", """
+#include <cuda.h>
+typedef CUresult (*load_t)(CUlibrary*, const void*, CUjit_option*, void**, unsigned, CUlibraryOption*, void**, unsigned);
+extern "C" int softmax_run(const void* x, void* y, int M, int N, int flags, cudaStream_t stream) {
+    void* fn = nullptr;
+    cuGetProcAddress("cuLibraryLoadData", &fn, 12000, CU_GET_PROC_ADDRESS_DEFAULT, nullptr);
+    return launch_from((load_t)fn, x, y, M, N, stream);
+}""", """
+#include <cuda.h>
+// The driver's entry point for a TMA descriptor: named in a string, and not a loader
+extern "C" int softmax_run(const void* x, void* y, int M, int N, int flags, cudaStream_t stream) {
+    void* fn = nullptr;
+    cuGetProcAddress("cuTensorMapEncodeTiled", &fn, 12000, CU_GET_PROC_ADDRESS_DEFAULT, nullptr);
+    return launch(x, y, M, N, fn, stream);
+}"""),
 ]
 
 

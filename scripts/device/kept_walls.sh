@@ -64,11 +64,9 @@ for line in (run / "iterations.jsonl").read_text().splitlines():
             kind = word if word and "=" not in word else "listed"
             n, sec = kinds.get(kind, (0, 0.0))
             kinds[kind] = (n + 1, sec + (c.get("seconds") or 0))
-        seed0 = (p.get("checks") or [{}])[0].get("seed")   # the first check's seed: quick's
-        q = sum(c.get("seconds") or 0 for c in p.get("checks") or [] if c.get("seed") == seed0)
-        rest = sum(c.get("seconds") or 0 for c in p.get("checks") or []) - q
-        print(f"    parity: quick's seed {q:.2f} s, the rest {rest:.2f} s, the sanitizers after the rest's checks "
-              f"{(p.get('seconds') or 0) - q - rest:.2f} s (parity's seconds less its checks')")
+        every = sum(c.get("seconds") or 0 for c in p.get("checks") or [])
+        print(f"    parity: its checks {every:.2f} s, the sanitizers after them {(p.get('seconds') or 0) - every:.2f} s "
+              "(parity's seconds less its checks')")
         print("    parity by kind (checks, s):", {k: (n, round(sec, 2)) for k, (n, sec) in
                                                   sorted(kinds.items(), key=lambda kv: -kv[1][1])})
 PY

@@ -38,10 +38,19 @@ costs: dict[str, collections.Counter] = collections.defaultdict(collections.Coun
 
 
 def timed(part: str, fn, label_from=None):
+    """fn, its seconds (the GPU waited for before and after) booked to `part` of the current check, exclusive of the
+    timed parts it calls. Only parity's own thread is timed: with --beside the sanitizers' threads call the same
+    functions (the task's make_inputs, the host's run) and pass through untimed. A check's label is put back after
+    it (the bench after parity is booked outside a check)."""
+    import threading
+
     import torch
 
     @functools.wraps(fn)
     def wrapper(*a, **k):
+        if threading.current_thread() is not threading.main_thread():
+            return fn(*a, **k)
+        outer = state["label"]
         if label_from is not None:
             state["label"] = label_from(a, k)
         torch.cuda.synchronize()
@@ -56,6 +65,8 @@ def timed(part: str, fn, label_from=None):
             costs[state["label"]][part] += dt - inner
             if state["stack"]:
                 state["stack"][-1] += dt
+            if label_from is not None:
+                state["label"] = outer
     return wrapper
 
 
@@ -67,7 +78,7 @@ def patch() -> None:
     import tools.task as task_mod
 
     def label(a, k):
-        return f"{a[4]} {a[5]}"
+        return f"{a[4]} {a[5]} seed {a[6]}"
     parity.one_check = timed("check (own)", parity.one_check, label)
     parity.draw = timed("draw", parity.draw)
     buffers.draw = timed("draw", buffers.draw)

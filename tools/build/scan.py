@@ -60,7 +60,9 @@ _PROCS = ("fork", "vfork", "clone", "execl", "execlp", "execle", "execv", "execv
           "posix_spawn", "posix_spawnp", "pthread_create", "kill", "raise", "signal", "sigaction")
 _STREAMS = (r"cudaStreamCreate\w*", r"cuStreamCreate\w*", "cudaLaunchHostFunc", "cudaStreamAddCallback",
             "cuLaunchHostFunc", "getStreamFromPool")
-_LOADING = ("dlopen", "dlmopen", "dlsym", "dlvsym")
+# and the CUDA driver's and runtime's loading of a module at run time (a cubin or PTX blob the build never compiled,
+# its kernels by a name made at run time: hidden from the scan and, named in PyTorch's namespaces, from racecheck)
+_LOADING = ("dlopen", "dlmopen", "dlsym", "dlvsym", r"cuModuleLoad\w*", r"cuLibraryLoad\w*", r"cudaLibraryLoad\w*")
 _CLOCKS = ("clock", "clock64", "clock_gettime", "gettimeofday", "time", "__rdtsc", "rdtsc", "__builtin_readcyclecounter",
            "__globaltimer")
 _PRINTS = ("printf", "fprintf", "puts", "fputs", "putchar", "perror", "write")
@@ -89,8 +91,10 @@ RULES: list[Rule] = [
     Rule("mutable_static", "keeps mutable state between calls (a static or thread_local variable, a __device__ or "
          "__managed__ global): a call's result then depends on the calls before it, or on another call at once",
          code=None),
-    Rule("dynamic_loading", "loads code the build did not compile (another library's kernel through a handle)",
-         code=_calls(*_LOADING), refers=_any(*_LOADING)),
+    Rule("dynamic_loading", "loads code the build did not compile (another library's kernel through a handle, a "
+         "module loaded at run time)",
+         code=_calls(*_LOADING), refers=_any(*_LOADING),
+         literal=re.compile(r"^(?:cuModuleLoad|cuLibraryLoad|cudaLibraryLoad)\w*$")),   # cuGetProcAddress("...")
     Rule("clocks", "reads a clock: what a kernel computes does not depend on time (a timed run and a checked run "
          "would differ)",
          code=re.compile(_calls(*_CLOCKS).pattern + r"|\bstd::chrono\b"),
