@@ -321,7 +321,8 @@ def test_a_sweep_on_dask_workers_reports_each_configuration_as_it_lands(tmp_path
     """Issue 66: on dask workers a chunk's configurations are recorded one by one as their batch child writes them
     (the batch's watcher thread puts each on the executor's landing channel from the worker), not all at the chunk's
     end: on each worker the first configuration's point comes well before its chunk's last (at the chunk's end they
-    came within milliseconds of each other)."""
+    came within milliseconds of each other). Each configuration's screen times it for at least 0.2 s here (its bench
+    budget), so a worker's points come at least that far apart; the bound is half of it, for a loaded machine."""
     d = planted_task(tmp_path, SPACE)
     ex = Dask(envs=worker_envs(2, False))
     at: dict[str, list[float]] = {}
@@ -332,7 +333,7 @@ def test_a_sweep_on_dask_workers_reports_each_configuration_as_it_lands(tmp_path
         ex.close()
     assert res.complete and all(p.ok for p in res.points), [(p.knobs, p.outcome, p.reason) for p in res.points]
     assert set(at) == {e["AGENT_WORKER"] for e in worker_envs(2, False)}, at
-    assert all(len(ts) >= 3 and ts[-1] - ts[0] > 1.0 for ts in at.values()), at
+    assert all(len(ts) >= 3 and ts[-1] - ts[0] > 0.1 * (len(ts) - 1) for ts in at.values()), at
 
 
 def _optimize_killing(tmp_path, kills: int):
