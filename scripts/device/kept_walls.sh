@@ -56,7 +56,8 @@ for line in (run / "iterations.jsonl").read_text().splitlines():
                   {n: round(v, 2) for n, v in (b.get("probe_seconds") or {}).items()},
                   f"undecided {len(r.get(k + '_undecided') or [])}:", (b.get("message") or "")[-150:])
         checks = sorted(p.get("checks") or [], key=lambda c: -(c.get("seconds") or 0))
-        print(f"    parity checks: {len(checks)} in {sum(c.get('seconds') or 0 for c in checks):.2f} s; the slowest:",
+        every = sum(c.get("seconds") or 0 for c in checks)
+        print(f"    parity checks: {len(checks)} in {every:.2f} s; the slowest:",
               ", ".join(f"{c.get('label')} {c.get('dist')} {c.get('seconds') or 0:.2f}" for c in checks[:5]))
         kinds = {}      # by kind (the label's first word where it names one: range, values, wide, ...; else listed)
         for c in checks:
@@ -64,7 +65,6 @@ for line in (run / "iterations.jsonl").read_text().splitlines():
             kind = word if word and "=" not in word else "listed"
             n, sec = kinds.get(kind, (0, 0.0))
             kinds[kind] = (n + 1, sec + (c.get("seconds") or 0))
-        every = sum(c.get("seconds") or 0 for c in p.get("checks") or [])
         print(f"    parity: its checks {every:.2f} s, the sanitizers after them {(p.get('seconds') or 0) - every:.2f} s "
               "(parity's seconds less its checks')")
         print("    parity by kind (checks, s):", {k: (n, round(sec, 2)) for k, (n, sec) in

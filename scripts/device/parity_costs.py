@@ -29,6 +29,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
+from agent.sweep.build import write_knobs   # noqa: E402
 from tools.build.build import build   # noqa: E402
 from tools.task import load_task   # noqa: E402
 
@@ -125,11 +126,7 @@ def main() -> int:
     d = work / name
     shutil.copytree(REPO / "kernels" / name, d, ignore=shutil.ignore_patterns("__pycache__"))
     task = load_task(d)
-    src = d / task.spec.editable[0]
-    lines = src.read_text().splitlines()
-    for k, v in KNOBS.get(name, {}).items():
-        lines = [f"#define {k} {v}" if ln.startswith(f"#define {k} ") else ln for ln in lines]
-    src.write_text("\n".join(lines) + "\n")
+    write_knobs(d, task, {**task.read_knobs(), **KNOBS.get(name, {})})   # the sweep's own writer
     b = build(load_task(d), work / "build")
     if b.status.value != "ok":
         raise SystemExit(f"build {b.status.value}: {b.message[:300]}")
