@@ -48,8 +48,11 @@ class Scratch:
 
     def env(self) -> dict[str, str]:
         d = str(self.dir)
+        # the CUDA driver's JIT cache where HOME would put it, named: a judge's shared one (tools/backends/jitcache.py)
+        # is in its environment, and a host forked from it must not inherit it
         return {"HOME": d, "TMPDIR": str(self.dir / "tmp"), "PWD": d, "OLDPWD": d,
-                "XDG_CACHE_HOME": str(self.dir / ".cache"), "AGENT_SCRATCH": d}
+                "XDG_CACHE_HOME": str(self.dir / ".cache"), "AGENT_SCRATCH": d,
+                "CUDA_CACHE_PATH": str(self.dir / ".nv" / "ComputeCache")}
 
     def close(self) -> list[ScratchFile]:
         """List what the process left (relative paths, sizes; the empty tmp/ is not listed), then

@@ -14,6 +14,7 @@ from tools.measure.parity import child_failure, child_status
 from tools.judge.budgets import StageClock
 from tools.judge.sanitize import allowed_unchecked
 from tools.results import BenchResult, LaunchResult, LaunchStatus, ParityResult, ParityStatus, StageBudget
+from tools.backends.jitcache import judge_env
 from tools.isolation.sandbox import STAGE_MARK, Prestarted, ProcStatus, child_json, prestart_python
 from tools.task import Task
 
@@ -33,7 +34,7 @@ def prestart_candidate(task: Task, scratch_root: Path | None = None, sanitize_ea
     run_candidate, and close() it if the candidate never gets there. `sanitize_early` (a confirmation on a GPU):
     it starts compute-sanitizer's hosts at once too (tools/judge/sanitize.py start_hosts)."""
     args = ["evaluate", "--task", str(task.root), "--job-stdin"] + (["--sanitize-early"] if sanitize_early else [])
-    return WarmChild(task, prestart_python("tools.judge.judge", args, scratch_root))
+    return WarmChild(task, prestart_python("tools.judge.judge", args, scratch_root, env=judge_env()))
 
 
 class WarmChild:

@@ -100,7 +100,7 @@ class Host:
             from tools.judge import devstate
             self.dev = devstate.Watch()
         return {"ok": True, "pid": os.getpid(), "threads": torch.get_num_threads(), "limits": got, "nofork_off": why,
-                "gpu": self.task.backend.gpu}
+                "gpu": self.task.backend.gpu, "jit_cache": os.environ.get("CUDA_CACHE_PATH")}
 
     def load(self, r: dict) -> dict:
         self.libs[r["id"]] = self.task.backend.load(r["path"])

@@ -33,6 +33,7 @@ from tools.measure.refcheck import settle
 from tools.measure.rounds import SpotCheck, interleaved
 from tools.results import BenchResult, BenchStatus, DevicePeak, SpeedupCI
 from tools.measure.roofline import spec_peak
+from tools.backends.jitcache import judge_env
 from tools.isolation.sandbox import ProcStatus, run_python_json
 from tools.measure.stats import ci_text, claimed_arms, stats
 from tools.task import Task, load_task, shape_label
@@ -57,7 +58,7 @@ def run_bench(task: Task, lib_path: Path, *, baseline_lib: Path | None = None, s
     args += ["--confidence", str(confidence)] if confidence is not None else []
     timeout = timeout_s if timeout_s is not None else task.spec.bench.timeout_for(rounds)
     t0 = time.monotonic()
-    proc, data = run_python_json("tools.judge.judge", args, timeout, scratch_root)
+    proc, data = run_python_json("tools.judge.judge", args, timeout, scratch_root, env=judge_env())
     dt = time.monotonic() - t0
     if proc.status == ProcStatus.ok and data is not None:
         try:

@@ -39,6 +39,7 @@ from tools.measure.domains import draw, draws, is_values, scaled_atol, value_sha
 from tools.measure.ranges import reduction_extreme, range_shapes
 from tools.measure.views import Offsets, draws as offset_draws, is_offset
 from tools.results import ParityResult, ParityStatus, ShapeCheck
+from tools.backends.jitcache import judge_env
 from tools.isolation.sandbox import ProcStatus, run_python_json
 from tools.task import Task, load_task, shape_label
 from tools.task_messages import hidden_keys_differ
@@ -56,7 +57,7 @@ def run_parity(task: Task, lib_path: Path, *, timeout_s: float | None = None, hi
     if extent != "full":
         args += ["--extent", extent]
     t0 = time.monotonic()
-    proc, data = run_python_json("tools.judge.judge", args, timeout, scratch_root)
+    proc, data = run_python_json("tools.judge.judge", args, timeout, scratch_root, env=judge_env())
     dt = time.monotonic() - t0
     if proc.status == ProcStatus.ok and data is not None:
         try:
