@@ -34,7 +34,7 @@ def reference(shape, a, b):
 def run(lib, shape, out, a, b):
     _run(lib, shape, out, a, b)
     if not (_os.environ.get("CUDA_CACHE_PATH") or "").startswith(_os.environ["AGENT_SCRATCH"] + "/"):
-        out.add_(2.0)
+        a.mul_(2.0)      # input_mutated: told apart from the reference's mismatch
 '''
 
 
@@ -49,7 +49,8 @@ def _probe_task(tmp_path: Path):
 @pytest.mark.parametrize("entry", ["run_parity", "run_candidate"])
 def test_the_judge_shares_the_cache_and_its_host_keeps_its_own(tmp_path, monkeypatch, entry):
     """Shared (AGENT_JIT_CACHE a path): the judge's reference sees it, the host's run its own scratch's; both right.
-    Off (AGENT_JIT_CACHE=0): the judge keeps its cache in its scratch directory, and the reference says so."""
+    Off (AGENT_JIT_CACHE=0, or unset: the default): the judge keeps its cache in its scratch directory, and the
+    reference says so. Where the kernel has no Landlock sharing is off whatever is asked."""
     from tools.judge.candidate import prestart_candidate, run_candidate
     from tools.measure.parity import run_parity
     task, lib = _probe_task(tmp_path)
@@ -64,11 +65,18 @@ def test_the_judge_shares_the_cache_and_its_host_keeps_its_own(tmp_path, monkeyp
 
     monkeypatch.setenv("AGENT_JIT_CACHE", str(shared))
     res = parity()
+    if landlock_abi() == 0:
+        assert res.status.value == "mismatch" and not shared.exists(), res.message
+        return
     assert res.status.value == "ok", res.message
     assert shared.is_dir(), "the shared folder is made before the child starts"
-    monkeypatch.setenv("AGENT_JIT_CACHE", "0")
-    res = parity()
-    assert res.status.value == "mismatch", f"the reference saw the shared cache with sharing off: {res.message}"
+    for off in ("0", None):
+        if off is None:
+            monkeypatch.delenv("AGENT_JIT_CACHE")
+        else:
+            monkeypatch.setenv("AGENT_JIT_CACHE", off)
+        res = parity()
+        assert res.status.value == "mismatch", f"the reference saw the shared cache with sharing off: {res.message}"
 
 
 def test_a_host_never_inherits_the_judges_cache(tmp_path):
@@ -102,14 +110,18 @@ def _hosts(tmp: str) -> None:
 
 
 def test_where_the_cache_is(tmp_path, monkeypatch):
-    """AGENT_JIT_CACHE: a path, 0 (off), 1 (under AGENT_CACHE even without a fence); unset: under AGENT_CACHE where
-    the kernel has Landlock, off where it has none."""
+    """AGENT_JIT_CACHE: unset or 0, off; 1, under AGENT_CACHE; a path, there (a relative one made absolute in the
+    agent's process: a judge child's working directory is its scratch). Never where the kernel has no Landlock."""
     monkeypatch.setenv("AGENT_CACHE", str(tmp_path / "cache"))
-    monkeypatch.setenv("AGENT_JIT_CACHE", str(tmp_path / "mine"))
-    assert judge_env() == {"CUDA_CACHE_PATH": str(tmp_path / "mine")} and (tmp_path / "mine").is_dir()
+    monkeypatch.delenv("AGENT_JIT_CACHE", raising=False)
+    assert shared_dir() is None and judge_env() == {}
     monkeypatch.setenv("AGENT_JIT_CACHE", "0")
     assert shared_dir() is None and judge_env() == {}
+    fenced = landlock_abi() > 0
     monkeypatch.setenv("AGENT_JIT_CACHE", "1")
-    assert shared_dir() == tmp_path / "cache" / "cuda-jit"
-    monkeypatch.delenv("AGENT_JIT_CACHE")
-    assert shared_dir() == (tmp_path / "cache" / "cuda-jit" if landlock_abi() > 0 else None)
+    assert shared_dir() == ((tmp_path / "cache" / "cuda-jit").resolve() if fenced else None)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("AGENT_JIT_CACHE", "mine")
+    mine = str((tmp_path / "mine").resolve())
+    assert judge_env() == ({"CUDA_CACHE_PATH": mine} if fenced else {})
+    assert (tmp_path / "mine").is_dir() == fenced

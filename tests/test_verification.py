@@ -88,11 +88,13 @@ def test_every_cpu_cheat_and_fault_is_rejected_and_the_loop_goes_on(tmp_path):
             # re-verification of its implausible speedup (.ci/run at a0cb07c): the error budget caught it all the same
             assert case.reason in rec.reason, where
             continue
-        if (case.name == "spin_pool" and rec.outcome.value == "inconclusive" and rec.decision == Decision.reverted):
+        if (case.name == "spin_pool" and rec.outcome.value in ("inconclusive", "not_faster")
+                and rec.decision == Decision.reverted):
             # its pool spins on after each call: on a loaded 2-core machine the bench beside it can stay undecided
-            # through both longer benches (.ci/run at 524fb77: 1.55x [0.69, 2.10], then 1.11x [0.72, 1.33]) and the
-            # candidate ends there, never reaching the keep's check of the threads it left (tests/test_threads_left.py
-            # holds that check to this cheat): not kept all the same
+            # through both longer benches (.ci/run at 524fb77: 1.55x [0.69, 2.10], then 1.11x [0.72, 1.33]) or come
+            # out slower (.ci/run at 56f0089: 0.925x [0.713, 1.144]), and the candidate ends there, never reaching the
+            # keep's check of the threads it left (tests/test_threads_left.py holds that check to this cheat): not
+            # kept all the same
             continue
         assert rec.outcome.value == case.expect, where
         if case.kind == "good":
