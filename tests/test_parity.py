@@ -92,6 +92,11 @@ def test_correct_kernel_passes_every_shape_with_hidden_shapes_and_errors_reporte
     assert len(hidden) == 4 and all(c.label.startswith("hidden ") for c in hidden)
     assert all(c.max_abs_err is not None and c.max_abs_err < 1e-4 and c.numel > 0 for c in res.checks
                if c not in values)                                    # (values: at magnitudes near 1e30)
+    # where each check's seconds went (issue 66): its draw and the candidate's calls (four: two poisoned, the
+    # output-state call, the changed repeat; two on a values draw), within the check's own seconds
+    for c in res.checks:
+        assert c.parts is not None and set(c.parts) == {"draw", "calls"}, c.label
+        assert c.parts["draw"] >= 0 and c.parts["calls"] > 0 and sum(c.parts.values()) <= c.seconds + 1e-3, c
     again = run_parity(task, lib, seed=1234, hidden=False)
     assert again.status == ParityStatus.ok and len(again.checks) == 8 and not any(c.hidden for c in again.checks)
     key = lambda r: {(c.label, c.dist, c.seed) for c in r.checks}  # noqa: E731

@@ -152,6 +152,9 @@ class ShapeCheck(BaseModel):
     err_ratio: float | None = None   # the error as a multiple of the reference implementation's (error budget)
     message: str = ""
     seconds: float | None = None     # what the check cost, the reference's calls included
+    # where those seconds went (issue 66): "draw" (the inputs made; a values draw's edge search), "calls" (the
+    # candidate's, through its host); the rest is the reference, the comparisons, the error budget
+    parts: dict[str, float] | None = None
 
 
 class SanitizerResult(BaseModel):

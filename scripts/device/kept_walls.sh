@@ -63,12 +63,14 @@ for line in (run / "iterations.jsonl").read_text().splitlines():
         for c in checks:
             word = (c.get("label") or "").split(" ")[0]
             kind = word if word and "=" not in word else "listed"
-            n, sec = kinds.get(kind, (0, 0.0))
-            kinds[kind] = (n + 1, sec + (c.get("seconds") or 0))
+            n, sec, dr, ca = kinds.get(kind, (0, 0.0, 0.0, 0.0))
+            parts = c.get("parts") or {}    # where a check's seconds went, where the code records it (issue 66)
+            kinds[kind] = (n + 1, sec + (c.get("seconds") or 0), dr + parts.get("draw", 0), ca + parts.get("calls", 0))
         print(f"    parity: its checks {every:.2f} s, the sanitizers after them {(p.get('seconds') or 0) - every:.2f} s "
               "(parity's seconds less its checks')")
-        print("    parity by kind (checks, s):", {k: (n, round(sec, 2)) for k, (n, sec) in
-                                                  sorted(kinds.items(), key=lambda kv: -kv[1][1])})
+        print("    parity by kind (checks, s; of them the draws', the candidate's calls'):",
+              {k: (n, round(sec, 2), round(dr, 2), round(ca, 2)) for k, (n, sec, dr, ca) in
+               sorted(kinds.items(), key=lambda kv: -kv[1][1])})
 PY
 }
 if [ $# -ge 2 ]; then

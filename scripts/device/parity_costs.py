@@ -1,7 +1,8 @@
 """Where a kept candidate's parity spends its time (issue 66: attention's before-a-keep parity was 10.4-11.7 s of a
 kept iteration on an H200), on the GPU box:
 
-    python scripts/device/parity_costs.py [TASK] [EXTENT] [KNOB=V ...] [--beside]   # default attention_fwd rest
+    python scripts/device/parity_costs.py [TASK] [EXTENT] [KNOB=V ...] [--beside[=memcheck|racecheck]] [--ncu]
+                                          [--seed=N]                     # default attention_fwd rest, seed 7
 
 Builds the task's kernel with its tensor-core knobs where it has them (the candidate kept_walls.sh keeps) and runs
 the judge's parity (`tools.judge.judge.main`, the child the loop runs, its host forked as there) at EXTENT (rest:
@@ -11,7 +12,12 @@ Each timer waits for the GPU before and after (cuda.synchronize), so a part's se
 parts it calls. Prints, and writes to $OUT/parity_costs.txt, the seconds by kind of check (listed, hidden, range,
 values, misaligned, wide) and part, and the ten slowest checks part by part. KNOB=V: the candidate's knobs instead
 (attention_fwd SMEM_PAD=2: kept_walls.sh's kept move). --beside: as a confirmation's child runs it (`judge evaluate`,
-its sanitizer hosts started early, the job 12 s later), memcheck and racecheck beside parity, their seconds printed.
+its sanitizer hosts started early, the job 12 s later), memcheck and racecheck beside parity, their seconds printed;
+--beside=memcheck or =racecheck: that one alone beside it (issue 66 slice 13: racecheck is the contention). --ncu: a
+held Nsight Compute pass (tools/profile/warm.py) makes its CUDA context as the job comes, as a keep's does. --seed=N:
+parity's seed (the hidden shapes, the draws) instead of 7. Each run's HOME is the caller's: the CUDA driver's JIT cache
+under it is warm after the first run (HOME=$(mktemp -d) for a cold one, as every judge child of the loop has unless
+AGENT_JIT_CACHE is set).
 """
 
 from __future__ import annotations
@@ -107,11 +113,13 @@ class LateJob:
     """The judge's stdin: the job, given `wait` seconds after the judge asks for it (a confirmation's child is started
     long before its job: its sanitizer hosts have started by then)."""
 
-    def __init__(self, job: dict, wait: float):
-        self.line, self.wait = json.dumps(job) + "\n", wait
+    def __init__(self, job: dict, wait: float, held=None):
+        self.line, self.wait, self.held = json.dumps(job) + "\n", wait, held
 
     def readline(self) -> str:
         time.sleep(self.wait)
+        if self.held is not None:      # a keep tells its held pass to make its context as the confirmation begins
+            self.held.prepare()
         return self.line
 
 
@@ -119,9 +127,13 @@ def main() -> int:
     args = [a for a in sys.argv[1:] if "=" not in a and not a.startswith("--")]
     name = args[0] if args else "attention_fwd"
     extent = args[1] if len(args) > 1 else "rest"
-    beside = "--beside" in sys.argv
-    KNOBS.update({name: {k: int(v) for k, v in (a.split("=", 1) for a in sys.argv[1:] if "=" in a)} or KNOBS.get(name, {})})
+    flags = dict(a.split("=", 1) if "=" in a else (a, "") for a in sys.argv[1:] if a.startswith("--"))
+    beside, seed = "--beside" in flags, int(flags.get("--seed") or 7)
+    only = {"memcheck": "memcheck", "racecheck": "racecheck", "": None}[flags.get("--beside", "")]
+    KNOBS.update({name: {k: int(v) for k, v in (a.split("=", 1) for a in sys.argv[1:] if "=" in a
+                                                  and not a.startswith("--"))} or KNOBS.get(name, {})})
     out = Path(os.environ.get("OUT") or tempfile.mkdtemp(prefix="parity-costs-out-"))
+    out.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="parity-costs-"))
     d = work / name
     shutil.copytree(REPO / "kernels" / name, d, ignore=shutil.ignore_patterns("__pycache__"))
@@ -132,6 +144,20 @@ def main() -> int:
         raise SystemExit(f"build {b.status.value}: {b.message[:300]}")
     patch()
     from tools.judge import judge
+    held = None
+    if only == "memcheck":      # the judge asks racecheck only where the kernel uses shared memory
+        judge.uses_shared_memory = lambda ctx, plan: False
+    elif only == "racecheck":
+        import tools.judge.sanitize as sanitize
+        full = sanitize.Sanitizing
+
+        class RaceOnly(full):
+            def __init__(self, task, mod, job, checks=("memcheck",), started=None):
+                super().__init__(task, mod, job, ("racecheck",), started)
+        sanitize.Sanitizing = RaceOnly
+    if "--ncu" in flags:
+        from tools.profile.warm import start_pass
+        held = start_pass(task, 1)
     res_file = work / "result.json"
     os.environ["AGENT_SCRATCH"] = str(work)
     saved = os.dup(1)
@@ -141,18 +167,23 @@ def main() -> int:
     try:
         if beside:   # the confirmation child's job: parity with memcheck and racecheck beside it, then the bench
             sys.stdin = LateJob({"lib": str(b.lib_path), "baseline_lib": str(b.lib_path), "memcheck": True,
-                                 "no_reference": True, "parity_extent": extent, "seed": 7}, 12.0)
+                                 "no_reference": True, "parity_extent": extent, "seed": seed}, 12.0, held)
             judge.main(["evaluate", "--task", str(d), "--job-stdin", "--sanitize-early"])
         else:
-            judge.main(["parity", "--task", str(d), "--lib", str(b.lib_path), "--extent", extent, "--seed", "7"])
+            if held is not None:
+                held.prepare()
+            judge.main(["parity", "--task", str(d), "--lib", str(b.lib_path), "--extent", extent, "--seed", str(seed)])
     finally:
         sys.stdout.flush()
         os.dup2(saved, 1)
+        if held is not None:
+            held.close()
     wall = time.perf_counter() - t0
     text = res_file.read_text().strip().splitlines()
     res = json.loads(text[-1]) if text else {}
     par = res.get("parity") or res if isinstance(res, dict) else {}
-    lines = [f"{name} {KNOBS.get(name)} parity --extent {extent}{' (sanitizers beside)' * beside}: {par.get('status')} "
+    what = f" ({only or 'memcheck and racecheck'} beside)" * beside + " (a held ncu pass's context beside)" * ("--ncu" in flags)
+    lines = [f"{name} {KNOBS.get(name)} parity --extent {extent} --seed {seed}{what}: {par.get('status')} "
              f"in {par.get('seconds') or 0:.2f} s, its checks {sum(c.get('seconds') or 0 for c in par.get('checks') or []):.2f} s "
              f"(wall {wall:.2f} s): {(par.get('message') or '')[-200:]}"]
     for tool in ("memcheck", "racecheck"):

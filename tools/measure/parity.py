@@ -152,9 +152,10 @@ def check(task: Task, mod, lib, *, seed: int, hidden: bool = True, run=None, run
             for s in seeds[:1] if kind in ONE_SEED or extent == "quick" else seeds[1:] if extent == "rest" else seeds:
                 t1, s = time.monotonic(), check_seed(s, shape, dist)
                 bufs.misalign = Offsets(spec, dist, s, mod) if is_offset(dist) else None
+                parts = {"draw": 0.0, "calls": 0.0}   # where the check's seconds went (the rest: reference, compares)
                 try:
-                    c = one_check(task, mod, lib, shape, label, dist, s, device, bufs, sync, run or mod.run,
-                             run_kept or (mod.run if run is None else None))
+                    c = one_check(task, mod, lib, shape, label, dist, s, device, bufs, sync, _timed(parts, run or mod.run),
+                                  _timed(parts, run_kept or (mod.run if run is None else None)), parts)
                 except Exception as e:  # the task's run raised (launcher error, bad symbol, ...)
                     msg = " ".join(str(e).split())[:400]
                     status = getattr(e, "status", None)
@@ -167,6 +168,7 @@ def check(task: Task, mod, lib, *, seed: int, hidden: bool = True, run=None, run
                 c.pop("tol", None)
                 checks.append(ShapeCheck(shape=shape, label=label, dist=dist, seed=s, hidden=is_hidden,
                                          ok=c["status"] == "ok", seconds=round(time.monotonic() - t1, 4),
+                                         parts={k: round(v, 4) for k, v in parts.items()},
                                          **{k: v for k, v in c.items() if k != "ok"}))
                 if c["status"] != "ok":
                     break
@@ -196,8 +198,26 @@ def check(task: Task, mod, lib, *, seed: int, hidden: bool = True, run=None, run
     return ParityResult(status=ParityStatus.ok, message=msg, checks=checks, seconds=time.monotonic() - t0)
 
 
-def one_check(task, mod, lib, shape, label, dist, seed, device, bufs: Buffers, sync, run, run_kept) -> dict[str, Any]:
+def _timed(parts: dict, fn):
+    """fn, its seconds added to parts["calls"] (a call through the host returns when the host has answered)."""
+    if fn is None:
+        return None
+
+    def call(*a):
+        t = time.monotonic()
+        try:
+            return fn(*a)
+        finally:
+            parts["calls"] += time.monotonic() - t
+    return call
+
+
+def one_check(task, mod, lib, shape, label, dist, seed, device, bufs: Buffers, sync, run, run_kept,
+              parts: dict | None = None) -> dict[str, Any]:
+    t0 = time.monotonic()
     inputs = bufs.adopt(draw(task.spec, mod, shape, seed, device, dist))
+    if parts is not None:     # the inputs made (a values draw: its search for the edge where the user's call overflows)
+        parts["draw"] += time.monotonic() - t0
     clones = tuple(x.clone() if hasattr(x, "clone") else x for x in inputs)
     s1, s2 = bufs.order()
     out1 = bufs.out(s1, mod.empty_output(shape, *inputs))
