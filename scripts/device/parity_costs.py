@@ -123,6 +123,19 @@ class LateJob:
         return self.line
 
 
+def built(name: str, knobs: dict, work: Path):
+    """kernels/NAME copied under `work` with `knobs` written (the sweep's own writer) and built: (its folder, the
+    BuildResult); a failed build ends the script. racecheck_calls.py builds its candidate the same way."""
+    d = work / name
+    shutil.copytree(REPO / "kernels" / name, d, ignore=shutil.ignore_patterns("__pycache__"))
+    task = load_task(d)
+    write_knobs(d, task, {**task.read_knobs(), **knobs})
+    b = build(load_task(d), work / "build")
+    if b.status.value != "ok":
+        raise SystemExit(f"build {b.status.value}: {b.message[:300]}")
+    return d, b
+
+
 def main() -> int:
     args = [a for a in sys.argv[1:] if "=" not in a and not a.startswith("--")]
     name = args[0] if args else "attention_fwd"
@@ -135,13 +148,8 @@ def main() -> int:
     out = Path(os.environ.get("OUT") or tempfile.mkdtemp(prefix="parity-costs-out-"))
     out.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="parity-costs-"))
-    d = work / name
-    shutil.copytree(REPO / "kernels" / name, d, ignore=shutil.ignore_patterns("__pycache__"))
+    d, b = built(name, KNOBS.get(name, {}), work)
     task = load_task(d)
-    write_knobs(d, task, {**task.read_knobs(), **KNOBS.get(name, {})})   # the sweep's own writer
-    b = build(load_task(d), work / "build")
-    if b.status.value != "ok":
-        raise SystemExit(f"build {b.status.value}: {b.message[:300]}")
     patch()
     from tools.judge import judge
     held = None

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -22,6 +21,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 SHAPES = {"attention_fwd": [{"B": 2, "H": 4, "S": 333, "D": 64, "causal": 1}, {"B": 2, "H": 4, "S": 333, "D": 64, "causal": 1},
                             {"B": 1, "H": 1, "S": 333, "D": 64, "causal": 1}, {"B": 1, "H": 1, "S": 17, "D": 64, "causal": 0},
@@ -49,22 +49,14 @@ def main() -> int:
     if sys.argv[1:2] == ["--child"]:
         child(sys.argv[2], sys.argv[3])
         return 0
-    from agent.sweep.build import write_knobs
-    from tools.build.build import build
+    from parity_costs import built     # scripts/device/parity_costs.py: the same copy, knobs and build
     from tools.judge.sanitize import TORCH_KERNELS, find_sanitizer
-    from tools.task import load_task
     args = [a for a in sys.argv[1:] if "=" not in a]
     name = args[0] if args else "attention_fwd"
     knobs = {k: int(v) for k, v in (a.split("=", 1) for a in sys.argv[1:] if "=" in a)} or \
         ({"SMEM_PAD": 2} if name == "attention_fwd" else {})
     work = Path(tempfile.mkdtemp(prefix="racecheck-calls-"))
-    d = work / name
-    shutil.copytree(REPO / "kernels" / name, d, ignore=shutil.ignore_patterns("__pycache__"))
-    task = load_task(d)
-    write_knobs(d, task, {**task.read_knobs(), **knobs})
-    b = build(load_task(d), work / "build")
-    if b.status.value != "ok":
-        raise SystemExit(f"build {b.status.value}: {b.message[:300]}")
+    d, b = built(name, knobs, work)
     tool = find_sanitizer()
     if tool is None:
         raise SystemExit("no compute-sanitizer on this machine")
