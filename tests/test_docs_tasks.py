@@ -165,6 +165,8 @@ BAD = [
     ("missing source", BASE.replace('["vadd.cpp"]', '["nope.cpp"]'), FILES),
     ("no module", BASE, {"vadd.cpp": FILES["vadd.cpp"]}),
     ("editable", BASE.replace('editable = ["vadd.cpp"]', 'editable = ["other.cpp"]'), FILES),
+    ("editable module", BASE.replace('sources = ["vadd.cpp"]\neditable = ["vadd.cpp"]',
+                                     'sources = ["vadd.cpp", "task.py"]\neditable = ["vadd.cpp", "task.py"]'), FILES),
     ("main_shape", BASE.replace("shapes =", "main_shape = 3\nshapes ="), FILES),
     ("dtype tolerance", BASE.replace("shapes =", 'dtypes = ["float16"]\nshapes ='), FILES),
     ("atol", BASE.replace("atol = 0.0", "atol = -1"), FILES),

@@ -259,3 +259,44 @@ def test_a_warm_agent_forks_its_server_and_the_server_keeps_what_a_fresh_one_pro
     while (_alive(got["server"]) or _alive(got["child"])) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not _alive(got["server"]) and not _alive(got["child"]), got
+
+
+def _cuda() -> bool:
+    try:
+        import torch
+        return torch.cuda.is_available()
+    except Exception:
+        return False
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _cuda(), reason="needs a CUDA GPU")
+def test_an_agent_with_a_cuda_context_starts_its_server_afresh(tmp_path):
+    """An agent that asked torch for the device's limits holds a CUDA context (tools/backends/device.py), and torch
+    refuses CUDA in every fork of such a process: its server is started afresh though everything else makes it warm,
+    and a child of the server makes a CUDA tensor. Before, every judge of a CUDA task said "Cannot re-initialize CUDA
+    in forked subprocess" where the agent was itself a fork of a warm parent (tests/userrepo.py agent())."""
+    script = textwrap.dedent(f"""
+        import importlib, json, os, sys, time
+        sys.path.insert(0, {str(Path(__file__).resolve().parent.parent)!r})
+        from tools.isolation.forkserver import WARM, forkserver, warm_here
+        for m in WARM:
+            importlib.import_module(m)
+        from tools.backends.device import device_limits
+        before = warm_here()
+        device_limits()
+        import torch
+        from tools.isolation.sandbox import _finish, python_env
+        warm = warm_here()
+        s = forkserver(python_env())
+        env = {{"PATH": os.environ["PATH"], "PYTHONPATH": s.env["PYTHONPATH"]}}
+        res = _finish(s.spawn({PROBE!r}, ["cuda"], {str(tmp_path)!r}, env, False), ["cuda"], time.monotonic(), 120, None)
+        print(json.dumps({{"before": before, "cuda": torch.cuda.is_initialized(), "warm": warm,
+                          "fresh": b"tools.isolation.forkserver" in open(f"/proc/{{s.proc.pid}}/cmdline", "rb").read(),
+                          "child": res.stdout.strip().splitlines()[-1] if res.stdout.strip() else res.stderr[-500:]}}))
+    """)
+    r = subprocess.run([sys.executable, "-P", "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    got = json.loads(r.stdout.strip().splitlines()[-1]) if r.stdout.strip() else {}
+    assert got.get("child") == '{"cuda": 8.0}', r.stdout[-2000:] + r.stderr[-2000:]
+    assert {k: got[k] for k in ("before", "cuda", "warm", "fresh")} == {"before": True, "cuda": True, "warm": False,
+                                                                       "fresh": True}, got

@@ -49,8 +49,8 @@ def _probe_task(tmp_path: Path):
 @pytest.mark.parametrize("entry", ["run_parity", "run_candidate"])
 def test_the_judge_shares_the_cache_and_its_host_keeps_its_own(tmp_path, monkeypatch, entry):
     """Shared (AGENT_JIT_CACHE a path): the judge's reference sees it, the host's run its own scratch's; both right.
-    Off (AGENT_JIT_CACHE=0, or unset: the default): the judge keeps its cache in its scratch directory, and the
-    reference says so. Where the kernel has no Landlock sharing is off whatever is asked."""
+    Unset (the default) shares the same way, in $AGENT_CACHE/cuda-jit. Off (AGENT_JIT_CACHE=0): the judge keeps its
+    cache in its scratch directory, and the reference says so. Where the kernel has no Landlock sharing is off whatever is asked."""
     from tools.judge.candidate import prestart_candidate, run_candidate
     from tools.measure.parity import run_parity
     task, lib = _probe_task(tmp_path)
@@ -70,11 +70,13 @@ def test_the_judge_shares_the_cache_and_its_host_keeps_its_own(tmp_path, monkeyp
         return
     assert res.status.value == "ok", res.message
     assert shared.is_dir(), "the shared folder is made before the child starts"
-    for off in ("0", None):
-        if off is None:
-            monkeypatch.delenv("AGENT_JIT_CACHE")
-        else:
-            monkeypatch.setenv("AGENT_JIT_CACHE", off)
+    monkeypatch.setenv("AGENT_CACHE", str(tmp_path / "cache"))
+    monkeypatch.delenv("AGENT_JIT_CACHE")
+    monkeypatch.setenv("JIT_EXPECTED", str((tmp_path / "cache" / "cuda-jit").resolve()))
+    res = parity()
+    assert res.status.value == "ok", f"the default is to share, under AGENT_CACHE: {res.message}"
+    for off in ("0", "off"):
+        monkeypatch.setenv("AGENT_JIT_CACHE", off)
         res = parity()
         assert res.status.value == "mismatch", f"the reference saw the shared cache with sharing off: {res.message}"
 
@@ -110,16 +112,18 @@ def _hosts(tmp: str) -> None:
 
 
 def test_where_the_cache_is(tmp_path, monkeypatch):
-    """AGENT_JIT_CACHE: unset or 0, off; 1, under AGENT_CACHE; a path, there (a relative one made absolute in the
+    """AGENT_JIT_CACHE: 0, off; unset or 1, under AGENT_CACHE; a path, there (a relative one made absolute in the
     agent's process: a judge child's working directory is its scratch). Never where the kernel has no Landlock."""
     monkeypatch.setenv("AGENT_CACHE", str(tmp_path / "cache"))
-    monkeypatch.delenv("AGENT_JIT_CACHE", raising=False)
-    assert shared_dir() is None and judge_env() == {}
     monkeypatch.setenv("AGENT_JIT_CACHE", "0")
     assert shared_dir() is None and judge_env() == {}
     fenced = landlock_abi() > 0
-    monkeypatch.setenv("AGENT_JIT_CACHE", "1")
-    assert shared_dir() == ((tmp_path / "cache" / "cuda-jit").resolve() if fenced else None)
+    for on in ("1", None):
+        if on is None:
+            monkeypatch.delenv("AGENT_JIT_CACHE")
+        else:
+            monkeypatch.setenv("AGENT_JIT_CACHE", on)
+        assert shared_dir() == ((tmp_path / "cache" / "cuda-jit").resolve() if fenced else None)
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("AGENT_JIT_CACHE", "mine")
     mine = str((tmp_path / "mine").resolve())

@@ -144,3 +144,60 @@ def test_a_waiting_target_reads_its_task_only_once_its_library_comes(matmul_lib,
     quiet._proc.stdin.close()
     assert quiet._proc.wait(timeout=120) == 0 and quiet._proc.stdout.read() == b""
     quiet.close()
+
+
+ESCAPE = '''
+import os as _os
+if _os.environ.get("ESCAPE_TO"):     # the task's Python, as a candidate's commit may change it
+    try:
+        open(_os.environ["ESCAPE_TO"], "w").write("out of the scratch directory")
+    except OSError:
+        pass
+    open(_os.path.join(_os.environ["HOME"], "inside"), "w").write("in its scratch directory")
+'''
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Landlock is Linux's")
+def test_the_profiled_program_writes_only_in_its_scratch_directory(matmul_lib, tmp_path):
+    """The Nsight Compute target loads the candidate's library and its task's Python (which a candidate's commit may
+    change): it fences itself to the scratch directory its parent gives it (tools/profile/target.py fence), as the
+    judge's host does. A write by absolute path outside fails, one into its HOME lands there and is listed when the
+    directory closes; the call itself is unharmed. Without the scratch directory (no fence) the same write lands:
+    what this test sees is the fence."""
+    from tools.isolation.confine import landlock_abi
+    from tools.isolation.sandbox import run_isolated
+    from tools.isolation.scratch import Scratch, drain
+    from tools.profile.target import target_argv, target_env
+    from tools.task import load_task
+    if landlock_abi() == 0:
+        pytest.skip("this kernel has no Landlock: nothing fences the target")
+    task_dir = tmp_path / "matmul_cpu"
+    shutil.copytree(ROOT / "kernels/matmul_cpu", task_dir)
+    (task_dir / "task.py").write_text((task_dir / "task.py").read_text() + ESCAPE)
+    task = load_task(task_dir)
+    argv = target_argv(task, matmul_lib, 0, 1, 1)
+    out = tmp_path / "escaped"
+    drain()
+    with Scratch(tmp_path / "scratch", "profile") as s:
+        res = run_isolated(argv, 300, cwd=s.dir, env={**target_env(s), "ESCAPE_TO": str(out)})
+    assert res.status.value == "ok", res.stderr
+    assert json.loads(res.stdout.strip().splitlines()[-1])["ok"]
+    assert not out.exists(), "the fenced target wrote outside its scratch directory"
+    assert "inside" in [f.path for f in drain()]
+    env = {k: v for k, v in target_env(s).items() if k != "AGENT_SCRATCH"}   # the same start, no scratch to fence to
+    home = tmp_path / "home"
+    home.mkdir()
+    res = run_isolated(argv, 300, cwd=home, env={**env, "HOME": str(home), "ESCAPE_TO": str(out)})
+    assert res.status.value == "ok", res.stderr
+    assert out.read_text() == "out of the scratch directory"
+
+
+def test_the_fallback_trace_comes_out_of_the_fenced_target(matmul_lib, tmp_path):
+    """The torch-profiler fallback's target writes its trace in its own scratch directory (the only place its fence
+    lets it write) and the agent moves it to the folder asked for, where it is read: here the CPU task's trace, with
+    no CUDA kernel in it (an honest no_kernel_matched, not a failed program)."""
+    from tools.profile.fallback import profile_fallback
+    from tools.task import load_task
+    rep = profile_fallback(load_task(ROOT / "kernels/matmul_cpu"), matmul_lib, shape=0, timeout_s=300, out_dir=tmp_path)
+    assert rep.status == ProfileStatus.no_kernel_matched, rep.message
+    assert "traceEvents" in json.loads((tmp_path / "trace.json").read_text())

@@ -89,6 +89,9 @@ class TaskSpec(Strict):
         for f in self.editable:
             if f not in self.sources:
                 raise ValueError(f"editable file {f!r} is not among the sources {self.sources}")
+        if self.module in self.editable:    # the judge's own code: the reference a candidate is checked against
+            raise ValueError(f"the task's module {self.module!r} holds the reference and the calls the judge checks a "
+                             "candidate with: it cannot be editable")
         if not 0 <= self.main_shape < len(self.shapes):
             raise ValueError(f"main_shape {self.main_shape} is outside the {len(self.shapes)} shapes")
         for d, r in self.dims.items():

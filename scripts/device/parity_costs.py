@@ -16,8 +16,8 @@ its sanitizer hosts started early, the job 12 s later), memcheck and racecheck b
 --beside=memcheck or =racecheck: that one alone beside it (issue 66 slice 13: racecheck is the contention). --ncu: a
 held Nsight Compute pass (tools/profile/warm.py) makes its CUDA context as the job comes, as a keep's does. --seed=N:
 parity's seed (the hidden shapes, the draws) instead of 7. Each run's HOME is the caller's: the CUDA driver's JIT cache
-under it is warm after the first run (HOME=$(mktemp -d) for a cold one, as every judge child of the loop has unless
-AGENT_JIT_CACHE is set).
+under it is warm after the first run (HOME=$(mktemp -d) for a cold one, as every judge child of the loop had
+before the shared cache, tools/backends/jitcache.py; AGENT_JIT_CACHE=0 turns it off).
 """
 
 from __future__ import annotations

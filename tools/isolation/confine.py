@@ -76,10 +76,11 @@ def describe() -> str:
     return f"Landlock ABI {abi}: writes only in the scratch directory" + (", no signals out" if abi >= 6 else "")
 
 
-def fence_scratch(scratch: str | None = None) -> bool:
+def fence_scratch(scratch: str | None = None, also: tuple[str, ...] = ()) -> bool:
     """Confine this process (and what it starts) to writing in `scratch` (default $AGENT_SCRATCH), and in
-    $AGENT_IO where that is set (a host's buffer files in memory, tools/judge/iofiles.py).
-    Returns whether a fence was applied; no scratch directory or no Landlock: nothing (False)."""
+    $AGENT_IO where that is set (a host's buffer files in memory, tools/judge/iofiles.py), and in the folders `also`
+    names (the Nsight Compute lock's, tools/profile/target.py). Returns whether a fence was applied; no scratch
+    directory or no Landlock: nothing (False)."""
     scratch = scratch or os.environ.get("AGENT_SCRATCH")
     if not scratch or not os.path.isdir(scratch) or landlock_abi() == 0:
         return False
@@ -87,7 +88,8 @@ def fence_scratch(scratch: str | None = None) -> bool:
     # the CUDA driver writes files of its own process under /proc/PID: without that, no device
     # (cudaGetDeviceCount: error 304, on the H200 host); /proc/PID/mem of another process stays out of
     # reach (Landlock refuses ptrace access outside the domain)
-    _landlock([scratch, *([io] if io and os.path.isdir(io) else [])], device_files() + [f"/proc/{os.getpid()}"],
+    _landlock([scratch, *([io] if io and os.path.isdir(io) else []), *(a for a in also if os.path.isdir(a))],
+              device_files() + [f"/proc/{os.getpid()}"],
               landlock_abi())
     return True
 

@@ -141,11 +141,16 @@ def warm_here() -> bool:
     """Whether this process can be the server's image: it has imported what the server imports (a process that
     embeds the agent, or an agent forked from a warm parent) and runs no thread but the main one (a fork copies only
     the caller: a lock another thread held stays held in the copy) and the one importing torch starts, idle on a
-    futex from then on, which a fresh server has too and forks every judge beside."""
+    futex from then on, which a fresh server has too and forks every judge beside. Not a process that has made its
+    CUDA context (the agent asks torch for the device's limits, tools/backends/device.py): torch refuses CUDA in every
+    copy of it ("Cannot re-initialize CUDA in forked subprocess", every judge of a CUDA task on an H200)."""
+    torch = sys.modules.get("torch")
     try:
+        if torch is not None and torch.cuda.is_initialized():
+            return False
         return (threading.active_count() == 1 and all(name in sys.modules for name in WARM)
                 and len(os.listdir("/proc/self/task")) <= 2)
-    except OSError:
+    except (OSError, AttributeError):
         return False
 
 

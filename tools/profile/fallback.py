@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -16,7 +17,9 @@ from pydantic import BaseModel
 from tools.profile.classify import HINTS, classify_bottleneck
 from tools.profile.model import KernelProfile, ProfileEnv, ProfileReport, ProfileStatus
 from tools.results import KernelResources
-from tools.isolation.sandbox import REPO_ROOT, python_env, run_isolated
+from tools.isolation.sandbox import run_isolated
+from tools.isolation.scratch import Scratch
+from tools.profile.target import target_env
 from tools.task import Task
 
 
@@ -123,7 +126,12 @@ def profile_fallback(task: Task, lib_path: str | Path, *, shape: int | None = No
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     trace = out / "trace.json"
-    proc = run_isolated(target_argv(task, lib_path, shape, 2, 1, trace=str(trace)), timeout_s, cwd=REPO_ROOT, env=python_env())
+    with Scratch(out, "profile") as s:   # the target fences itself to it (tools/profile/target.py): its trace is written
+        mine = s.dir / "trace.json"       # there and moved out by this process
+        proc = run_isolated(target_argv(task, lib_path, shape, 2, 1, trace=str(mine)), timeout_s, cwd=s.dir,
+                            env=target_env(s))
+        if mine.is_file():
+            shutil.move(str(mine), str(trace))
     if proc.status.value != "ok" or not trace.is_file():
         status = ProfileStatus.timeout if proc.status.value == "timeout" else ProfileStatus.target_failed
         last = (proc.tail(1) or proc.reason()).strip()

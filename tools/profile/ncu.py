@@ -26,6 +26,7 @@ import json
 import re
 import shutil
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -34,8 +35,9 @@ from tools.profile.classify import HINTS, classify_failure, missing_metric
 from tools.profile.model import ProfileEnv, ProfileReport, ProfileStatus
 from tools.backends.toolchain import find_ncu
 from tools.profile.reader import read_report_isolated as read_report
-from tools.profile.target import shape_index, target_argv
-from tools.isolation.sandbox import REPO_ROOT, ProcResult, python_env, run_isolated
+from tools.profile.target import shape_index, target_argv, target_env
+from tools.isolation.sandbox import ProcResult, run_isolated
+from tools.isolation.scratch import Scratch
 from tools.task import Task
 
 # tier 1 has WarpStateStats since issue 63: the model is asked to reason from stall reasons, and tier 1 is what the
@@ -133,7 +135,7 @@ def profile_task(task: Task, lib_path: str | Path, *, tier: int = 1, shape: int 
                                fallback, task, lib_path, idx, timeout_s)
     env.ncu_version, env.driver = ncu_version(ncu), driver_version()
     own = out_dir is None      # a folder of our own: kept only where the report it holds is named
-    out = Path(tempfile.mkdtemp(prefix="agent-profile-")) if own else Path(out_dir)
+    out = Path(tempfile.mkdtemp(prefix="agent-profile-")) if own else Path(out_dir).resolve()   # ncu runs elsewhere
     out.mkdir(parents=True, exist_ok=True)
     stem = out / f"profile-t{tier}-s{idx}"
     rep = stem.with_name(stem.name + ".ncu-rep")
@@ -152,7 +154,7 @@ def profile_task(task: Task, lib_path: str | Path, *, tier: int = 1, shape: int 
                 warm = None       # its target never had the job (an ncu that does not hand its stdin on): cold
                 continue
         else:
-            proc = run_isolated(argv, max(1.0, t_end - time.monotonic()), cwd=REPO_ROOT, env=python_env())
+            proc = fenced(argv, max(1.0, t_end - time.monotonic()), out)
         warm = None
         failure = classify_failure(proc, rep.is_file())
         gone = missing_metric(proc.stdout + proc.stderr) if failure else None
@@ -177,11 +179,19 @@ def profile_task(task: Task, lib_path: str | Path, *, tier: int = 1, shape: int 
     env.gpu, env.sm_count = report.env.gpu, report.env.sm_count
     if measure_bare:
         target = target_argv(task, lib_path, idx, warmup, 1, nvtx=NVTX_RANGE if whole_call else None)
-        bare = run_isolated(target, timeout_s, cwd=REPO_ROOT, env=python_env())
+        bare = fenced(target, timeout_s, out)
         env.bare_seconds = round(bare.seconds, 3) if bare.status.value == "ok" else None
     notes = [f"report: {rep}"] + ([f"dropped metrics this ncu/GPU lacks: {', '.join(dropped)}"] if dropped else [])
     return report.model_copy(update={"env": env, "task": task.name, "shape": shp,
                                      "message": "; ".join(filter(None, [report.message, *notes]))})
+
+
+def fenced(argv: list[str], timeout_s: float, where: Path) -> ProcResult:
+    """ncu and its target (or the target alone) in a scratch directory of its own under `where` (the pass's folder),
+    which the target fences itself to (tools/profile/target.py): what the candidate's code leaves there is listed for
+    the record, then removed."""
+    with Scratch(where, "profile") as s:
+        return run_isolated(argv, timeout_s, cwd=s.dir, env=target_env(s, ncu=argv[0] != sys.executable))
 
 
 def _target_tail(proc: ProcResult) -> str:

@@ -14,13 +14,23 @@ ncu with its context made slowed the two-thread calls of every bench beside it t
 probe 1.45 s beside it, 0.45-0.62 s alone), and without its context it does not (0.47-0.50 s; BENCHMARKS.md, issue
 66 slice 9). The task (task.toml, its Python) is read again once the job has come: a candidate's commit may have
 changed it since the start.
+
+The target loads a candidate's library (and its task's Python, which a candidate's commit may change) with ncu's
+injection in its process: it runs as the judge's host does, in a scratch directory of its own with the Landlock fence
+(tools/isolation/confine.py) put on itself before it imports anything of the task's, so that it writes nowhere else
+(not the user's checkout, not the judge's shared JIT cache, tools/backends/jitcache.py). Its parents start it with
+target_env(): the caches in the scratch directory, HOME and TMPDIR left the agent's for ncu (its section files, the
+lock that serializes every pass on the machine, which the fence lets the target take); the target takes its scratch
+directory for HOME and Python's temporary files once running.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -34,7 +44,7 @@ def target_argv(task: Task, lib_path: str | Path | None, shape: int | dict | Non
     """How to start this program on one shape of a task (ncu wraps it; the fallback traces it). `nvtx`: the measured
     calls inside an NVTX push/pop range of that name (ncu --nvtx-include NAME/: every launch they make, whatever
     its kernel's name and however many a call makes)."""
-    argv = [sys.executable, "-m", "tools.profile.target", "--task", str(task.root)]
+    argv = [sys.executable, "-m", "tools.profile.target", "--task", str(Path(task.root).resolve())]
     if lib_path is not None:      # without: the target waits for its library on stdin (module docstring)
         argv += ["--lib", str(Path(lib_path).resolve())]
     argv += ["--warmup", str(warmup), "--iters", str(iters)]
@@ -45,6 +55,42 @@ def target_argv(task: Task, lib_path: str | Path | None, shape: int | dict | Non
     if nvtx:
         argv += ["--nvtx", nvtx]
     return argv
+
+
+def target_env(scratch, ncu: bool = False) -> dict[str, str]:
+    """The environment of ncu (`ncu`) and its target, or the target alone, in `scratch` (tools/isolation/scratch.py
+    Scratch): python_env's with the scratch directory's caches and AGENT_SCRATCH (the target fences itself to it:
+    fence()), and the agent's own HOME and TMPDIR: ncu copies its section files under HOME on a first run (56 files
+    in every pass's scratch directory otherwise, on an H200), and its injection in the target takes a lock in
+    $TMPDIR/nvidia/nsight_compute that serializes the passes of every ncu on the machine. That folder is made here
+    and named to the target (AGENT_NCU_LOCK), whose fence lets it write there and nowhere else outside its scratch."""
+    import tempfile as _tempfile
+    from tools.isolation.sandbox import python_env
+    env = python_env(None, scratch)
+    env.pop("TMPDIR", None)
+    env.pop("HOME", None)
+    if ncu:
+        lock = os.path.join(_tempfile.gettempdir(), "nvidia", "nsight_compute")
+        try:
+            os.makedirs(lock, exist_ok=True)
+            env["AGENT_NCU_LOCK"] = lock
+        except OSError:
+            pass       # the pass's injection then finds no lock folder it may write in, and ncu says so
+    return env
+
+
+def fence() -> bool:
+    """This process confined to writing in its scratch directory ($AGENT_SCRATCH: target_env) and ncu's lock folder
+    ($AGENT_NCU_LOCK), its HOME and Python's temporary folder moved into the scratch directory first (TMPDIR itself
+    stays: ncu's injection finds its lock through it); whether a fence was put on (none without a scratch directory or
+    without Landlock)."""
+    scratch = os.environ.get("AGENT_SCRATCH")
+    if scratch and os.path.isdir(os.path.join(scratch, "tmp")):
+        tempfile.tempdir = os.path.join(scratch, "tmp")
+        os.environ["HOME"] = scratch
+    from tools.isolation.confine import fence_scratch
+    lock = os.environ.get("AGENT_NCU_LOCK")
+    return fence_scratch(also=(lock,) if lock else ())
 
 
 def shape_index(task: Task, shape: int | dict) -> int:
@@ -68,6 +114,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--trace", default=None)
     ap.add_argument("--nvtx", default=None)
     a = ap.parse_args(argv)
+    fence()      # before the task's Python and the candidate's library are loaded (module docstring)
 
     from tools.task import load_task
     from tools.task_messages import make_inputs

@@ -10,7 +10,7 @@ profile_task uses it only where its command line is the one it would have run, a
 
 The waiting target holds torch and nothing else until a keep begins (prepare(): then its CUDA context), and runs no
 kernel until its job comes. It is an isolated child (tools/isolation/sandbox.py Prestarted: its own session, death
-with the agent, its group ended by close()).
+with the agent, its group ended by close()), in a scratch directory its target fences itself to.
 """
 
 from __future__ import annotations
@@ -20,7 +20,8 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from tools.isolation.sandbox import REPO_ROOT, Prestarted, ProcResult, python_env
+from tools.isolation.sandbox import Prestarted, ProcResult
+from tools.isolation.scratch import Scratch
 
 
 class WarmPass:
@@ -28,7 +29,9 @@ class WarmPass:
 
     def __init__(self, argv: list[str], stem: Path):
         self.argv, self.stem = argv, stem
-        self.child = Prestarted(argv, cwd=REPO_ROOT, env=python_env())
+        from tools.profile.target import target_env
+        s = Scratch(stem.parent, "profile")   # the target fences itself to it (tools/profile/target.py); closed with the child
+        self.child = Prestarted(argv, cwd=s.dir, env=target_env(s, ncu=True), scratch=s)
 
     def serves(self, argv: list[str], stem: Path) -> bool:
         """Whether this pass runs `argv` (a cold pass writing to `stem`), its report stem aside."""
