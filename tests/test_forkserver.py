@@ -273,8 +273,8 @@ def _cuda() -> bool:
 @pytest.mark.skipif(not _cuda(), reason="needs a CUDA GPU")
 def test_an_agent_with_a_cuda_context_starts_its_server_afresh(tmp_path):
     """An agent that asked torch for the device's limits holds a CUDA context (tools/backends/device.py), and torch
-    refuses CUDA in every fork of such a process: its server is started afresh though everything else makes it warm,
-    and a child of the server makes a CUDA tensor. Before, every judge of a CUDA task said "Cannot re-initialize CUDA
+    refuses CUDA in every fork of such a process: its server is started afresh, and a child of the server makes a
+    CUDA tensor. Before, every judge of a CUDA task said "Cannot re-initialize CUDA
     in forked subprocess" where the agent was itself a fork of a warm parent (tests/userrepo.py agent())."""
     script = textwrap.dedent(f"""
         import importlib, json, os, sys, time
@@ -298,5 +298,6 @@ def test_an_agent_with_a_cuda_context_starts_its_server_afresh(tmp_path):
     r = subprocess.run([sys.executable, "-P", "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=300)
     got = json.loads(r.stdout.strip().splitlines()[-1]) if r.stdout.strip() else {}
     assert got.get("child") == '{"cuda": 8.0}', r.stdout[-2000:] + r.stderr[-2000:]
-    assert {k: got[k] for k in ("before", "cuda", "warm", "fresh")} == {"before": True, "cuda": True, "warm": False,
-                                                                       "fresh": True}, got
+    # (before the context it may be warm or not: on the H200 box torch's import leaves more threads than warm_here
+    # allows; what is asserted is that a process with a context never is)
+    assert {k: got[k] for k in ("cuda", "warm", "fresh")} == {"cuda": True, "warm": False, "fresh": True}, got

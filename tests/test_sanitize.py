@@ -75,7 +75,9 @@ def test_memcheck_shrinks_a_large_shape_to_its_rows_and_racecheck_takes_the_extr
     looks for, an access past an allocation's end, the last head of a smaller batch of the same rows reaches the same
     way. So a listed shape past MAX_ELEMENTS is checked with its reductions as they are and the other [dims] halved:
     every listed reduction length is still checked, the shapes within the budget as they are. racecheck's cost goes
-    with the blocks (B=33,H=31,S=1 took 5.4 s): its extremes are those with the fewest rows."""
+    with the blocks (B=33,H=31,S=1 took 5.4 s): its extremes are those with the fewest rows; and with the reduction a
+    block walks: its first shape is the smallest listed one, never a hidden one, whose length a random draw sets
+    (hidden S=585 took 7.6 s, the listed S=333 2.3-3.0 s)."""
     task = load_task(ROOT / "kernels" / "attention_fwd")
     spec, mod = task.spec, task.module()
     for seed in range(4):
@@ -90,7 +92,8 @@ def test_memcheck_shrinks_a_large_shape_to_its_rows_and_racecheck_takes_the_extr
         ranged = [(s, sanitize_shapes.rows(spec, s)) for s, label in race if label.startswith("range ")]
         assert ranged and max(n for _, n in ranged) <= sanitize_shapes.RACE_ROWS, race    # not B=33,H=31,S=1
         assert [shape_size(s) for s, _ in ranged] == sorted(shape_size(s) for s, _ in ranged), race
-        assert not race[0][1].startswith(("range ", "shrunk ")), race    # a listed or hidden shape as it is listed
+        assert race[0] == ({"B": 2, "H": 4, "S": 333, "D": 64, "causal": 1}, "B=2,H=4,S=333,D=64,causal=1"), race
+        assert not any("hidden " in label for _, label in race), race   # the smallest listed: its cost is known
     # both directions of shrunk(): the reductions never change; where they alone are past the budget, no shape
     big = {"B": 8, "H": 16, "S": 2048, "D": 64, "causal": 1}
     small = sanitize_shapes.shrunk(spec, big, 1 << 21)
