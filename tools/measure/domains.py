@@ -9,7 +9,8 @@ one check per draw on the smallest listed shape and on the first hidden one, lab
   (timing_reference, the working-precision call, where the task has one; else the reference: an honest kernel
   handles what torch's own call handles, not what a float64 truth does), found by doubling, then halving; at most
   the input's [[inputs]] max, and its dtype's largest value / 2. Every other row of each input is moved below
-  zero (all negative);
+  zero (all negative), its lowest value at that edge where the user's call stays finite there (below any finite
+  sentinel a max may start at: fp16's -1e4 included), else by twice its magnitude;
 - `values:tiny` - a quarter of each float input's elements replaced by +0, -0 and subnormals of either sign, and one
   row in seven scaled into the subnormal range;
 - `values:specials` - where task.toml's [[inputs]] declares them (specials = ["-inf"]): scattered (1 in 16), whole
@@ -87,22 +88,25 @@ def scaled_atol(exp, atol: float, rtol: float) -> float:
     return max(atol, rtol * float(fin.pow(2).mean().sqrt())) if fin.numel() else atol
 
 
-def _scaled(base: tuple, floats: list[int], k: int) -> tuple:
+def _scaled(base: tuple, floats: list[int], k: int, edges: dict[int, float] | None = None) -> tuple:
     """The sample times 2^k, and every other row of each float input (its last dimension) moved below zero by twice
     its largest magnitude: rows of large logits all negative (below any finite sentinel: flashinfer-ai/flashinfer
     #4267) beside rows of both signs (an exp without its max overflows). Shifted one way only: rows moved up and down
     both would make a reduction across rows cancel (a matmul's honest fp32 sum then differs from the truth by more
-    than its tolerance, as torch's own would)."""
+    than its tolerance, as torch's own would). `edges` (input -> the edge _large's k stays under): those rows moved
+    down to it instead, their lowest value at -edge, so that their max is at most -edge/3 whatever the draw."""
     # in two powers of two: a float64 input's 2^k can pass a Python float's range (2^1023) where each half does not
-    return tuple(_shift(x * 2.0 ** (k // 2) * 2.0 ** (k - k // 2)) if i in floats else x for i, x in enumerate(base))
+    return tuple(_shift(x * 2.0 ** (k // 2) * 2.0 ** (k - k // 2), (edges or {}).get(i)) if i in floats else x
+                 for i, x in enumerate(base))
 
 
-def _shift(x):
+def _shift(x, edge: float | None = None):
     import torch
     rows = _rows(x)
     top = rows.abs().amax(dim=-1, keepdim=True)
     odd = (torch.arange(rows.shape[0], device=x.device) % 2 == 1)[:, None]
-    return (rows - odd * 2 * top).view(x.shape)
+    down = 2 * top if edge is None else torch.maximum(edge - top, 2 * top)   # the lowest value at -edge
+    return (rows - odd * down).view(x.shape)
 
 
 def _finite_where(ref_new, ref_base) -> bool:
@@ -124,8 +128,8 @@ def _large(mod, shape: dict, base: tuple, floats: list[int], decl: list[InputSpe
         return base
     # a shifted row reaches 3x the sample's largest magnitude; the logs subtracted, not the magnitudes divided: a
     # float64 sample's largest under 1/6 gave finfo.max/2 over it an infinity (OverflowError in floor)
-    kmax = min(math.floor(math.log2(decl[i].max or torch.finfo(base[i].dtype).max / 2)
-                          - math.log2(max(3 * float(base[i].abs().max()), 1e-30))) for i in floats)
+    edges = {i: float(decl[i].max or torch.finfo(base[i].dtype).max / 2) for i in floats}
+    kmax = min(math.floor(math.log2(edges[i]) - math.log2(max(3 * float(base[i].abs().max()), 1e-30))) for i in floats)
     if kmax < 0:        # the declared max is under 3x the sample's: nothing to draw past it
         return base
     call = getattr(mod, "timing_reference", None) or mod.reference
@@ -140,7 +144,13 @@ def _large(mod, shape: dict, base: tuple, floats: list[int], decl: list[InputSpe
             ok = mid
         else:
             hi = mid
-    return _scaled(base, floats, max(0, ok - HEADROOM_LOG2) if ok < kmax else ok)
+    k = max(0, ok - HEADROOM_LOG2) if ok < kmax else ok
+    # the negative rows as low as the edge allows, where the user's call stays finite there: at the k found, fp16's
+    # rows moved by twice their magnitude had their max at -8800..-12000, and a max that starts at a finite sentinel
+    # of -1e4 went unseen where no row was below it (scripts/device/verify_gpu.py values_sentinel, kept on an H200,
+    # issue 66 slice 14); at the edge (32752) every such row's max is under -10917
+    low = _scaled(base, floats, k, edges)
+    return low if _finite_where(call(shape, *low), ref) else _scaled(base, floats, k)
 
 
 def _rows(x):
