@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from tools.backends.device import torch_cuda_available
 from tools.isolation.forkserver import forkserver
 from tools.isolation.sandbox import ProcStatus, _finish, python_env
 
@@ -261,21 +262,15 @@ def test_a_warm_agent_forks_its_server_and_the_server_keeps_what_a_fresh_one_pro
     assert not _alive(got["server"]) and not _alive(got["child"]), got
 
 
-def _cuda() -> bool:
-    try:
-        import torch
-        return torch.cuda.is_available()
-    except Exception:
-        return False
-
-
 @pytest.mark.gpu
-@pytest.mark.skipif(not _cuda(), reason="needs a CUDA GPU")
+@pytest.mark.skipif(not torch_cuda_available(), reason="needs a CUDA GPU")
 def test_an_agent_with_a_cuda_context_starts_its_server_afresh(tmp_path):
     """An agent that asked torch for the device's limits holds a CUDA context (tools/backends/device.py), and torch
     refuses CUDA in every fork of such a process: its server is started afresh, and a child of the server makes a
-    CUDA tensor. Before, every judge of a CUDA task said "Cannot re-initialize CUDA
-    in forked subprocess" where the agent was itself a fork of a warm parent (tests/userrepo.py agent())."""
+    CUDA tensor. On the H200 box a warm agent forked from the tests' warm parent did fork its server from itself
+    after that call: every judge of test_evaluate_cuda.py's softmax loop said "Cannot re-initialize CUDA in forked
+    subprocess" before warm_here looked for the context (that test is the one that fails without it; here the
+    process that imports torch on that box has more threads than warm_here allows anyway)."""
     script = textwrap.dedent(f"""
         import importlib, json, os, sys, time
         sys.path.insert(0, {str(Path(__file__).resolve().parent.parent)!r})

@@ -92,6 +92,10 @@ class TaskSpec(Strict):
         if self.module in self.editable:    # the judge's own code: the reference a candidate is checked against
             raise ValueError(f"the task's module {self.module!r} holds the reference and the calls the judge checks a "
                              "candidate with: it cannot be editable")
+        for f in self.editable:             # the judge imports the task's Python, and what it imports, unfenced
+            if f.endswith((".py", ".pyc", ".so")):
+                raise ValueError(f"editable file {f!r} is Python the judge could import: a candidate edits the "
+                                 "sources that are compiled (and their headers)")
         if not 0 <= self.main_shape < len(self.shapes):
             raise ValueError(f"main_shape {self.main_shape} is outside the {len(self.shapes)} shapes")
         for d, r in self.dims.items():

@@ -79,6 +79,10 @@ def main(argv: list[str] | None = None) -> int:
 if __name__ == "__main__":
     # before the exported solution (a candidate's kernel) is built and loaded: writes only in this process's scratch directory (tools/isolation/confine.py; HOME, where
     # torch's load_inline builds, and TMPDIR are in it: tools/isolation/sandbox.py run_python_json)
+    import os
+    if os.environ.get("AGENT_SCRATCH"):    # load_inline's build folder and a compiler cache the user's environment may
+        for var, sub in (("TORCH_EXTENSIONS_DIR", "torch_extensions"), ("CCACHE_DIR", "ccache")):   # name elsewhere
+            os.environ[var] = os.path.join(os.environ["AGENT_SCRATCH"], sub)
     from tools.isolation.confine import fence_scratch
     fence_scratch()
     sys.exit(main())

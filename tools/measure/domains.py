@@ -128,8 +128,9 @@ def _large(mod, shape: dict, base: tuple, floats: list[int], decl: list[InputSpe
         return base
     # a shifted row reaches 3x the sample's largest magnitude; the logs subtracted, not the magnitudes divided: a
     # float64 sample's largest under 1/6 gave finfo.max/2 over it an infinity (OverflowError in floor)
-    edges = {i: float(decl[i].max or torch.finfo(base[i].dtype).max / 2) for i in floats}
-    kmax = min(math.floor(math.log2(edges[i]) - math.log2(max(3 * float(base[i].abs().max()), 1e-30))) for i in floats)
+    edges = {i: min(float(decl[i].max or math.inf), torch.finfo(base[i].dtype).max / 2) for i in floats}
+    room = {i: math.floor(math.log2(edges[i]) - math.log2(max(3 * float(base[i].abs().max()), 1e-30))) for i in floats}
+    kmax = min(room.values())
     if kmax < 0:        # the declared max is under 3x the sample's: nothing to draw past it
         return base
     call = getattr(mod, "timing_reference", None) or mod.reference
@@ -144,13 +145,16 @@ def _large(mod, shape: dict, base: tuple, floats: list[int], decl: list[InputSpe
             ok = mid
         else:
             hi = mid
-    k = max(0, ok - HEADROOM_LOG2) if ok < kmax else ok
-    # the negative rows as low as the edge allows, where the user's call stays finite there: at the k found, fp16's
-    # rows moved by twice their magnitude had their max at -8800..-12000, and a max that starts at a finite sentinel
-    # of -1e4 went unseen where no row was below it (scripts/device/verify_gpu.py values_sentinel, kept on an H200,
-    # issue 66 slice 14); at the edge (32752) every such row's max is under -10917
-    low = _scaled(base, floats, k, edges)
-    return low if _finite_where(call(shape, *low), ref) else _scaled(base, floats, k)
+    if ok < kmax:       # the user's call overflows before the edge: headroom, and the rows moved as far as their size
+        return _scaled(base, floats, max(0, ok - HEADROOM_LOG2))
+    # finite up to the edge: the negative rows of the inputs the edge bounds moved as low as it allows, where the
+    # user's call stays finite there. Moved by twice their magnitude, fp16's rows had their max at -8800..-12000, and
+    # a max that starts at a finite sentinel of -1e4 went unseen where no row was below it
+    # (scripts/device/verify_gpu.py values_sentinel, kept on an H200, issue 66 slice 14); at the edge (32752) every
+    # such row's max is under -10917. An input another one's edge holds back keeps its rows' size (a row moved far
+    # past it would round to one value in fp16)
+    low = _scaled(base, floats, ok, {i: e for i, e in edges.items() if room[i] == kmax})
+    return low if _finite_where(call(shape, *low), ref) else _scaled(base, floats, ok)
 
 
 def _rows(x):

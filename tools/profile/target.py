@@ -19,9 +19,9 @@ The target loads a candidate's library (and its task's Python, which a candidate
 injection in its process: it runs as the judge's host does, in a scratch directory of its own with the Landlock fence
 (tools/isolation/confine.py) put on itself before it imports anything of the task's, so that it writes nowhere else
 (not the user's checkout, not the judge's shared JIT cache, tools/backends/jitcache.py). Its parents start it with
-target_env(): the caches in the scratch directory, HOME and TMPDIR left the agent's for ncu (its section files, the
-lock that serializes every pass on the machine, which the fence lets the target take); the target takes its scratch
-directory for HOME and Python's temporary files once running.
+target_env(): HOME, TMPDIR and the caches in the scratch directory; under ncu, HOME and TMPDIR left the agent's (its
+section files, the lock that serializes every pass on the machine, which the fence lets the target take), and the
+target takes its scratch directory for HOME and Python's temporary files once running.
 """
 
 from __future__ import annotations
@@ -58,24 +58,25 @@ def target_argv(task: Task, lib_path: str | Path | None, shape: int | dict | Non
 
 
 def target_env(scratch, ncu: bool = False) -> dict[str, str]:
-    """The environment of ncu (`ncu`) and its target, or the target alone, in `scratch` (tools/isolation/scratch.py
-    Scratch): python_env's with the scratch directory's caches and AGENT_SCRATCH (the target fences itself to it:
-    fence()), and the agent's own HOME and TMPDIR: ncu copies its section files under HOME on a first run (56 files
-    in every pass's scratch directory otherwise, on an H200), and its injection in the target takes a lock in
-    $TMPDIR/nvidia/nsight_compute that serializes the passes of every ncu on the machine. That folder is made here
-    and named to the target (AGENT_NCU_LOCK), whose fence lets it write there and nowhere else outside its scratch."""
-    import tempfile as _tempfile
+    """The environment of the target in `scratch` (tools/isolation/scratch.py Scratch), alone or under ncu (`ncu`):
+    python_env's, the scratch directory's HOME, TMPDIR, caches and AGENT_SCRATCH (the target fences itself to it:
+    fence()). Under ncu, the agent's own HOME and TMPDIR: ncu copies its section files under HOME on a first run (56
+    files in every pass's scratch directory otherwise, on an H200), and its injection in the target takes a lock in
+    $TMPDIR/nvidia/nsight_compute (else /tmp's) that serializes the passes of every ncu on the machine. That folder is
+    made here and named to the target (AGENT_NCU_LOCK), whose fence lets it write there and nowhere else outside its
+    scratch directory."""
     from tools.isolation.sandbox import python_env
     env = python_env(None, scratch)
+    if not ncu:
+        return env
     env.pop("TMPDIR", None)
     env.pop("HOME", None)
-    if ncu:
-        lock = os.path.join(_tempfile.gettempdir(), "nvidia", "nsight_compute")
-        try:
-            os.makedirs(lock, exist_ok=True)
-            env["AGENT_NCU_LOCK"] = lock
-        except OSError:
-            pass       # the pass's injection then finds no lock folder it may write in, and ncu says so
+    lock = os.path.join(os.environ.get("TMPDIR") or "/tmp", "nvidia", "nsight_compute")
+    try:
+        os.makedirs(lock, exist_ok=True)
+        env["AGENT_NCU_LOCK"] = lock
+    except OSError:
+        pass       # the pass's injection then finds no lock folder it may write in, and ncu says so
     return env
 
 
