@@ -94,6 +94,13 @@ def test_memcheck_shrinks_a_large_shape_to_its_rows_and_racecheck_takes_the_extr
         assert [shape_size(s) for s, _ in ranged] == sorted(shape_size(s) for s, _ in ranged), race
         assert race[0] == ({"B": 2, "H": 4, "S": 333, "D": 64, "causal": 1}, "B=2,H=4,S=333,D=64,causal=1"), race
         assert not any("hidden " in label for _, label in race), race   # the smallest listed: its cost is known
+    # where no listed shape fits (large ones and no [dims] to shrink them by: an imported task), a hidden one rather
+    # than none
+    soft = load_task(ROOT / "kernels" / "softmax")
+    bare = soft.spec.model_copy(update={"shapes": [{"M": 8192, "N": 4096}], "dims": {}})
+    race = sanitize_shapes.shapes(bare, soft.module(), random.Random(3), sanitize_shapes.RACE_SHAPES,
+                                  sanitize_shapes.RACE_ELEMENTS, sanitize_shapes.RACE_ELEMENTS)
+    assert race and race[0][1].startswith("hidden ") and shape_size(race[0][0]) <= sanitize_shapes.RACE_ELEMENTS, race
     # both directions of shrunk(): the reductions never change; where they alone are past the budget, no shape
     big = {"B": 8, "H": 16, "S": 2048, "D": 64, "causal": 1}
     small = sanitize_shapes.shrunk(spec, big, 1 << 21)

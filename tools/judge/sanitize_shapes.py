@@ -22,8 +22,8 @@ def shapes(spec, mod, rng: random.Random, most: int = MAX_SHAPES, largest: int =
     fit (shrunk(): its reductions as they are) or, where the task does not say which dimensions are reductions, whole
     up to `whole` elements (memcheck's budget before shapes were shrunk: an imported or `agent init` task), then the
     [dims] extremes under `largest` (short rows and tails first: where an access runs past an end), at most `most`.
-    racecheck (`most` < MAX_SHAPES): the smallest listed shape (not a hidden one), then the extremes with the fewest
-    rows (rows())."""
+    racecheck (`most` < MAX_SHAPES): the smallest listed shape (a hidden one only where no listed one fits), then the
+    extremes with the fewest rows (rows())."""
     from tools.measure.ranges import range_shapes
     from tools.task import shape_label, shape_size
     out: list[tuple[dict, str]] = [(dict(s), "") for s in spec.shapes]
@@ -46,8 +46,9 @@ def shapes(spec, mod, rng: random.Random, most: int = MAX_SHAPES, largest: int =
         # not a hidden one: its cost goes with the reduction a block walks, which a random draw sets (attention on an
         # H200: 1.2 s on hidden S=145, 7.6 s on hidden S=585 against 2.3-3.0 s on the listed S=333; BENCHMARKS.md
         # issue 66 slice 14), and parity and memcheck check the hidden shapes
-        listed = sorted((k for k in keep if not k[1].startswith("range ") and "hidden " not in k[1]),
-                        key=lambda k: (k[1].startswith("shrunk "), shape_size(k[0])))    # as listed, where one fits
+        # (a hidden one only where no listed shape fits: an imported task's large shapes with no [dims] to shrink by)
+        listed = sorted((k for k in keep if not k[1].startswith("range ")),
+                        key=lambda k: ("hidden " in k[1], k[1].startswith("shrunk "), shape_size(k[0])))
         ranged = sorted((k for k in keep if k[1].startswith("range ")),
                         key=lambda k: (rows(spec, k[0]) > RACE_ROWS, shape_size(k[0])))
         keep = listed[:1] + ranged
