@@ -77,11 +77,12 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    # before the exported solution (a candidate's kernel) is built and loaded: writes only in this process's scratch directory (tools/isolation/confine.py; HOME, where
-    # torch's load_inline builds, and TMPDIR are in it: tools/isolation/sandbox.py run_python_json)
+    # before the exported solution (a candidate's kernel) is built and loaded: writes only in this process's scratch
+    # directory (tools/isolation/confine.py; its HOME and TMPDIR are there: tools/isolation/sandbox.py run_python_json),
+    # and so load_inline's build folder and a compiler cache, which the user's environment may name elsewhere
     import os
-    if os.environ.get("AGENT_SCRATCH"):    # load_inline's build folder and a compiler cache the user's environment may
-        for var, sub in (("TORCH_EXTENSIONS_DIR", "torch_extensions"), ("CCACHE_DIR", "ccache")):   # name elsewhere
+    if os.environ.get("AGENT_SCRATCH"):
+        for var, sub in (("TORCH_EXTENSIONS_DIR", "torch_extensions"), ("CCACHE_DIR", "ccache")):
             os.environ[var] = os.path.join(os.environ["AGENT_SCRATCH"], sub)
     from tools.isolation.confine import fence_scratch
     fence_scratch()

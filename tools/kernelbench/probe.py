@@ -334,8 +334,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    # before the problem's and the solution's Python is imported: writes only in this process's scratch directory (tools/isolation/confine.py; HOME, where
-    # torch's load_inline builds, and TMPDIR are in it: tools/isolation/sandbox.py run_python_json)
+    # before the problem's and the solution's Python is imported: writes only in this process's scratch directory
+    # (tools/isolation/confine.py; its HOME and TMPDIR are there: tools/isolation/sandbox.py run_python_json)
     from tools.isolation.confine import fence_scratch
     fence_scratch()
     sys.exit(main())

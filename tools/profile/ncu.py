@@ -26,7 +26,6 @@ import json
 import re
 import shutil
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -154,7 +153,7 @@ def profile_task(task: Task, lib_path: str | Path, *, tier: int = 1, shape: int 
                 warm = None       # its target never had the job (an ncu that does not hand its stdin on): cold
                 continue
         else:
-            proc = fenced(argv, max(1.0, t_end - time.monotonic()), out)
+            proc = fenced(argv, max(1.0, t_end - time.monotonic()), out, ncu=True)
         warm = None
         failure = classify_failure(proc, rep.is_file())
         gone = missing_metric(proc.stdout + proc.stderr) if failure else None
@@ -179,19 +178,19 @@ def profile_task(task: Task, lib_path: str | Path, *, tier: int = 1, shape: int 
     env.gpu, env.sm_count = report.env.gpu, report.env.sm_count
     if measure_bare:
         target = target_argv(task, lib_path, idx, warmup, 1, nvtx=NVTX_RANGE if whole_call else None)
-        bare = fenced(target, timeout_s, out)
+        bare = fenced(target, timeout_s, out, ncu=False)
         env.bare_seconds = round(bare.seconds, 3) if bare.status.value == "ok" else None
     notes = [f"report: {rep}"] + ([f"dropped metrics this ncu/GPU lacks: {', '.join(dropped)}"] if dropped else [])
     return report.model_copy(update={"env": env, "task": task.name, "shape": shp,
                                      "message": "; ".join(filter(None, [report.message, *notes]))})
 
 
-def fenced(argv: list[str], timeout_s: float, where: Path) -> ProcResult:
-    """ncu and its target (or the target alone) in a scratch directory of its own under `where` (the pass's folder),
+def fenced(argv: list[str], timeout_s: float, where: Path, ncu: bool) -> ProcResult:
+    """ncu and its target (`ncu`; else the target alone) in a scratch directory of its own under `where` (the pass's folder),
     which the target fences itself to (tools/profile/target.py): what the candidate's code leaves there is listed for
     the record, then removed."""
     with Scratch(where, "profile") as s:
-        return run_isolated(argv, timeout_s, cwd=s.dir, env=target_env(s, ncu=argv[0] != sys.executable))
+        return run_isolated(argv, timeout_s, cwd=s.dir, env=target_env(s, ncu=ncu))
 
 
 def _target_tail(proc: ProcResult) -> str:
