@@ -200,3 +200,43 @@ def test_a_float64_sample_of_small_values_draws_large_values_and_raises_nothing(
         spec = SimpleNamespace(inputs=[], distributions=["normal"])
         (x,) = draw(spec, mod, {"M": 1, "N": 1}, 3, "cpu", "values:large")
         assert bool(torch.isfinite(x).all()) and float(x.abs().max()) > 1e200, (small, x)
+
+
+def test_a_search_made_ahead_serves_the_draws_of_a_parity_on_its_seed_and_no_other(tmp_path):
+    """The judge child held for a keep's confirmation searches the values:large edge while it waits (warmup.py
+    search_ahead, issue 66 slice 17): a parity before a keep on the seed it drew then calls the user's call for none of
+    its draws (a fresh process's first calls of fp16 SDPA load its kernels: 0.56-0.80 s a shape on an H200), and
+    draws what a search of its own would. A parity on another seed searches; so does a draw whose sample differs
+    from the one searched. The random generators are as they were."""
+    import random
+
+    from tools.measure import domains
+    from tools.measure.parity import check
+    from tools.measure.warmup import search_ahead, stand_in
+    task, _ = _task(tmp_path, "honest")
+    mod = task.module()
+    calls = []
+    mod.timing_reference = lambda shape, *x: calls.append(shape) or mod.reference(shape, *x)   # the user's call
+    domains._SEARCHED.clear()
+    states = (random.getstate(), torch.random.get_rng_state())
+    said = search_ahead(task, mod, 11, waiting=lambda: False)
+    assert said.startswith("values searched ahead: 2 of 2 shapes") and len(calls) > 4, (said, calls)
+    assert random.getstate() == states[0] and torch.equal(torch.random.get_rng_state(), states[1])
+    searched = len(calls)
+    res = check(task, mod, None, seed=11, extent="rest", run=stand_in(mod))
+    assert res.status == ParityStatus.ok, res.message
+    large = [c for c in res.checks if c.dist == "values:large"]
+    assert len(large) == 2 and len(calls) == searched, calls[searched:]        # not one call: each draw was searched
+    for c in large:                                  # what was drawn is what a search of the job's own draws
+        got = draw(task.spec, mod, c.shape, c.seed, "cpu", "values:large")
+        domains._SEARCHED.clear()
+        assert torch.equal(draw(task.spec, mod, c.shape, c.seed, "cpu", "values:large")[0], got[0])
+    n = len(calls)
+    assert len(calls) > searched and check(task, mod, None, seed=12, extent="rest", run=stand_in(mod)).status == \
+        ParityStatus.ok and len(calls) > n                                     # another seed: searched by its job
+    key = next(iter(domains._SEARCHED))
+    fp, ok, low = domains._SEARCHED[key]
+    domains._SEARCHED[key] = (((0.5, 0.5),), ok, low)                          # a sample unlike the one searched
+    n = len(calls)
+    draw(task.spec, mod, dict(key[1]), key[2], "cpu", "values:large")
+    assert len(calls) > n

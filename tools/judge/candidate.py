@@ -4,7 +4,6 @@ ahead of time so that its start-up (torch, the CUDA context) overlaps the candid
 from __future__ import annotations
 
 import json
-import secrets
 import time
 from pathlib import Path
 from typing import NamedTuple
@@ -83,7 +82,7 @@ def run_candidate(task: Task, lib_path: Path, baseline_lib: Path | None, *, seed
     `rounds`: the bench's rounds instead of task.toml's (the confirmation's, sized to the first bench's noise).
     `probes_done`: the probes an earlier bench of this library ran clean (the confirmation's: its first bench's); those
     that look at the library alone (tools/measure/probes.py BEFORE_KEEP) are not run again, and the message says so."""
-    seed = secrets.randbits(31) if seed is None else seed
+    # no seed: the child draws its own (the one it drew when it started, tools/measure/warmup.py search_ahead)
     shapes = [dict(s) for s in (shapes or [task.spec.main])]
     job = {"lib": str(Path(lib_path).resolve()), "seed": seed, "shapes": shapes, "launch_context": launch_context,
            "baseline_lib": str(Path(baseline_lib).resolve()) if baseline_lib is not None else None,

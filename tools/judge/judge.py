@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import secrets
 import sys
 from pathlib import Path
 
@@ -284,16 +285,21 @@ def main(argv: list[str] | None = None) -> int:
         task = load_task(a.task)
         mod = task.module()
         task.backend.warm_up()
-        from tools.measure.warmup import LOST, wanted, warm_checks
+        from tools.measure.warmup import LOST, search_ahead, wanted, warm_checks
+        own = secrets.randbits(31)   # the root seed of a job that names none (run_candidate's)
+        warmed = ""
         if a.job_stdin and a.mode in ("evaluate", "parity") and wanted(task, a.sanitize_early):   # its first kernels
             print(f"[judge] {(warmed := warm_checks(task, mod))}", file=sys.stderr)
-            if LOST in warmed:
-                return 0      # ended before its job: the agent starts a cold child (WarmChild.serves)
+        elif a.job_stdin and a.sanitize_early and task.backend.gpu:   # held for a keep: its values draws' search
+            print(f"[judge] {(warmed := search_ahead(task, mod, own))}", file=sys.stderr)
+        if LOST in warmed:
+            return 0      # ended before its job: the agent starts a cold child (WarmChild.serves)
         if a.job_stdin:
             line = sys.stdin.readline()
             if not line.strip():
                 return 0      # never given a job (the agent moved on, or died)
             job.update(json.loads(line))
+            job["seed"] = own if job.get("seed") is None else job["seed"]
         task.spec = bench_overrides(task.spec, job)
         shapes = job.get("shapes") or [dict(task.spec.main)]
         result = run(a.mode, task, mod, host, job, shapes, early)

@@ -66,7 +66,7 @@ def draw(spec, mod, shape: dict, seed: int, device: str, dist: str) -> tuple:
     gen = torch.Generator().manual_seed(seed)
     kind = dist[len(PREFIX):]
     if kind == "large":
-        return _large(mod, shape, base, floats, decl)
+        return _large(mod, shape, base, floats, decl, (id(mod), tuple(sorted(shape.items())), seed))
     if kind == "tiny":
         return tuple(_tiny(x, gen) if i in floats else x for i, x in enumerate(base))
     if kind == "specials":
@@ -120,17 +120,26 @@ def _tensors(x) -> list:
     return [x] if isinstance(x, torch.Tensor) else [t for t in x if isinstance(t, torch.Tensor)]
 
 
-def _large(mod, shape: dict, base: tuple, floats: list[int], decl: list[InputSpec]) -> tuple:
+# what _large found, by (module, shape, seed): the judge child held for a keep's confirmation searches while it waits
+# (tools/measure/warmup.py search_ahead), and its job's draws on the same seed find the answer here. A fresh process's
+# first calls of the user's call load its kernels: fp16 SDPA's 0.56-0.80 s a shape on an H200 (issue 66, slice 17),
+# the later ones 0.1 ms. Kept with the sample's fingerprint: a make_inputs whose draw differs is searched again
+_SEARCHED: dict[tuple, tuple[tuple, int, bool]] = {}
+
+
+def _fingerprint(base: tuple, floats: list[int]) -> tuple:
+    return tuple((float(base[i].abs().max()), float(base[i].double().sum())) for i in floats)
+
+
+def _large(mod, shape: dict, base: tuple, floats: list[int], decl: list[InputSpec], key: tuple = ()) -> tuple:
     """The sample scaled by 2^k (rows shifted: _scaled), k at the edge where the user's call stays finite less
     HEADROOM_LOG2."""
-    import torch
     if not floats:
         return base
-    # a shifted row reaches 3x the sample's largest magnitude; the logs subtracted, not the magnitudes divided: a
-    # float64 sample's largest under 1/6 gave finfo.max/2 over it an infinity (OverflowError in floor)
-    edges = {i: min(float(decl[i].max or math.inf), torch.finfo(base[i].dtype).max / 2) for i in floats}
-    room = {i: math.floor(math.log2(edges[i]) - math.log2(max(3 * float(base[i].abs().max()), 1e-30))) for i in floats}
-    kmax = min(room.values())
+    seen = _SEARCHED.get(key) if key else None
+    if seen is not None and seen[0] == _fingerprint(base, floats):
+        return _edged(base, floats, decl, seen[1], seen[2])
+    edges, room, kmax = _room(base, floats, decl)
     if kmax < 0:        # the declared max is under 3x the sample's: nothing to draw past it
         return base
     call = getattr(mod, "timing_reference", None) or mod.reference
@@ -145,6 +154,26 @@ def _large(mod, shape: dict, base: tuple, floats: list[int], decl: list[InputSpe
             ok = mid
         else:
             hi = mid
+    low_ok = ok == kmax and _finite_where(call(shape, *_edged(base, floats, decl, ok, True)), ref)
+    if key:
+        _SEARCHED[key] = (_fingerprint(base, floats), ok, low_ok)
+    return _edged(base, floats, decl, ok, low_ok)
+
+
+def _room(base: tuple, floats: list[int], decl: list[InputSpec]) -> tuple[dict, dict, int]:
+    """Each float input's edge (its [[inputs]] max, at most its dtype's largest / 2), the powers of two its sample
+    can be scaled by under it, and the least of those."""
+    import torch
+    # a shifted row reaches 3x the sample's largest magnitude; the logs subtracted, not the magnitudes divided: a
+    # float64 sample's largest under 1/6 gave finfo.max/2 over it an infinity (OverflowError in floor)
+    edges = {i: min(float(decl[i].max or math.inf), torch.finfo(base[i].dtype).max / 2) for i in floats}
+    room = {i: math.floor(math.log2(edges[i]) - math.log2(max(3 * float(base[i].abs().max()), 1e-30))) for i in floats}
+    return edges, room, min(room.values())
+
+
+def _edged(base: tuple, floats: list[int], decl: list[InputSpec], ok: int, low: bool) -> tuple:
+    """_large's draw once its search has found `ok` (and whether the rows moved to the edge keep the call finite)."""
+    edges, room, kmax = _room(base, floats, decl)
     if ok < kmax:       # the user's call overflows before the edge: headroom, and the rows moved as far as their size
         return _scaled(base, floats, max(0, ok - HEADROOM_LOG2))
     # finite up to the edge: the negative rows of the inputs the edge bounds moved as low as it allows, where the
@@ -153,8 +182,8 @@ def _large(mod, shape: dict, base: tuple, floats: list[int], decl: list[InputSpe
     # (scripts/device/verify_gpu.py values_sentinel, kept on an H200, issue 66 slice 14); at the edge (32752) every
     # such row's max is under -10917. An input another one's edge holds back keeps its rows' size (a row moved far
     # past it would round to one value in fp16)
-    low = _scaled(base, floats, ok, {i: e for i, e in edges.items() if room[i] == kmax})
-    return low if _finite_where(call(shape, *low), ref) else _scaled(base, floats, ok)
+    return _scaled(base, floats, ok, {i: e for i, e in edges.items() if room[i] == kmax}) if low else \
+        _scaled(base, floats, ok)
 
 
 def _rows(x):

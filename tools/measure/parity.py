@@ -61,11 +61,10 @@ def run_parity(task: Task, lib_path: Path, *, timeout_s: float | None = None, hi
     dt = time.monotonic() - t0
     if proc.status == ProcStatus.ok and data is not None:
         try:
-            res = ParityResult.model_validate(data)
+            return ParityResult.model_validate(data)
         except ValueError as e:
-            return ParityResult(status=ParityStatus.error, message=f"parity child answered malformed JSON: {e}",
-                                seconds=dt)
-        return res
+            return ParityResult(status=ParityStatus.error, seconds=dt,
+                                message=f"parity child answered malformed JSON: {e}")
     return ParityResult(status=child_status(proc.status), message=child_failure("parity", proc, data), seconds=dt)
 
 
@@ -113,15 +112,9 @@ def check(task: Task, mod, lib, *, seed: int, hidden: bool = True, run=None, run
     if (why := backend.runnable()) is not None:
         return ParityResult(status=ParityStatus.error, message=why)
     device = backend.torch_device
-    rng = random.Random(seed)
-    seeds = [rng.getrandbits(31) for _ in range(spec.parity.seeds)]
-    shapes: list[tuple[dict, str]] = [(dict(s), "") for s in spec.shapes]
-    if hidden and spec.parity.hidden_shapes and hasattr(mod, "hidden_shapes"):
-        extra = list(mod.hidden_shapes(random.Random(rng.getrandbits(32))))[:spec.parity.hidden_shapes]
-        if (why := hidden_keys_differ([shapes[0][0]], extra)) is not None:
-            return ParityResult(status=ParityStatus.error, message=why)
-        shapes += [(dict(s), "hidden ") for s in extra]
-    ranges = random.Random(rng.getrandbits(32))
+    seeds, shapes, ranges, why = seeded_shapes(spec, mod, seed, hidden)
+    if why is not None:
+        return ParityResult(status=ParityStatus.error, message=why)
     listed = [tuple(sorted(s.items())) for s, _ in shapes]   # a range shape equal to one is not checked again
     # before a keep: values past the sample, views off the allocator's alignment (domains.py, views.py: issue 62)
     values = [(s, k) for k in ("values ", "misaligned ") for s in value_shapes(shapes)] \
@@ -196,6 +189,19 @@ def check(task: Task, mod, lib, *, seed: int, hidden: bool = True, run=None, run
     msg = (f"ok: {len(checks)} checks on {len(shapes)} shapes {each}; worst max abs err "
            f"{max(c.max_abs_err or 0 for c in sample):.3g}, max rel err {worst.max_rel_err or 0:.3g} ({worst.label}){budget}")
     return ParityResult(status=ParityStatus.ok, message=msg, checks=checks, seconds=time.monotonic() - t0)
+
+
+def seeded_shapes(spec, mod, seed: int, hidden: bool) -> tuple[list[int], list[tuple[dict, str]], random.Random, str | None]:
+    """check()'s seeds, shapes (kind "" or "hidden ") and [dims] extremes' generator from `seed`; why not, or None."""
+    rng = random.Random(seed)
+    seeds = [rng.getrandbits(31) for _ in range(spec.parity.seeds)]
+    shapes: list[tuple[dict, str]] = [(dict(s), "") for s in spec.shapes]
+    if hidden and spec.parity.hidden_shapes and hasattr(mod, "hidden_shapes"):
+        extra = list(mod.hidden_shapes(random.Random(rng.getrandbits(32))))[:spec.parity.hidden_shapes]
+        if (why := hidden_keys_differ([shapes[0][0]], extra)) is not None:
+            return seeds, shapes, rng, why
+        shapes += [(dict(s), "hidden ") for s in extra]
+    return seeds, shapes, random.Random(rng.getrandbits(32)), None
 
 
 def _timed(parts: dict, fn):
@@ -312,12 +318,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", action="store_true", help="print the ParityResult as JSON")
     a = ap.parse_args(argv)
     task = load_task(a.task)
-    res = run_parity(task, build_if_needed(task, a.lib), timeout_s=a.timeout, hidden=not a.no_hidden, seed=a.seed,
-                     extent=a.extent)
-    if a.json:
-        print(res.model_dump_json(indent=2))
-    else:
-        _print(res)
+    res = run_parity(task, build_if_needed(task, a.lib), timeout_s=a.timeout, hidden=not a.no_hidden, seed=a.seed, extent=a.extent)
+    print(res.model_dump_json(indent=2)) if a.json else _print(res)
     return 0 if res.status == ParityStatus.ok else 1
 
 

@@ -100,3 +100,49 @@ def warm_checks(task, mod, seconds: float = SECONDS, waiting=job_waiting) -> str
             except Exception:
                 why += f"; {LOST}"
     return f"warm-up: {done} of parity's checks on {shape} in {time.monotonic() - t0:.2f} s{why}"
+
+
+def search_ahead(task, mod, seed: int, waiting=job_waiting) -> str:
+    """The values:large draws' search (tools/measure/domains.py) of a parity on root `seed` before a keep, made by the
+    judge child held for a keep's confirmation while it waits (agent/evaluation/spares.py): its job's draws, on the
+    seed it drew itself, then find the answer and never call the user's call (whose first calls in a process load its
+    kernels: 1.6-2.0 s of attention's confirmation on an H200, issue 66 slice 17). Its GPU work is that search's
+    calls on two small shapes (0.1 ms each once loaded), paid while the next candidate is proposed and built; a job
+    already waiting is not kept waiting. The random generators are put back as they were."""
+    import torch
+
+    from tools.measure.buffers import check_seed
+    from tools.measure.domains import PREFIX, draw, value_shapes
+    from tools.measure.parity import seeded_shapes
+    t0, backend = time.monotonic(), task.backend
+    seeds, shapes, _, why = seeded_shapes(task.spec, mod, seed, True)
+    todo = [] if why else value_shapes(shapes)
+    states = (random.getstate(), torch.random.get_rng_state(),
+              torch.cuda.get_rng_state_all() if backend.gpu and torch.cuda.is_available() else None)
+    done = 0
+    try:
+        for shape in todo:
+            if waiting():
+                why = "the job came"
+                break
+            draw(task.spec, mod, shape, check_seed(seeds[0], shape, PREFIX + "large"), backend.torch_device,
+                 PREFIX + "large")
+            done += 1
+        backend.sync()
+    except Exception as e:   # the task's own code: the job's draws search again, and say what is wrong
+        why = f"{type(e).__name__}: {' '.join(str(e).split())[:200]}"
+        if backend.gpu and torch.cuda.is_available():
+            try:
+                torch.cuda.synchronize()
+            except Exception:   # its job would fail every check on the candidate's account: a cold child takes it
+                why += f"; {LOST}"
+    finally:
+        random.setstate(states[0])
+        torch.random.set_rng_state(states[1])
+        if states[2] is not None and LOST not in (why or ""):
+            try:
+                torch.cuda.set_rng_state_all(states[2])
+            except Exception:
+                why = (why or "") + f"; {LOST}"
+    return (f"values searched ahead: {done} of {len(todo)} shapes in {time.monotonic() - t0:.2f} s"
+            + (f"; stopped: {why}" if why else ""))
