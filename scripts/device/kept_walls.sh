@@ -71,6 +71,10 @@ for line in (run / "iterations.jsonl").read_text().splitlines():
         print("    parity by kind (checks, s; of them the draws', the candidate's calls'):",
               {k: (n, round(sec, 2), round(dr, 2), round(ca, 2)) for k, (n, sec, dr, ca) in
                sorted(kinds.items(), key=lambda kv: -kv[1][1])})
+        # each values check (slice 17: a draw the held child searched ahead takes about 1 ms; one searched in the
+        # job pays the user's call's first kernels, 0.5-0.8 s a shape on an H200)
+        print("    values checks:", [(c.get("label"), c.get("dist"), c.get("seconds"), (c.get("parts") or {}).get("draw"))
+                                      for c in p.get("checks") or [] if (c.get("label") or "").startswith("values ")])
 PY
 }
 if [ $# -ge 2 ]; then
