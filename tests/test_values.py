@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -227,16 +228,72 @@ def test_a_search_made_ahead_serves_the_draws_of_a_parity_on_its_seed_and_no_oth
     assert res.status == ParityStatus.ok, res.message
     large = [c for c in res.checks if c.dist == "values:large"]
     assert len(large) == 2 and len(calls) == searched, calls[searched:]        # not one call: each draw was searched
-    for c in large:                                  # what was drawn is what a search of the job's own draws
-        got = draw(task.spec, mod, c.shape, c.seed, "cpu", "values:large")
-        domains._SEARCHED.clear()
-        assert torch.equal(draw(task.spec, mod, c.shape, c.seed, "cpu", "values:large")[0], got[0])
+    got = [draw(task.spec, mod, c.shape, c.seed, "cpu", "values:large")[0] for c in large]   # from the search made
+    assert len(calls) == searched
+    domains._SEARCHED.clear()
+    for c, g in zip(large, got):                     # what was drawn is what a search of the job's own draws draws
+        assert torch.equal(draw(task.spec, mod, c.shape, c.seed, "cpu", "values:large")[0], g)
+    assert len(calls) > searched
     n = len(calls)
-    assert len(calls) > searched and check(task, mod, None, seed=12, extent="rest", run=stand_in(mod)).status == \
-        ParityStatus.ok and len(calls) > n                                     # another seed: searched by its job
+    assert check(task, mod, None, seed=12, extent="rest", run=stand_in(mod)).status == ParityStatus.ok \
+        and len(calls) > n                                                     # another seed: searched by its job
     key = next(iter(domains._SEARCHED))
-    fp, ok, low = domains._SEARCHED[key]
-    domains._SEARCHED[key] = (((0.5, 0.5),), ok, low)                          # a sample unlike the one searched
+    m, call, fp, ok, low = domains._SEARCHED[key]
+    for entry in ((m, call, ((0.5, 0.5),), ok, low),                           # a sample unlike the one searched
+                  (object(), call, fp, ok, low),                              # another module (its id reused)
+                  (m, lambda shape, *x: x, fp, ok, low)):                     # another call
+        domains._SEARCHED[key] = entry
+        n = len(calls)
+        draw(task.spec, mod, dict(key[1]), key[2], "cpu", "values:large")
+        assert len(calls) > n, entry
+    domains._SEARCHED[key] = (m, call, fp, ok - 1, False)     # served as found: the edge the memo holds, not searched
     n = len(calls)
-    draw(task.spec, mod, dict(key[1]), key[2], "cpu", "values:large")
-    assert len(calls) > n
+    (x,) = draw(task.spec, mod, dict(key[1]), key[2], "cpu", "values:large")
+    assert len(calls) == n
+    domains._SEARCHED.clear()
+    (y,) = draw(task.spec, mod, dict(key[1]), key[2], "cpu", "values:large")
+    assert float(x.abs().max()) < float(y.abs().max())     # drawn under the edge a search of its own finds
+
+
+def test_the_held_child_searches_only_when_told_and_its_job_draws_on_the_seed_it_searched(tmp_path):
+    """The judge child held for a keep (--sanitize-early, agent/evaluation/spares.py) runs none of the user's calls
+    until the agent says the card is idle ({"search": true} while the model proposes: issue 66, a search made as the
+    child started could land beside the loop's bench). Told, it searches on the root seed it drew, and its job, which
+    names no seed (run_candidate's), draws on that seed: not one call of the user's after the search. Not told, its
+    job searches for itself. The real child and its host, its stderr read as the agent's pipe has it."""
+    import json
+
+    from agent.evaluation.spares import Spares
+    from tools.judge.candidate import prestart_candidate
+    task, lib = _task(tmp_path, "honest")
+    with open(Path(task.root) / "task.py", "a") as f:     # the user's call, each call said on the child's stderr
+        f.write("\n\ndef timing_reference(shape, x):\n    import sys\n    print('[user call]', file=sys.stderr)\n"
+                "    return reference(shape, x)\n")
+    task = load_task(task.root)
+    job = {"lib": str(lib), "seed": None, "shapes": [dict(task.spec.main)], "no_reference": True,
+           "parity_extent": "rest", "rounds": 2}
+    for told in (True, False):
+        warm = prestart_candidate(task, tmp_path / "scratch", sanitize_early=True)
+        try:
+            if told:      # as the loop does when its model begins to propose (agent/optimize/loop.py stage)
+                spare = Spares()
+                spare.confirming = warm
+                spare.search()
+                spare.search()      # told once: a repair's second proposal does not search again
+                assert spare.take_confirmation(task) is warm and warm.searched
+            time.sleep(0.5)
+            proc = warm.proc.run(json.dumps(job), 300)
+        finally:
+            warm.close()
+        err = proc.stderr.splitlines()
+        said = [i for i, ln in enumerate(err) if "values searched ahead" in ln]
+        calls = [i for i, ln in enumerate(err) if ln.startswith("[user call]")]
+        out = json.loads([ln for ln in proc.stdout.splitlines() if ln.startswith("{")][-1])
+        assert out["parity"]["status"] == "ok", out["parity"]["message"]
+        large = [c for c in out["parity"]["checks"] if c["dist"] == "values:large"]
+        assert len(large) == 2 and calls, proc.stderr[-2000:]
+        if told:
+            assert len(said) == 1 and "2 of 2 shapes" in err[said[0]], proc.stderr[-2000:]
+            assert max(calls) < said[0], "the job called the user's call: its draws were not the ones searched"
+        else:
+            assert not said and calls, proc.stderr[-2000:]

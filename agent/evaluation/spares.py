@@ -12,13 +12,18 @@ a keep begins (prepare_pass: the context is made beside the confirmation, and th
 waiting under ncu with its context made slowed the two-thread calls of every bench beside it threefold (issue 66
 slice 9).
 
-What is held runs no kernel until its job comes, and a child serves only a task whose files are unchanged since it
-started (WarmChild.serves; else the keep starts one as before). `tier` is the loop's profile tier: None (every other
+What is held runs no kernel until its job comes, but for one step taken when the loop says the card is idle (search():
+the model is proposing): the confirmation's child then makes its values draws' search (tools/measure/warmup.py
+search_ahead, 0.3-0.6 s of small calls on an H200). Made as the child started, that search could land beside a bench,
+a confirmation's re-bench or a profile pass of the loop's (issue 66 slices 8 and 12 measured such company doubling a
+bench's time). A child serves only a task whose files are unchanged since it started (WarmChild.serves; else the keep
+starts one as before). `tier` is the loop's profile tier: None (every other
 caller of Evaluator: sweep, gate, candidates) starts nothing. AGENT_NO_PRESTART=1 starts nothing early.
 """
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -67,6 +72,14 @@ class Spares:
             self.confirming = None
         if self.confirming is None and self._wanted(ev):
             self.confirming = prestart_candidate(ev.task, ev.scratch_root, sanitize_early=True)
+
+    def search(self) -> None:
+        """The card is idle until the next candidate's build (the model proposes): the held confirmation's child, told
+        once, makes its values draws' search now, after its start-up where that has not ended (a model's seconds cover
+        it; a scripted one's may not, and the search then lands beside the candidate's build or parity, untimed)."""
+        held = self.confirming
+        if held is not None and not held.searched and held.proc.tell(json.dumps({"search": True})):
+            held.searched = True
 
     def take_confirmation(self, task) -> WarmChild | None:
         """The confirmation's child held, where it serves `task` (the caller closes it); else None."""

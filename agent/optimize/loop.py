@@ -65,7 +65,6 @@ class Loop:
     def _rel(self, files: list[str]) -> list[str]:
         return [str(Path(self.cfg.task_dir) / f) for f in files]
 
-    # --- Ctrl-C ------------------------------------------------------------------------------
     def _on_sigint(self, signum, frame) -> None:
         """A Ctrl-C is remembered as well as raised: one landing in a finalizer (GitPython's __del__) is lost there."""
         self._sigint = True
@@ -74,9 +73,10 @@ class Loop:
     def stage(self, i: int, stage: str, hypothesis: str | None = None) -> None:
         if self._sigint:
             raise KeyboardInterrupt
+        if stage.startswith("propose"):   # the card idle while the model writes: a keep's search (evaluation/spares.py)
+            self.evaluator.spare.search()
         self.view.stage(i, stage, hypothesis)
 
-    # --- the loop ---------------------------------------------------------------------------
     def run(self) -> RunState:
         self.view.start(self.cfg, self.state)
         self._sigint = False

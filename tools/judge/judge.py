@@ -290,12 +290,15 @@ def main(argv: list[str] | None = None) -> int:
         warmed = ""
         if a.job_stdin and a.mode in ("evaluate", "parity") and wanted(task, a.sanitize_early):   # its first kernels
             print(f"[judge] {(warmed := warm_checks(task, mod))}", file=sys.stderr)
-        elif a.job_stdin and a.sanitize_early and task.backend.gpu:   # held for a keep: its values draws' search
-            print(f"[judge] {(warmed := search_ahead(task, mod, own))}", file=sys.stderr)
         if LOST in warmed:
             return 0      # ended before its job: the agent starts a cold child (WarmChild.serves)
         if a.job_stdin:
             line = sys.stdin.readline()
+            while line.strip() and json.loads(line).get("search"):   # the card is idle (agent/evaluation/spares.py)
+                print(f"[judge] {(warmed := search_ahead(task, mod, own))}", file=sys.stderr)   # a keep's draws
+                if LOST in warmed:
+                    return 0
+                line = sys.stdin.readline()
             if not line.strip():
                 return 0      # never given a job (the agent moved on, or died)
             job.update(json.loads(line))

@@ -123,8 +123,9 @@ def _tensors(x) -> list:
 # what _large found, by (module, shape, seed): the judge child held for a keep's confirmation searches while it waits
 # (tools/measure/warmup.py search_ahead), and its job's draws on the same seed find the answer here. A fresh process's
 # first calls of the user's call load its kernels: fp16 SDPA's 0.56-0.80 s a shape on an H200 (issue 66, slice 17),
-# the later ones 0.1 ms. Kept with the sample's fingerprint: a make_inputs whose draw differs is searched again
-_SEARCHED: dict[tuple, tuple[tuple, int, bool]] = {}
+# the later ones 0.1 ms. Kept with the module and call it was made with (an id can be reused once a module is gone)
+# and the sample's fingerprint: a make_inputs whose draw differs is searched again
+_SEARCHED: dict[tuple, tuple] = {}
 
 
 def _fingerprint(base: tuple, floats: list[int]) -> tuple:
@@ -136,13 +137,13 @@ def _large(mod, shape: dict, base: tuple, floats: list[int], decl: list[InputSpe
     HEADROOM_LOG2."""
     if not floats:
         return base
+    call = getattr(mod, "timing_reference", None) or mod.reference
     seen = _SEARCHED.get(key) if key else None
-    if seen is not None and seen[0] == _fingerprint(base, floats):
-        return _edged(base, floats, decl, seen[1], seen[2])
+    if seen is not None and seen[0] is mod and seen[1] == call and seen[2] == _fingerprint(base, floats):
+        return _edged(base, floats, decl, seen[3], seen[4])
     edges, room, kmax = _room(base, floats, decl)
     if kmax < 0:        # the declared max is under 3x the sample's: nothing to draw past it
         return base
-    call = getattr(mod, "timing_reference", None) or mod.reference
     ref = call(shape, *base)
     ok, k = 0, 1
     while k <= kmax and _finite_where(call(shape, *_scaled(base, floats, k)), ref):
@@ -156,7 +157,7 @@ def _large(mod, shape: dict, base: tuple, floats: list[int], decl: list[InputSpe
             hi = mid
     low_ok = ok == kmax and _finite_where(call(shape, *_edged(base, floats, decl, ok, True)), ref)
     if key:
-        _SEARCHED[key] = (_fingerprint(base, floats), ok, low_ok)
+        _SEARCHED[key] = (mod, call, _fingerprint(base, floats), ok, low_ok)
     return _edged(base, floats, decl, ok, low_ok)
 
 

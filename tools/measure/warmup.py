@@ -14,8 +14,9 @@ for that check.
 
 Only the child started during its candidate's build warms (wanted): the evaluator's held confirmation child
 (agent/evaluation/spares.py) waits beside whatever the loop does next, the next candidate's bench among it, and runs no
-kernel until its job comes. Warmed, it made the first bench after the initial measurement 2.47 s instead of 1.37 on an
-H200: the bench's rounds shared the card with the warm-up (BENCHMARKS.md, issue 66 slice 8).
+kernel until the agent says the card is idle (search_ahead, below) or its job comes. Warmed as it started, it made the
+first bench after the initial measurement 2.47 s instead of 1.37 on an H200: the bench's rounds shared the card with
+the warm-up (BENCHMARKS.md, issue 66 slice 8).
 """
 
 from __future__ import annotations
@@ -104,23 +105,24 @@ def warm_checks(task, mod, seconds: float = SECONDS, waiting=job_waiting) -> str
 
 def search_ahead(task, mod, seed: int, waiting=job_waiting) -> str:
     """The values:large draws' search (tools/measure/domains.py) of a parity on root `seed` before a keep, made by the
-    judge child held for a keep's confirmation while it waits (agent/evaluation/spares.py): its job's draws, on the
-    seed it drew itself, then find the answer and never call the user's call (whose first calls in a process load its
-    kernels: 1.6-2.0 s of attention's confirmation on an H200, issue 66 slice 17). Its GPU work is that search's
-    calls on two small shapes (0.1 ms each once loaded), paid while the next candidate is proposed and built; a job
-    already waiting is not kept waiting. The random generators are put back as they were."""
+    judge child held for a keep's confirmation when the agent says the card is idle (a {"search": true} line while
+    the model proposes: agent/evaluation/spares.py): its job's draws, on the seed it drew itself, then find the answer
+    and never call the user's call (whose first calls in a process load its kernels: 1.6-2.0 s of attention's
+    confirmation on an H200, issue 66 slice 17). Its GPU work is that search's calls on two small shapes (0.1 ms each
+    once loaded); a job already waiting is not kept waiting. The random generators are put back as they were. Never
+    raises: a task whose draws cannot be made here says so in its job."""
     import torch
 
     from tools.measure.buffers import check_seed
     from tools.measure.domains import PREFIX, draw, value_shapes
     from tools.measure.parity import seeded_shapes
     t0, backend = time.monotonic(), task.backend
-    seeds, shapes, _, why = seeded_shapes(task.spec, mod, seed, True)
-    todo = [] if why else value_shapes(shapes)
     states = (random.getstate(), torch.random.get_rng_state(),
               torch.cuda.get_rng_state_all() if backend.gpu and torch.cuda.is_available() else None)
-    done = 0
+    done, todo, why = 0, [], ""
     try:
+        seeds, shapes, _, why = seeded_shapes(task.spec, mod, seed, True)
+        todo = [] if why else value_shapes(shapes)
         for shape in todo:
             if waiting():
                 why = "the job came"
@@ -142,6 +144,7 @@ def search_ahead(task, mod, seed: int, waiting=job_waiting) -> str:
         if states[2] is not None and LOST not in (why or ""):
             try:
                 torch.cuda.set_rng_state_all(states[2])
+                torch.cuda.empty_cache()    # the draws' memory back to the card, as warm_checks gives its own
             except Exception:
                 why = (why or "") + f"; {LOST}"
     return (f"values searched ahead: {done} of {len(todo)} shapes in {time.monotonic() - t0:.2f} s"
