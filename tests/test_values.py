@@ -255,33 +255,48 @@ def test_a_search_made_ahead_serves_the_draws_of_a_parity_on_its_seed_and_no_oth
     assert float(x.abs().max()) < float(y.abs().max())     # drawn under the edge a search of its own finds
 
 
-def test_the_held_child_searches_only_when_told_and_its_job_draws_on_the_seed_it_searched(tmp_path):
+def test_the_held_child_searches_only_while_told_the_card_is_idle_and_its_job_draws_on_the_seed_it_searched(tmp_path):
     """The judge child held for a keep (--sanitize-early, agent/evaluation/spares.py) runs none of the user's calls
-    until the agent says the card is idle ({"search": true} while the model proposes: issue 66, a search made as the
-    child started could land beside the loop's bench). Told, it searches on the root seed it drew, and its job, which
-    names no seed (run_candidate's), draws on that seed: not one call of the user's after the search. Not told, its
-    job searches for itself. The real child and its host, its stderr read as the agent's pipe has it."""
+    until the agent says the card is idle (while its model proposes and nvcc builds: issue 66, steps taken as the
+    child started landed beside the loop's benches). Told idle, it searches on the root seed it drew; its job, which names no seed (run_candidate's), draws on that seed: not one call of the user's after
+    the search. Told busy before it began, it does nothing; not told, likewise: the job searches for itself. The real
+    child and its host, its stderr read as the agent's pipe has it."""
     import json
 
     from agent.evaluation.spares import Spares
     from tools.judge.candidate import prestart_candidate
     task, lib = _task(tmp_path, "honest")
-    with open(Path(task.root) / "task.py", "a") as f:     # the user's call, each call said on the child's stderr
-        f.write("\n\ndef timing_reference(shape, x):\n    import sys\n    print('[user call]', file=sys.stderr)\n"
-                "    return reference(shape, x)\n")
+    said_at = tmp_path / "calls.txt"      # the user's call, each call said on the child's stderr and in this file
+    with open(Path(task.root) / "task.py", "a") as f:
+        f.write(f"\n\ndef timing_reference(shape, x):\n    import sys, time\n    print('[user call]', file=sys.stderr)\n"
+                f"    open({str(said_at)!r}, 'a').write('u')\n    time.sleep(0.05)\n    return reference(shape, x)\n")
     task = load_task(task.root)
     job = {"lib": str(lib), "seed": None, "shapes": [dict(task.spec.main)], "no_reference": True,
            "parity_extent": "rest", "rounds": 2}
-    for told in (True, False):
+    for told in ("idle", "idle, then busy", "nothing"):
+        said_at.unlink(missing_ok=True)
         warm = prestart_candidate(task, tmp_path / "scratch", sanitize_early=True)
+        spare = Spares()
+        spare.confirming = warm
         try:
-            if told:      # as the loop does when its model begins to propose (agent/optimize/loop.py stage)
-                spare = Spares()
-                spare.confirming = warm
-                spare.search()
-                spare.search()      # told once: a repair's second proposal does not search again
-                assert spare.take_confirmation(task) is warm and warm.searched
-            time.sleep(0.5)
+            if told != "nothing":     # as the loop does as its model begins to propose (agent/optimize/loop.py stage)
+                spare.idle(True)
+                spare.idle(True)      # said once: a line only where the word changes
+            if told == "idle, then busy":    # once its search has begun: it stops at its next shape
+                for _ in range(240):
+                    if said_at.exists():
+                        break
+                    time.sleep(0.05)
+                spare.idle(False)
+            assert spare.take_confirmation(task) is warm and warm.idle == (told == "idle")
+            seen, still = -1, 0
+            for _ in range(240):      # until the search's calls have stopped (one second without one)
+                n = len(said_at.read_text()) if said_at.exists() else 0
+                still = still + 1 if n == seen else 0
+                seen = n
+                if still >= 4 and (n or told != "idle"):
+                    break
+                time.sleep(0.25)
             proc = warm.proc.run(json.dumps(job), 300)
         finally:
             warm.close()
@@ -292,8 +307,11 @@ def test_the_held_child_searches_only_when_told_and_its_job_draws_on_the_seed_it
         assert out["parity"]["status"] == "ok", out["parity"]["message"]
         large = [c for c in out["parity"]["checks"] if c["dist"] == "values:large"]
         assert len(large) == 2 and calls, proc.stderr[-2000:]
-        if told:
+        if told == "idle":
             assert len(said) == 1 and "2 of 2 shapes" in err[said[0]], proc.stderr[-2000:]
             assert max(calls) < said[0], "the job called the user's call: its draws were not the ones searched"
+        elif told == "idle, then busy":
+            assert len(said) == 1 and "stopped: the agent's word came" in err[said[0]], proc.stderr[-2000:]
+            assert "warm-up" not in err[said[0]] and max(calls) > said[0], err[said[0]]   # the job searched on
         else:
-            assert not said and calls, proc.stderr[-2000:]
+            assert not said and seen == 0, f"{told}: the child called the user's call before its job"

@@ -58,7 +58,8 @@ def test_the_warm_up_stops_when_the_job_has_come_or_its_time_is_up(tmp_path):
         asked.append(1)
         return len(asked) > 1
     line = warm_checks(task, task.module(), waiting=after_one)
-    assert line.startswith("warm-up: 1 of") and line.endswith("stopped: the job came"), line
+    assert line.startswith("warm-up: 1 of") and \
+        line.endswith("stopped: the agent's word came (the card is busy, or the job is here)"), line
     line = warm_checks(task, task.module(), seconds=0.0, waiting=lambda: False)
     assert "stopped: past 0 s" in line, line
 
@@ -169,3 +170,15 @@ def test_a_warm_up_that_loses_the_cuda_context_ends_the_child_before_its_job(tmp
     assert LOST in err and "stopped:" in err, err
     assert out.strip() == "", out          # no answer: the job line was never read
 
+
+
+def test_while_idle_searches_once_and_not_once_a_line_is_waiting():
+    """The held child's step while the card is idle (tools/measure/warmup.py while_idle): the values draws' search,
+    once across the agent's idle words; a line already waiting (the card busy again, or the job) and it begins none."""
+    from tools.measure.warmup import while_idle
+    task = load_task(Path(__file__).resolve().parents[1] / "kernels" / "matmul_cpu")
+    mod, done = task.module(), set()
+    first = while_idle(task, mod, 7, done, waiting=lambda: False)
+    assert first.startswith("values searched ahead: 2 of 2 shapes") and done == {"search"}, first
+    assert while_idle(task, mod, 7, done, waiting=lambda: False) == "idle: nothing left to do"
+    assert while_idle(task, mod, 7, set(), waiting=lambda: True) == "search: stopped before it began: a line came"

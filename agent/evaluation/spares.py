@@ -12,11 +12,11 @@ a keep begins (prepare_pass: the context is made beside the confirmation, and th
 waiting under ncu with its context made slowed the two-thread calls of every bench beside it threefold (issue 66
 slice 9).
 
-What is held runs no kernel until its job comes, but for one step taken when the loop says the card is idle (search():
-the model is proposing): the confirmation's child then makes its values draws' search (tools/measure/warmup.py
-search_ahead, 0.3-0.6 s of small calls on an H200). Made as the child started, that search could land beside a bench,
-a confirmation's re-bench or a profile pass of the loop's (issue 66 slices 8 and 12 measured such company doubling a
-bench's time). A child serves only a task whose files are unchanged since it started (WarmChild.serves; else the keep
+What is held runs no kernel until its job comes, but for the step it takes while the loop says the card is idle
+(idle(): the model proposes, nvcc builds): the confirmation's child then makes its values draws' search
+(tools/measure/warmup.py while_idle), and stops at its next draw once told the card is busy.
+Made as the child started, such steps landed beside a bench, a confirmation's re-bench or a profile pass of the
+loop's (issue 66 slices 8 and 12 measured such company doubling a bench's time). A child serves only a task whose files are unchanged since it started (WarmChild.serves; else the keep
 starts one as before). `tier` is the loop's profile tier: None (every other
 caller of Evaluator: sweep, gate, candidates) starts nothing. AGENT_NO_PRESTART=1 starts nothing early.
 """
@@ -73,13 +73,15 @@ class Spares:
         if self.confirming is None and self._wanted(ev):
             self.confirming = prestart_candidate(ev.task, ev.scratch_root, sanitize_early=True)
 
-    def search(self) -> None:
-        """The card is idle until the next candidate's build (the model proposes): the held confirmation's child, told
-        once, makes its values draws' search now, after its start-up where that has not ended (a model's seconds cover
-        it; a scripted one's may not, and the search then lands beside the candidate's build or parity, untimed)."""
+    def idle(self, now: bool) -> None:
+        """The loop's word on the card: idle from now (its model proposes, nvcc builds) or busy (a candidate's checks
+        and bench, a re-bench, a keep, a profile pass). The held confirmation's child is told where that changes: idle,
+        it makes its values draws' search (tools/measure/warmup.py while_idle), once; busy, it stops at its next draw.
+        Told idle before its start-up has ended, it begins after it (a model's seconds cover that; a heuristic's may
+        not, and its search then meets the candidate's own checks, which are not timed)."""
         held = self.confirming
-        if held is not None and not held.searched and held.proc.tell(json.dumps({"search": True})):
-            held.searched = True
+        if held is not None and held.idle != now and held.proc.tell(json.dumps({"idle": now})):
+            held.idle = now
 
     def take_confirmation(self, task) -> WarmChild | None:
         """The confirmation's child held, where it serves `task` (the caller closes it); else None."""

@@ -73,8 +73,8 @@ class Loop:
     def stage(self, i: int, stage: str, hypothesis: str | None = None) -> None:
         if self._sigint:
             raise KeyboardInterrupt
-        if stage.startswith("propose"):   # the card idle while the model writes: a keep's search (evaluation/spares.py)
-            self.evaluator.spare.search()
+        # the card idle while the model writes and nvcc runs: a keep's child warms (agent/evaluation/spares.py idle)
+        self.evaluator.spare.idle(stage.startswith(("propose", "commit", "build")))
         self.view.stage(i, stage, hypothesis)
 
     def run(self) -> RunState:

@@ -41,7 +41,7 @@ class WarmChild:
 
     def __init__(self, task: Task, proc: Prestarted):
         self.root, self.stamp, self.proc = Path(task.root), _task_stamp(task), proc
-        self.searched = False     # told to search its values draws before its job (agent/evaluation/spares.py)
+        self.idle = False     # what the agent last said of its card (agent/evaluation/spares.py idle)
 
     def serves(self, task: Task) -> bool:
         return (self.proc.alive and not self.proc.used and self.root == Path(task.root)

@@ -285,7 +285,7 @@ def main(argv: list[str] | None = None) -> int:
         task = load_task(a.task)
         mod = task.module()
         task.backend.warm_up()
-        from tools.measure.warmup import LOST, search_ahead, wanted, warm_checks
+        from tools.measure.warmup import LOST, wanted, warm_checks, while_idle
         own = secrets.randbits(31)   # the root seed of a job that names none (run_candidate's)
         warmed = ""
         if a.job_stdin and a.mode in ("evaluate", "parity") and wanted(task, a.sanitize_early):   # its first kernels
@@ -293,11 +293,12 @@ def main(argv: list[str] | None = None) -> int:
         if LOST in warmed:
             return 0      # ended before its job: the agent starts a cold child (WarmChild.serves)
         if a.job_stdin:
-            line = sys.stdin.readline()
-            while line.strip() and json.loads(line).get("search"):   # the card is idle (agent/evaluation/spares.py)
-                print(f"[judge] {(warmed := search_ahead(task, mod, own))}", file=sys.stderr)   # a keep's draws
-                if LOST in warmed:
-                    return 0
+            line, done = sys.stdin.readline(), set()
+            while line.strip() and set(step := json.loads(line)) <= {"idle"}:   # the agent's word on its card
+                if step["idle"]:    # agent/evaluation/spares.py: a keep's values draws' search
+                    print(f"[judge] {(warmed := while_idle(task, mod, own, done))}", file=sys.stderr)
+                    if LOST in warmed:
+                        return 0
                 line = sys.stdin.readline()
             if not line.strip():
                 return 0      # never given a job (the agent moved on, or died)

@@ -14,9 +14,9 @@ for that check.
 
 Only the child started during its candidate's build warms (wanted): the evaluator's held confirmation child
 (agent/evaluation/spares.py) waits beside whatever the loop does next, the next candidate's bench among it, and runs no
-kernel until the agent says the card is idle (search_ahead, below) or its job comes. Warmed as it started, it made the
-first bench after the initial measurement 2.47 s instead of 1.37 on an H200: the bench's rounds shared the card with
-the warm-up (BENCHMARKS.md, issue 66 slice 8).
+kernel but its values draws' search while the agent says the card is idle (while_idle, below). Warmed as it started,
+it made the first bench after the initial measurement 2.47 s instead of 1.37 on an H200: the bench's rounds shared the
+card with the warm-up (BENCHMARKS.md, issue 66 slice 8).
 """
 
 from __future__ import annotations
@@ -76,7 +76,7 @@ def warm_checks(task, mod, seconds: float = SECONDS, waiting=job_waiting) -> str
     try:
         for dist in spec.distributions:
             if waiting():
-                why = "; stopped: the job came"
+                why = "; stopped: the agent's word came (the card is busy, or the job is here)"
                 break
             if time.monotonic() - t0 > seconds:
                 why = f"; stopped: past {seconds:g} s"
@@ -105,8 +105,8 @@ def warm_checks(task, mod, seconds: float = SECONDS, waiting=job_waiting) -> str
 
 def search_ahead(task, mod, seed: int, waiting=job_waiting) -> str:
     """The values:large draws' search (tools/measure/domains.py) of a parity on root `seed` before a keep, made by the
-    judge child held for a keep's confirmation when the agent says the card is idle (a {"search": true} line while
-    the model proposes: agent/evaluation/spares.py): its job's draws, on the seed it drew itself, then find the answer
+    judge child held for a keep's confirmation while the agent says the card is idle (while_idle: its model proposes,
+    nvcc builds): its job's draws, on the seed it drew itself, then find the answer
     and never call the user's call (whose first calls in a process load its kernels: 1.6-2.0 s of attention's
     confirmation on an H200, issue 66 slice 17). Its GPU work is that search's calls on two small shapes (0.1 ms each
     once loaded); a job already waiting is not kept waiting. The random generators are put back as they were. Never
@@ -125,7 +125,7 @@ def search_ahead(task, mod, seed: int, waiting=job_waiting) -> str:
         todo = [] if why else value_shapes(shapes)
         for shape in todo:
             if waiting():
-                why = "the job came"
+                why = "the agent's word came (the card is busy, or the job is here)"
                 break
             draw(task.spec, mod, shape, check_seed(seeds[0], shape, PREFIX + "large"), backend.torch_device,
                  PREFIX + "large")
@@ -149,3 +149,21 @@ def search_ahead(task, mod, seed: int, waiting=job_waiting) -> str:
                 why = (why or "") + f"; {LOST}"
     return (f"values searched ahead: {done} of {len(todo)} shapes in {time.monotonic() - t0:.2f} s"
             + (f"; stopped: {why}" if why else ""))
+
+
+def while_idle(task, mod, seed: int, done: set, waiting=job_waiting) -> str:
+    """What the judge child held for a keep's confirmation does while the agent says the card is idle (its model
+    proposes, nvcc builds: agent/evaluation/spares.py): the search of its job's values draws on root `seed`
+    (search_ahead), once (`done` holds it once it has ended), stopped at its next draw as soon as a line is waiting on
+    stdin (the agent's word that the card is busy again, or the job). Parity's first kernels are not warmed here:
+    warm_checks in this child, told idle, took a kept attention iteration from 18.10 to 17.59 s on an H200, inside
+    the runs' spread; in one process a cold `rest` parity cost 0.2 s more than a warm one (BENCHMARKS.md, issue 66
+    slice 17, amended)."""
+    if "search" in done:
+        return "idle: nothing left to do"
+    if waiting():
+        return "search: stopped before it began: a line came"
+    said = search_ahead(task, mod, seed, waiting)
+    if "stopped" not in said:
+        done.add("search")
+    return said
