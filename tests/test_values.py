@@ -256,10 +256,11 @@ def test_a_search_made_ahead_serves_the_draws_of_a_parity_on_its_seed_and_no_oth
 
 
 def test_the_held_child_searches_only_while_told_the_card_is_idle_and_its_job_draws_on_the_seed_it_searched(tmp_path):
-    """The judge child held for a keep (--sanitize-early, agent/evaluation/spares.py) runs none of the user's calls
-    until the agent says the card is idle (while its model proposes and nvcc builds: issue 66, steps taken as the
-    child started landed beside the loop's benches). Told idle, it searches on the root seed it drew; its job, which names no seed (run_candidate's), draws on that seed: not one call of the user's after
-    the search. Told busy before it began, it does nothing; not told, likewise: the job searches for itself. The real
+    """The judge child held for a keep (--sanitize-early, agent/evaluation/spares.py) runs none of the user's calls until
+    the agent says the card is idle (while its model proposes and nvcc builds: issue 66, steps taken as the child
+    started landed beside the loop's benches). Told idle, it searches on the root seed it drew; its job, which names
+    no seed (run_candidate's), draws on that seed: not one call of the user's after the search. Told busy once its
+    search has begun, it stops at its next shape and the job searches on; not told, it searches nothing. The real
     child and its host, its stderr read as the agent's pipe has it."""
     import json
 
@@ -268,7 +269,8 @@ def test_the_held_child_searches_only_while_told_the_card_is_idle_and_its_job_dr
     task, lib = _task(tmp_path, "honest")
     said_at = tmp_path / "calls.txt"      # the user's call, each call said on the child's stderr and in this file
     with open(Path(task.root) / "task.py", "a") as f:
-        f.write(f"\n\ndef timing_reference(shape, x):\n    import sys, time\n    print('[user call]', file=sys.stderr)\n"
+        f.write(f"\n\ndef timing_reference(shape, x):\n    import sys, time\n"
+                f"    print('[user call]', file=sys.stderr)\n"
                 f"    open({str(said_at)!r}, 'a').write('u')\n    time.sleep(0.05)\n    return reference(shape, x)\n")
     task = load_task(task.root)
     job = {"lib": str(lib), "seed": None, "shapes": [dict(task.spec.main)], "no_reference": True,

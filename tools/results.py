@@ -179,6 +179,7 @@ class ParityResult(BaseModel):
     seconds: float = 0.0
     memcheck: SanitizerResult | None = None
     racecheck: SanitizerResult | None = None
+    later: list[str] = []        # the sanitizers left for after the keep (tools/judge/later.py), where they apply
 
     def worst(self) -> ShapeCheck | None:
         bad = [c for c in self.checks if not c.ok]

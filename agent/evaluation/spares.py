@@ -12,13 +12,13 @@ a keep begins (prepare_pass: the context is made beside the confirmation, and th
 waiting under ncu with its context made slowed the two-thread calls of every bench beside it threefold (issue 66
 slice 9).
 
-What is held runs no kernel until its job comes, but for the step it takes while the loop says the card is idle
-(idle(): the model proposes, nvcc builds): the confirmation's child then makes its values draws' search
-(tools/measure/warmup.py while_idle), and stops at its next draw once told the card is busy.
-Made as the child started, such steps landed beside a bench, a confirmation's re-bench or a profile pass of the
-loop's (issue 66 slices 8 and 12 measured such company doubling a bench's time). A child serves only a task whose files are unchanged since it started (WarmChild.serves; else the keep
-starts one as before). `tier` is the loop's profile tier: None (every other
-caller of Evaluator: sweep, gate, candidates) starts nothing. AGENT_NO_PRESTART=1 starts nothing early.
+What is held runs no kernel until its job comes, but for the step it takes while the loop says the card is idle (idle():
+the model proposes, nvcc builds): the confirmation's child then makes its values draws' search (tools/measure/warmup.py
+while_idle), and stops at its next draw once told the card is busy. Made as the child started, such steps landed beside
+a bench, a confirmation's re-bench or a profile pass of the loop's (issue 66 slices 8 and 12 measured such company
+doubling a bench's time). A child serves only a task whose files are unchanged since it started (WarmChild.serves; else
+the keep starts one as before). `tier` is the loop's profile tier: None (every other caller of Evaluator: sweep, gate,
+candidates) starts nothing. AGENT_NO_PRESTART=1 starts nothing early.
 """
 
 from __future__ import annotations

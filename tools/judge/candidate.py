@@ -69,7 +69,7 @@ def run_candidate(task: Task, lib_path: Path, baseline_lib: Path | None, *, seed
                   scratch_root: Path | None = None, parity_extent: str = "full",
                   memcheck: bool = False, budgets: dict[str, StageBudget] | None = None,
                   keep_gain: float | None = None, rounds: int | None = None,
-                  probes_done: tuple[str, ...] = ()) -> CandidateChecks:
+                  probes_done: tuple[str, ...] = (), later: tuple[str, ...] = ()) -> CandidateChecks:
     """The loop's candidate check in ONE child process: with `launch_context` ({limits, kernels,
     parent}: see tools.measure.launch.from_plan) the static launch check of the library's own plan, and
     nothing runs if it fails; then parity; then, only if it passed, the bench against the baseline.
@@ -82,14 +82,16 @@ def run_candidate(task: Task, lib_path: Path, baseline_lib: Path | None, *, seed
     `keep_gain`: the loop's minimum gain: the probes only a keep needs are left out below it (tools/measure/bench.py).
     `rounds`: the bench's rounds instead of task.toml's (the confirmation's, sized to the first bench's noise).
     `probes_done`: the probes an earlier bench of this library ran clean (the confirmation's: its first bench's); those
-    that look at the library alone (tools/measure/probes.py BEFORE_KEEP) are not run again, and the message says so."""
+    that look at the library alone (tools/measure/probes.py BEFORE_KEEP) are not run again, and the message says so.
+    `later`: with `memcheck`, the sanitizers left for after the keep (tools/judge/later.py); those that apply to the
+    candidate come back in its ParityResult.later."""
     # no seed: the child draws its own (the one it drew when it started, tools/measure/warmup.py search_ahead)
     shapes = [dict(s) for s in (shapes or [task.spec.main])]
     job = {"lib": str(Path(lib_path).resolve()), "seed": seed, "shapes": shapes, "launch_context": launch_context,
            "baseline_lib": str(Path(baseline_lib).resolve()) if baseline_lib is not None else None,
            "no_reference": not with_reference, "parity_extent": parity_extent, "memcheck": memcheck,
            "allow_unchecked": allowed_unchecked(),
-           "keep_gain": keep_gain, "rounds": rounds, "probes_done": list(probes_done)}
+           "keep_gain": keep_gain, "rounds": rounds, "probes_done": list(probes_done), "later": list(later)}
     timeout = task.spec.parity.timeout_s + task.spec.bench.timeout_for(rounds)
     if memcheck and task.backend.gpu:
         from tools.judge.sanitize import TIMEOUT_S

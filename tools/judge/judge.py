@@ -4,6 +4,7 @@
     python -m tools.judge.judge parity   --task DIR --lib PATH [--seed N] [--no-hidden]
     python -m tools.judge.judge bench    --task DIR --lib PATH [--baseline-lib PATH] [--shapes JSON] [--no-reference]
                                          [--rounds N] [--confidence C]
+    python -m tools.judge.judge sanitize --task DIR --job-stdin      ({lib, seed, checks}: tools/judge/later.py)
 
 `evaluate` is the loop's candidate check (launch plan, parity, bench, each only if the one before
 passed; pre-started while the candidate builds); `parity` and `bench` are tools.measure.parity's run_parity
@@ -53,6 +54,8 @@ def failed(mode: str, msg: str, status: str, shapes: list[dict]) -> dict:
         return {"status": status, "message": msg}
     if mode == "bench":
         return {"results": [{"status": status, "message": msg, "shape": s} for s in shapes or [{}]]}
+    if mode == "sanitize":
+        return {"error": msg, "status": status}
     return {"launch": None, "parity": {"status": status, "message": msg}, "bench": None}
 
 
@@ -170,10 +173,13 @@ def evaluate(task, mod, remote: Remote, job: dict, shapes: list[dict], early: di
     # compute-sanitizer's hosts run beside parity in this one (their start-up, a torch and a CUDA context under the
     # sanitizer, is paid while parity runs, or was paid before the job came: `early`, issue 66); joined after it,
     # before the bench times anything
+    # (`later`: the checks the agent runs after the keep, tools/judge/later.py; those that apply are named in
+    # the answer)
     from tools.judge.sanitize import Sanitizing
-    beside = Sanitizing(task, mod, job, ("memcheck", "racecheck") if uses_shared_memory(ctx, plan) else ("memcheck",),
-                        early) \
-        if job.get("memcheck") and task.backend.gpu else None
+    wanted = ("memcheck", "racecheck") if uses_shared_memory(ctx, plan) else ("memcheck",)
+    later = [c for c in wanted if c in (job.get("later") or ())] if job.get("memcheck") and task.backend.gpu else []
+    now = tuple(c for c in wanted if c not in later)
+    beside = Sanitizing(task, mod, job, now, early) if job.get("memcheck") and task.backend.gpu and now else None
     try:
         mark("parity")
         par = checked_parity(task, mod, remote, job)
@@ -188,7 +194,10 @@ def evaluate(task, mod, remote: Remote, job: dict, shapes: list[dict], early: di
         if beside is not None:
             beside.stop()
     mark("bench")
-    return {"launch": launch, "parity": par.model_dump(mode="json"), "bench": {"results": bench(task, mod, remote, job, shapes)}}
+    if later:
+        par = par.model_copy(update={"message": f"{par.message}; {', '.join(later)} after the keep", "later": later})
+    return {"launch": launch, "parity": par.model_dump(mode="json"),
+            "bench": {"results": bench(task, mod, remote, job, shapes)}}
 
 
 def uses_shared_memory(ctx: dict | None, plan: dict | None) -> bool:
@@ -201,9 +210,13 @@ def uses_shared_memory(ctx: dict | None, plan: dict | None) -> bool:
     return static or any(int(x.get("smem_dynamic_bytes") or 0) > 0 for x in launches if isinstance(x, dict))
 
 
-def run(mode: str, task, mod, host: HostClient, job: dict, shapes: list[dict], early: dict | None = None) -> dict:
+def run(mode: str, task, mod, host: HostClient | None, job: dict, shapes: list[dict],
+        early: dict | None = None) -> dict:
     if not job.get("lib"):
         raise ValueError("no library given")
+    if mode == "sanitize":     # no host here: each check starts its own under the tool
+        from tools.judge.later import sanitize_job
+        return sanitize_job(task, mod, job)
     host.ask({"op": "load", "id": "candidate", "path": job["lib"]})
     if job.get("baseline_lib"):
         host.ask({"op": "load", "id": "baseline", "path": job["baseline_lib"]})
@@ -252,7 +265,7 @@ def bench_overrides(spec, job: dict):
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m tools.judge.judge")
-    ap.add_argument("mode", choices=["evaluate", "parity", "bench"])
+    ap.add_argument("mode", choices=["evaluate", "parity", "bench", "sanitize"])
     ap.add_argument("--task", required=True)
     ap.add_argument("--job-stdin", action="store_true", help="wait for the job (the options below, as one "
                     "JSON object) on stdin: the judge and its host start up while the candidate builds")
@@ -280,7 +293,8 @@ def main(argv: list[str] | None = None) -> int:
             from tools.judge.sanitize import start_hosts
             early = start_hosts(Path(a.task), Path(os.environ.get("AGENT_SCRATCH") or os.getcwd()))
         import torch  # noqa: F401  (here first: the host is forked from this process with it, HostClient)
-        host = HostClient(Path(a.task), Path(os.environ.get("AGENT_SCRATCH") or os.getcwd()))
+        host = HostClient(Path(a.task), Path(os.environ.get("AGENT_SCRATCH") or os.getcwd())) \
+            if a.mode != "sanitize" else None
         from tools.task import load_task
         task = load_task(a.task)
         mod = task.module()

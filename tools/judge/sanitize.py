@@ -257,7 +257,8 @@ def memcheck(task, mod, job: dict, root: Path, seed: int, check: str = "memcheck
     if errors or rc == ERROR_EXIT:
         return {**where_went, "tool": check, "status": "failed", "errors": max(errors, 1),
                 "shapes": len(done),
-                "message": f"compute-sanitizer {check}: {errors or 'an'} {one if errors == 1 else many}{where}: "
+                "message": f"compute-sanitizer {check}: "
+                           f"{f'{errors} {one if errors == 1 else many}' if errors else 'an error'}{where}: "
                            f"{first or failure or 'see the sanitizer'}: {why}"}
     if failure is not None and loaded:   # the kernel failed under the sanitizer, and only there
         return {**where_went, "tool": check, "status": "failed", "shapes": len(done),
