@@ -7,7 +7,8 @@ Entry points:
 - propose: the proposer's context (history, standing, noise, a rejected candidate's resources and profile) and
   applying its edits; patch: search/replace edits and their misses; repair: a failed candidate sent back.
 - best: the run's best version, its library, launch, profile and figures; gitops: the run's branch, worktree and
-  refs; view: what a user sees as it runs; signals: Ctrl-C during a keep.
+  refs; view: what a user sees as it runs; signals: Ctrl-C during a keep; revoke: a keep undone when a check run
+  after it refuses the kernel.
 
 May import every room below it: agent.records, agent.evaluation, agent.proposers, agent.llm, agent.sweep,
 agent.review, agent.proposal and tools.

@@ -181,6 +181,15 @@ class RunGit:
         _after_locks(self.repo.git.update_ref, ref, sha, clear=self.clear_stale_locks)
         return ref
 
+    def copy_commit(self, sha: str, message: str) -> str:
+        """A new commit of `sha`'s tree and parent with `message` (a kept commit revoked: agent/records/revoked.py);
+        no branch moves."""
+        c = self.repo.commit(sha)
+        with _env(AGENT_IDENTITY):
+            parents = [a for p in c.parents for a in ("-p", p.hexsha)]
+            return _after_locks(self.repo.git.commit_tree, c.tree.hexsha, *parents, "-m", message,
+                                clear=self.clear_stale_locks)
+
     def reset_to(self, sha: str) -> None:
         """Branch back to `sha` (the best); the worktree's files follow. Only the run's worktree moves."""
         wt = self.wt
@@ -227,6 +236,15 @@ def candidate_message(run_id: str, iteration: int, hypothesis: str) -> str:
 
 def rejected_message(run_id: str, iteration: int, summary: str, hypothesis: str, reason: str) -> str:
     return commit_message(f"agent (rejected): {summary}", [hypothesis, "", f"Rejected: {reason}"],
+                          _trailers(run_id, iteration))
+
+
+def revoked_message(run_id: str, iteration: int, kept: str, reason: str) -> str:
+    """A kept commit's message once a check after the keep refused it: its title no kept commit's (nothing rebuilds
+    a keep from it: agent/records/recover.py is_kept_commit), why, then the message it was kept with."""
+    title = kept.splitlines()[0] if kept else ""
+    return commit_message(f"agent (revoked): {title.removeprefix('agent: ')}",
+                          [f"Revoked: {reason}", "", "Kept before with:", *("  " + ln for ln in kept.splitlines())],
                           _trailers(run_id, iteration))
 
 

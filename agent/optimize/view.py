@@ -16,7 +16,8 @@ from rich.text import Text
 from agent.records.schema import Decision, IterationRecord, RunConfig, RunState
 from tools.console import make_console
 
-_STYLE = {Decision.kept: "green", Decision.reverted: "red", Decision.skipped: "yellow", Decision.interrupted: "magenta"}
+_STYLE = {Decision.kept: "green", Decision.reverted: "red", Decision.skipped: "yellow", Decision.interrupted: "magenta",
+          Decision.revoked: "red"}
 
 
 class View(Protocol):

@@ -8,6 +8,8 @@ Entry points:
 - figures: the figures a run reports and where each comes from (Figure, best_figure, estimate, figures_line,
   times_line).
 - recover: records rebuilt from the run's commits (`agent resume --repair`).
+- revoked: a keep revoked by a check run after it, as the records hold it (revoked_record, the state before the
+  keep: save_before, state_before, restored).
 - envinfo: the machine's fingerprint a run records (fingerprint, gpu_clocks).
 
 May import: agent.proposal and tools. Nothing here runs a kernel or calls git beyond reading commits.

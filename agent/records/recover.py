@@ -153,11 +153,18 @@ def recover(run_dir, cfg: RunConfig, state: RunState, rgit) -> tuple[RunState, s
     """On resume, a keep a kill interrupted after its commit: the state follows the kept commit at the branch's
     tip, and where its record is missing (cut by the kill, or never written) it is rebuilt from the commit
     (kept_record). Returns the new state (written) and what to tell the user, or None where there was nothing."""
+    from agent.records.revoked import restored, state_before
     from agent.records.store import append_iteration, read_iterations, write_json_atomic
+    records = read_iterations(run_dir)
+    best = next((r for r in records if r.iteration == state.best_iteration), None)
+    if best is not None and best.decision == Decision.revoked:   # the kill came mid-revocation (agent/records/revoked.py)
+        new = restored(state, state_before(run_dir, best, records, state))
+        write_json_atomic(run_dir / "state.json", new)
+        return new, (f"iteration {best.iteration}'s keep was revoked ({best.reason}), but the kill came before the "
+                     f"run's state was saved: the best is {new.best_sha[:10]} again, as before that keep")
     head = rgit.head()
     if not head or head == state.best_sha:
         return None
-    records = read_iterations(run_dir)
     last = records[-1] if records else None
     if last is not None and last.decision == Decision.kept and last.commit_sha == head \
             and last.parent_sha == state.best_sha:

@@ -20,6 +20,7 @@ class Decision(str, Enum):
     reverted = "reverted"          # evaluated and rejected; commit kept under refs/agent/RUN/rejected/N
     skipped = "skipped"            # no candidate commit (proposal failed, patch did not apply, ...)
     interrupted = "interrupted"    # Ctrl-C / kill during the iteration
+    revoked = "revoked"            # kept, then refused by a check run after the keep (agent/records/revoked.py)
 
 
 class Outcome(str, Enum):
@@ -39,6 +40,7 @@ class Outcome(str, Enum):
     touched_checkout = "touched_checkout"   # changed a file mode in the user's checkout (tools/isolation/checkout.py)
     interrupted = "interrupted"
     budget_exhausted = "budget_exhausted"
+    refused_after_keep = "refused_after_keep"   # a sanitizer run after the keep refused it (tools/judge/later.py)
 
 
 class EnvFingerprint(BaseModel):
@@ -175,6 +177,7 @@ class IterationRecord(BaseModel):
     decision: Decision
     outcome: Outcome
     reason: str                        # one line, also shown to the proposer next time
+    kept_reason: str | None = None     # a revoked keep's reason when it was kept (agent/records/revoked.py)
     speedup_vs_best: float | None = None
     speedup_vs_initial: float | None = None
     speedup_vs_reference: float | None = None

@@ -103,6 +103,25 @@ def append_iteration(run_dir: Path, rec: IterationRecord) -> None:
         fsync_dir(run_dir)
 
 
+def rewrite_iteration(run_dir: Path, rec: IterationRecord) -> None:
+    """The record of `rec`'s iteration replaced by `rec` (the last line of that number: a keep revoked,
+    agent/records/revoked.py), the file written whole and renamed over the old one (write_atomic): a kill leaves the old
+    log or the new one. Readers then find one record an iteration, as every other. KeyError where it has none."""
+    mend_tail(run_dir)
+    p = run_dir / "iterations.jsonl"
+    lines = (log_bytes(p) or b"").splitlines(keepends=True)
+    for k in range(len(lines) - 1, -1, -1):
+        try:
+            n = json.loads(lines[k]).get("iteration")
+        except (ValueError, AttributeError):
+            continue
+        if n == rec.iteration:
+            lines[k] = (rec.model_dump_json() + "\n").encode()
+            write_atomic(p, b"".join(lines))
+            return
+    raise KeyError(f"{p} holds no record of iteration {rec.iteration}")
+
+
 def _load(p: Path, what: str) -> dict:
     """A run file's JSON object, or one line naming the file (a kill or a disk fault can leave it damaged)."""
     try:

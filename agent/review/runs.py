@@ -79,7 +79,8 @@ def load_run(run_dir: Path) -> Run:
     except LogError as e:
         if "written by log schema version" in str(e):
             raise
-        state, where = _state_from_branch(cfg, _state_from_records(records))
+        state, where = _state_from_branch(cfg, _state_from_records(records),
+                                            {r.iteration for r in records if r.decision == Decision.revoked})
         notes.append(f"{e}".split("; the run cannot be read")[0] + ": its status and figures are unknown; the best "
                      f"is taken from {where}")
     records = _with_lost_kept(run_dir, cfg, state, records, notes)
@@ -94,17 +95,19 @@ def _state_from_records(records: list[IterationRecord]) -> RunState:
                     best_iteration=last.iteration if last else None, best_ms=last.best_ms if last else None)
 
 
-def _state_from_branch(cfg: RunConfig, state: RunState) -> tuple[RunState, str]:
+def _state_from_branch(cfg: RunConfig, state: RunState, revoked: set[int] = frozenset()) -> tuple[RunState, str]:
     """A state rebuilt from the records, moved to the run branch's tip where the tip is a kept commit of this run above
     the last recorded keep (its record lost with the state: a power cut): then _with_lost_kept finds every keep
-    between them. Said: where the best was taken from."""
+    between them; not where the records say that keep was revoked (`revoked`: a kill before the branch went back,
+    agent/records/revoked.py). Said: where the best was taken from."""
     try:
         import git
         from agent.records.recover import is_kept_commit
         repo = git.Repo(cfg.repo)
         tip = repo.commit(cfg.branch)
         n = is_kept_commit(cfg, tip)
-        if n is None or tip.hexsha == state.best_sha or not repo.is_ancestor(state.best_sha or cfg.base_sha, tip.hexsha):
+        if n is None or n in revoked or tip.hexsha == state.best_sha or \
+                not repo.is_ancestor(state.best_sha or cfg.base_sha, tip.hexsha):
             return state, "the records"
     except Exception:   # noqa: BLE001 - the repository moved, the branch deleted: the records are what there is
         return state, "the records"

@@ -21,7 +21,7 @@ from tools.results import DevicePeak, ParityResult, TimingStats
 from tools.task import shape_label
 
 DECISION_STYLE = {Decision.kept: "green", Decision.reverted: "red", Decision.skipped: "yellow",
-                  Decision.interrupted: "magenta"}
+                  Decision.interrupted: "magenta", Decision.revoked: "red"}
 
 
 def xs(v: float | None) -> str:
