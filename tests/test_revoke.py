@@ -96,3 +96,59 @@ def test_a_revoked_keep_reads_as_rejected_everywhere_and_a_kill_mid_revocation_i
     (run_dir / "state.json").write_text("{damaged")
     seen = load_run(run_dir)
     assert seen.state.best_sha != rec.commit_sha and rec.iteration not in [k.iteration for k in seen.kept()]
+
+
+def test_the_checks_after_a_keep_settle_it_clean_or_revoke_it_with_the_best_it_found(run_repo, tmp_path, monkeypatch):
+    """The loop's side (agent/optimize/revoke.py Pending), on the review's real run: the kept best's confirmation left
+    racecheck for later (as a GPU confirmation answers with AGENT_RACECHECK_LATER=1); the real judge child runs it
+    under a stand-in sanitizer. Clean: the kept record is rewritten with its result, nothing else moves. A race: the
+    keep is revoked and the loop's own state object, the best's library, launch and profile are what the keep found."""
+    from types import SimpleNamespace
+
+    from agent.optimize.revoke import LIB_BEFORE, Pending, settle
+    from tests.test_later import _wrapper
+    from tools.judge.sanitize import ERROR_EXIT
+    from tools.task import load_task
+    run_dir = run_repo / "runs" / RUN_ID
+    run = load_run(run_dir)
+    i = run.state.best_iteration
+    d = run_dir / f"iter-{i}"
+    rgit = RunGit.attach(git.Repo(run_repo), tmp_path / "wt", run.cfg.branch, RUN_ID)
+    lib_name = next(p.name for p in d.glob("lib*.so"))
+    best_lib = tmp_path / "best" / lib_name
+    best_lib.parent.mkdir()
+    best_lib.write_bytes(b"the best before the keep")
+    messages = []
+    loop = SimpleNamespace(run_dir=run_dir, git=rgit, records=list(run.records), state=run.state.model_copy(),
+                           best=SimpleNamespace(lib=best_lib, launch="launch before", profile="profile before"),
+                           view=SimpleNamespace(message=messages.append), reload_task=lambda: None,
+                           task=load_task(run_repo / run.cfg.task_dir),
+                           evaluator=SimpleNamespace(scratch_root=tmp_path / "scratch", later=("racecheck",)))
+    before = state_before(run_dir, run.find(i), run.records, run.state)
+    loop.state = before.model_copy(update={"iterations_done": run.state.iterations_done})
+    was = Pending.before(loop, i, d)                  # as the keep begins: what it finds
+    assert was == ("launch before", "profile before") and (d / LIB_BEFORE).read_bytes() == b"the best before the keep"
+    loop.state = run.state.model_copy()               # the keep made (the loop's own state object from here)
+    state_obj = loop.state
+    shutil.copy2(d / lib_name, best_lib)
+    loop.best.launch, loop.best.profile = "launch of the keep", "profile of the keep"
+    rec = run.find(i)
+    rec = rec.model_copy(update={"parity": rec.parity.model_copy(update={"later": ["racecheck"]})})
+    loop.records = [rec if r.iteration == i else r for r in loop.records]
+
+    monkeypatch.setenv("AGENT_SANITIZER", str(_wrapper(tmp_path)))
+    loop._pending = Pending.start(loop, rec, d, *was)
+    assert settle(loop) is None and loop._pending is None
+    clean = load_run(run_dir).find(i)
+    assert clean.decision == Decision.kept and clean.parity.racecheck.status == "ok", clean.parity
+    assert "racecheck clean on" in clean.parity.message and loop.state.best_sha == rec.commit_sha
+
+    monkeypatch.setenv("AGENT_SANITIZER", str(_wrapper(tmp_path, exit_code=ERROR_EXIT)))
+    loop._pending = Pending.start(loop, clean, d, *was)
+    gone = settle(loop)
+    assert gone is not None and gone.decision == Decision.revoked and gone.iteration == i
+    assert loop.state is state_obj and loop.state.best_sha == rec.parent_sha == rgit.head()
+    assert best_lib.read_bytes() == b"the best before the keep"
+    assert (loop.best.launch, loop.best.profile) == ("launch before", "profile before")
+    assert [r.decision for r in loop.records if r.iteration == i] == [Decision.revoked]
+    assert read_state(run_dir).best_sha == rec.parent_sha and messages and "revoked" in messages[-1]

@@ -32,16 +32,16 @@ class Evaluator:
         self.budgets: dict = {}
         # the loop's minimum gain (--min-gain): a candidate's first bench below it skips the probes only a keep needs
         self.keep_gain: float | None = None
-        # an earlier build of the task whose objects of non-editable sources may be linked as they are
-        # (the sweep: a torch extension's binding compiled once, not per configuration)
+        # an earlier build whose objects of non-editable sources may be linked as they are (the sweep's binding, once)
         self.reuse_objects: Path | list[Path] | None = None
         # each child that loads a candidate runs in a directory of its own under here (tools/isolation/scratch.py)
         self.scratch_root = scratch_root or Path(build_dir).parent / "scratch"
         # the user's checkout: file modes compared around each candidate child (tools/isolation/checkout.py)
         self.watch = None
-        # (library, report) of the last Nsight Compute pass that served a launch check (verify_launch's `profile`);
-        # `no_ncu`: why this machine's ncu cannot take that pass (not permitted, driver): not tried again this run
-        self.taken, self.no_ncu = None, None
+        # (library, report) of the last ncu pass that served a launch check (verify_launch's `profile`); `no_ncu`: why
+        # this machine's ncu cannot take it (not tried again); `later`: the sanitizers a confirmation leaves for after
+        # its keep (the loop's, agent/optimize/revoke.py)
+        self.taken, self.no_ncu, self.later = None, None, ()
         self.spare = Spares()     # a keep's ncu pass and confirmation child, started early (agent/evaluation/spares.py)
         if checkout is not None:
             from tools.isolation.checkout import CheckoutWatch
@@ -276,7 +276,7 @@ class Evaluator:
         launch, par, bench, dropped = run_candidate(self.task, lib, baseline, launch_context=launch_context,
                                                     warm=warm, with_reference=with_reference,
                                                     scratch_root=self.scratch_root, parity_extent=parity_extent,
-                                                    memcheck=memcheck,
+                                                    memcheck=memcheck, later=self.later if memcheck else (),
                                                     budgets=self.budgets if parity_extent == "quick" else None,
                                                     keep_gain=self.keep_gain if parity_extent == "quick" else None,
                                                     rounds=rounds, probes_done=probes_done)

@@ -8,6 +8,7 @@ profile. Its speedups are agent/records/figures.py's: the confirmation bench's o
 from __future__ import annotations
 
 import json
+import os
 import time
 from pathlib import Path
 
@@ -18,6 +19,7 @@ from agent.evaluation.evaluate import Evaluator, snapshot_lib
 from agent.records.figures import Figure, best_figure, estimate
 from agent.records.schema import Outcome, RunConfig, RunState, StageTimes
 from agent.records.store import write_json_atomic
+from agent.optimize.revoke import LATER_ENV
 from agent.optimize.view import View
 from tools.profile.model import ProfileReport
 from tools.judge.budgets import derive
@@ -45,6 +47,8 @@ class Best:
         evaluator.budgets = state.stage_budgets      # a resumed run keeps the budgets its setup measured
         evaluator.keep_gain = cfg.min_gain           # below it a candidate's bench skips the probes only a keep needs
         evaluator.spare.tier = cfg.profile_tier      # a keep's ncu pass is started before its candidate is known
+        # racecheck after a keep, while the model proposes (agent/optimize/revoke.py): one candidate at a time, opt-in
+        evaluator.later = ("racecheck",) if cfg.candidates == 1 and os.environ.get(LATER_ENV) == "1" else ()
 
     def save(self) -> None:
         write_json_atomic(self.run_dir / "state.json", self.state)
@@ -163,6 +167,16 @@ class Best:
         st.kept_ms = {t.label: t.median_ms for t in confirm.timings
                       if t.label != "reference" or confirm.speedup_vs_reference is not None}
         st.best_ms = cand.median_ms
+
+    def stop_reason(self, run_end: float) -> str | None:
+        """Why the run stops before its next iteration (the target, its iterations, its time budget), or None."""
+        if stop := self.target_stop():
+            return stop
+        if self.state.iterations_done >= self.cfg.iters:
+            return f"{self.cfg.iters} iterations done"
+        if time.monotonic() > run_end:
+            return f"time budget of {self.cfg.budget_seconds:g}s spent"
+        return None
 
     def target_reached(self) -> bool:
         s = self.speedup_vs(self.cfg.baseline)

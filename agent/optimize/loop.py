@@ -19,12 +19,13 @@ from agent.optimize import gitops
 from agent.evaluation.attempt import Attempt, KeepRule, decide
 from agent.optimize.best import Best, dump, dump_results
 from agent.optimize.candidates import Candidates
-from agent.evaluation.ended import Implausible, Inconclusive, IterationEnded, NoChange, NotFaster
+from agent.evaluation.ended import Implausible, Inconclusive, IterationEnded, NoChange, NotFaster, ParentRevoked
 from agent.evaluation.evaluate import Evaluator, snapshot_lib
 from agent.evaluation.keep import launch_and_confirm
 from agent.optimize.propose import StopRun, context, last_failure, propose_and_apply
 from agent.proposers.base import Proposer, ProposerError
 from agent.optimize.repair import feedback, repairable, set_aside
+from agent.optimize.revoke import Pending, settle
 from agent.records.schema import Decision, IterationRecord, Outcome, RunConfig, RunState, now
 from agent.records.store import append_iteration, read_iterations, read_state
 from agent.optimize.signals import DeferSigint
@@ -50,6 +51,7 @@ class Loop:
         self._iter_t0: float | None = None     # the iteration under way started (monotonic)
         self._interrupt_after_keep = self._sigint = False
         self._k: Candidates | None = None    # --candidates K (agent/optimize/candidates.py), made on first use
+        self._pending: Pending | None = None     # the last keep's checks, run after it (agent/optimize/revoke.py)
 
     def task_dir(self) -> Path:
         return Path(self.cfg.worktree) / self.cfg.task_dir
@@ -73,8 +75,10 @@ class Loop:
     def stage(self, i: int, stage: str, hypothesis: str | None = None) -> None:
         if self._sigint:
             raise KeyboardInterrupt
-        # the card idle while the model writes and nvcc runs: a keep's child warms (agent/evaluation/spares.py idle)
-        self.evaluator.spare.idle(stage.startswith(("propose", "commit", "build")))
+        # the card idle while the model writes, nvcc runs: a keep's child warms, its checks run (spares.py, revoke.py)
+        self.evaluator.spare.idle(idle := stage.startswith(("propose", "commit", "build")))
+        if not idle and self._pending is not None and (gone := settle(self)) is not None:
+            raise ParentRevoked(f"proposed on iteration {gone.iteration}'s keep, then revoked: {gone.reason}")
         self.view.stage(i, stage, hypothesis)
 
     def run(self) -> RunState:
@@ -86,7 +90,7 @@ class Loop:
             prev = None
         try:
             while True:
-                stop = self._stop_reason()
+                stop = self.best.stop_reason(self.run_end)
                 if stop:
                     self.finish("done", stop)
                     break
@@ -115,26 +119,19 @@ class Loop:
                 signal.signal(signal.SIGINT, prev)
             if self._k is not None:
                 self._k.ex.close()
+            settle(self, wait=False)     # an error ended the run: the last keep's checks are no longer waited for
             self.evaluator.spare.close()
             self.view.close()
         return self.state
 
-    def _stop_reason(self) -> str | None:
-        if stop := self.best.target_stop():
-            return stop
-        if self.state.iterations_done >= self.cfg.iters:
-            return f"{self.cfg.iters} iterations done"
-        if time.monotonic() > self.run_end:
-            return f"time budget of {self.cfg.budget_seconds:g}s spent"
-        return None
-
     def finish(self, status: str, reason: str) -> None:
+        if (gone := settle(self)) is not None:
+            reason += f"; then iteration {gone.iteration}'s keep was revoked: {gone.reason}"
         if status == "done":
             self.best.confirm()
         self.state.status, self.state.stop_reason, self.state.finished = status, reason, now()
         self.best.save()
 
-    # --- one iteration ----------------------------------------------------------------------
     def iteration(self, i: int) -> IterationRecord:
         d = self._iter_dir(i)
         a = Attempt(iteration=i, run_id=self.cfg.run_id, started=now(), parent_sha=self.state.best_sha or "")
@@ -146,7 +143,9 @@ class Loop:
             # calls kept); a SIGKILL there is repaired by session.prepare_resume
             self.stage(i, "keep")
             with DeferSigint() as sig:
+                was = Pending.before(self, i, d)
                 kept = self._keep(i, d, a)
+                self._pending = Pending.start(self, kept, d, *was)
             self._interrupt_after_keep = sig.hit
             return kept
         except IterationEnded as e:

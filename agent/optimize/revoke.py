@@ -1,17 +1,33 @@
 """A kept iteration revoked: a check run after its keep (tools/judge/later.py) refused its kernel (issue 66, slice
 18). The steps, their order and why: agent/records/revoked.py; the records' side (the rewritten record, the state
 before the keep) is there too.
+
+The loop's side (Pending): where its Evaluator's confirmation left sanitizers for after the keep (`later`, on a GPU:
+racecheck, whose hold on the card slowed the confirmation's parity by 2-3 s), they start as the keep ends, on the
+kept library, in a judge child of their own, and run while the model proposes the next candidate and nvcc builds
+it. They are waited for before the loop's next work on the card (the first stage that is not the model's or
+nvcc's: Loop.stage) and before the run ends. Clean, the kept record is rewritten with their results. Refused (or
+not run, where AGENT_ALLOW_UNCHECKED does not name the check), the keep is revoked: the record, the state, the
+branch, the best's library, launch and profile go back to what the keep found, and the candidate proposed on it
+meanwhile ends as `parent_revoked` (ParentRevoked). A run killed while they run leaves its kept record naming
+them in parity.later with no result for them.
 """
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 from agent.optimize.gitops import revoked_message
-from agent.records.revoked import restored, revoked_record
+from agent.records.revoked import BEST_FIELDS, restored, revoked_record, save_before
 from agent.records.schema import Decision, IterationRecord, RunState
 from agent.records.store import rewrite_iteration, write_json_atomic
+from tools.judge.later import Later
+from tools.judge.sanitize import allowed_unchecked
 from tools.results import SanitizerResult
+
+LATER_ENV = "AGENT_RACECHECK_LATER"   # "1": the loop's confirmations leave racecheck for after the keep
+LIB_BEFORE = "best-before"     # the best's library as the keep found it, in the kept iteration's folder
 
 
 def revoke(run_dir: Path, rgit, rec: IterationRecord, now: RunState, before: RunState,
@@ -31,3 +47,72 @@ def revoke(run_dir: Path, rgit, rec: IterationRecord, now: RunState, before: Run
     write_json_atomic(run_dir / "state.json", state)
     rgit.reset_to(state.best_sha)
     return new_rec, state
+
+
+class Pending:
+    """The checks after keep `rec` (module docstring), running."""
+
+    def __init__(self, rec: IterationRecord, d: Path, later: Later, launch, profile):
+        self.rec, self.d, self.later, self.launch, self.profile = rec, d, later, launch, profile
+
+    @staticmethod
+    def before(loop, i: int, d: Path) -> tuple:
+        """As a keep of iteration `i` begins: the state and the best's library it finds, kept in its folder `d`; the
+        best's launch and profile it finds, returned (for start)."""
+        if not loop.evaluator.later:      # nothing runs after this keep: nothing to go back to
+            return loop.best.launch, loop.best.profile
+        save_before(loop.run_dir, i, loop.state)
+        if loop.best.lib.exists():
+            shutil.copy2(loop.best.lib, d / LIB_BEFORE)
+        return loop.best.launch, loop.best.profile
+
+    @classmethod
+    def start(cls, loop, rec: IterationRecord, d: Path, launch, profile) -> "Pending | None":
+        """The checks the kept record's confirmation left for later, started on its library; None where none."""
+        checks = tuple(rec.parity.later) if rec.parity is not None else ()
+        if not checks:
+            return None
+        lib = d / loop.best.lib.name
+        return cls(rec, d, Later(loop.task, lib, checks, loop.evaluator.scratch_root), launch, profile)
+
+    def settle(self, loop) -> IterationRecord | None:
+        """Waits for the checks; the kept record rewritten with their results, or the keep revoked (returned)."""
+        from agent.records.revoked import BEFORE
+        found, allowed = self.later.results(), allowed_unchecked()
+        bad = [r for r in found if r.status == "failed" or (r.status != "ok" and r.tool not in allowed)]
+        rec = loop.records[-1] if loop.records and loop.records[-1].iteration == self.rec.iteration else self.rec
+        if not bad:
+            par = rec.parity.model_copy(update={**{r.tool: r for r in found},
+                                                "message": f"{rec.parity.message}: "
+                                                           + "; ".join(r.message for r in found)})
+            new = rec.model_copy(update={"parity": par})
+            rewrite_iteration(loop.run_dir, new)
+            loop.records = [new if r.iteration == new.iteration else r for r in loop.records]
+            return None
+        before = RunState.model_validate_json((self.d / BEFORE).read_text())
+        new, state = revoke(loop.run_dir, loop.git, rec, loop.state.model_copy(), before, bad + [
+            r for r in found if r not in bad])
+        for k in BEST_FIELDS:     # the loop's state object is the one Best holds: changed in place
+            setattr(loop.state, k, getattr(state, k))
+        if (self.d / LIB_BEFORE).exists():
+            shutil.copy2(self.d / LIB_BEFORE, loop.best.lib)
+        loop.best.launch, loop.best.profile = self.launch, self.profile
+        loop.records = [new if r.iteration == new.iteration else r for r in loop.records]
+        loop.reload_task()
+        loop.view.message(f"iteration {rec.iteration}'s keep revoked: {new.reason}")
+        return new
+
+    def close(self) -> None:
+        self.later.close()
+
+
+def settle(loop, wait: bool = True) -> IterationRecord | None:
+    """The loop's last keep's checks (loop._pending) waited for and settled: the record of the keep they revoked, or
+    None. Not `wait`: ended where they are (the run ended on an error)."""
+    pending, loop._pending = loop._pending, None
+    if pending is None:
+        return None
+    if not wait:
+        pending.close()
+        return None
+    return pending.settle(loop)
