@@ -18,6 +18,7 @@ import pytest
 
 from tools.judge.later import Later
 from tools.judge.sanitize import ERROR_EXIT
+from tools.results import SanitizerResult
 
 pytestmark = pytest.mark.skipif(shutil.which("g++") is None or not sys.platform.startswith("linux"),
                                 reason="needs g++ and Linux")
@@ -95,6 +96,23 @@ def test_a_confirmation_on_the_cpu_defers_nothing(tmp_path, monkeypatch):
     got = run_candidate(task, lib, None, scratch_root=tmp_path / "scratch", memcheck=True, later=("racecheck",))
     assert got.parity is not None and got.parity.status.value == "ok", got.parity
     assert got.parity.later == [] and "after the keep" not in got.parity.message
+
+
+def test_the_parity_a_keep_records_keeps_what_the_confirmation_left_for_later():
+    """The loop's record of a candidate's parity joins its quick parity and its confirmation's (evaluate.py _joined);
+    every field the confirmation answers reaches it. On the H200 the `later` list was lost there: racecheck was left
+    out of the confirmation and then never run (AGENT_RACECHECK_LATER=1, before this test)."""
+    from agent.evaluation.evaluate import _joined
+    from tools.results import ParityResult, ParityStatus
+    first = ParityResult(status=ParityStatus.ok, message="quick", seconds=1.0)
+    race = SanitizerResult(tool="racecheck", status="ok", message="racecheck clean")
+    mem = SanitizerResult(tool="memcheck", status="ok", message="memcheck clean")
+    then = ParityResult(status=ParityStatus.ok, message="rest", seconds=2.0, memcheck=mem, racecheck=race,
+                        later=["racecheck"])
+    got = _joined(first, then)
+    for name in ParityResult.model_fields:
+        if name not in ("checks", "seconds", "message", "status"):
+            assert getattr(got, name) == getattr(then, name), name
 
 
 @pytest.mark.gpu

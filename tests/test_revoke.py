@@ -152,3 +152,32 @@ def test_the_checks_after_a_keep_settle_it_clean_or_revoke_it_with_the_best_it_f
     assert (loop.best.launch, loop.best.profile) == ("launch before", "profile before")
     assert [r.decision for r in loop.records if r.iteration == i] == [Decision.revoked]
     assert read_state(run_dir).best_sha == rec.parent_sha and messages and "revoked" in messages[-1]
+
+
+def test_resume_runs_the_checks_a_kill_left_unanswered_and_revokes_the_keep_they_refuse(run_repo, cli, tmp_path,
+                                                                                        monkeypatch):
+    """A run killed while the checks after its last keep ran: its kept record names them in parity.later with no
+    result. `agent resume` runs them before it goes on (agent/optimize/revoke.py unchecked_best); refused, the keep is
+    revoked and the run goes on from the best before it. Through the real entry point, under a stand-in sanitizer
+    that reports a race."""
+    from agent.records.store import read_config, read_iterations, rewrite_iteration
+    from tests.test_later import _wrapper
+    from tools.judge.sanitize import ERROR_EXIT
+    run_dir = run_repo / "runs" / RUN_ID
+    cfg = read_config(run_dir)        # the run moved with its repository (this copy): where it is now
+    write_json_atomic(run_dir / "run.json", cfg.model_copy(update={"repo": str(run_repo),
+                                                                   "worktree": str(tmp_path / "wt")}))
+    state = read_state(run_dir)
+    write_json_atomic(run_dir / "state.json", state.model_copy(update={"status": "interrupted"}))
+    rec = next(r for r in read_iterations(run_dir) if r.iteration == state.best_iteration)
+    later = rec.parity.model_copy(update={"later": ["racecheck"]})     # as the kill left it: no racecheck result
+    rewrite_iteration(run_dir, rec.model_copy(update={"parity": later}))
+    monkeypatch.setenv("AGENT_SANITIZER", str(_wrapper(tmp_path, exit_code=ERROR_EXIT)))
+    rc, out, err = cli("resume", RUN_ID, cwd=run_repo)
+    assert rc == 0, out + err
+    assert "had not answered when the run was stopped" in out + err and "keep revoked" in out + err, out + err
+    run = load_run(run_dir)
+    got = run.find(rec.iteration)
+    assert got.decision == Decision.revoked and got.parity.racecheck.status == "failed", got.reason
+    assert run.state.best_sha == rec.parent_sha and run.state.status == "done"
+    assert git.Repo(run_repo).commit(cfg.branch).hexsha == rec.parent_sha

@@ -322,12 +322,12 @@ class Evaluator:
 
 
 def _joined(first: ParityResult, then: ParityResult) -> ParityResult:
-    """One parity record: the quick one's checks, then the range shapes' (the second's status and message where it
-    failed)."""
+    """One parity record: the quick one's checks, then the rest's (its status and message where it failed)."""
     ok = then.status == ParityStatus.ok
     return ParityResult(status=then.status, checks=first.checks + then.checks, seconds=first.seconds + then.seconds,
                         message=f"{first.message}; then, before the keep, {then.message}" if ok else then.message,
-                        memcheck=then.memcheck or first.memcheck, racecheck=then.racecheck or first.racecheck)
+                        memcheck=then.memcheck or first.memcheck, racecheck=then.racecheck or first.racecheck,
+                        later=then.later or first.later)
 
 
 def launch_ok(res: LaunchResult) -> LaunchResult:

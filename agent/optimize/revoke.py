@@ -19,7 +19,7 @@ import shutil
 from pathlib import Path
 
 from agent.optimize.gitops import revoked_message
-from agent.records.revoked import BEST_FIELDS, restored, revoked_record, save_before
+from agent.records.revoked import BEST_FIELDS, restored, revoked_record, save_before, state_before
 from agent.records.schema import Decision, IterationRecord, RunState
 from agent.records.store import rewrite_iteration, write_json_atomic
 from tools.judge.later import Later
@@ -77,7 +77,6 @@ class Pending:
 
     def settle(self, loop) -> IterationRecord | None:
         """Waits for the checks; the kept record rewritten with their results, or the keep revoked (returned)."""
-        from agent.records.revoked import BEFORE
         found, allowed = self.later.results(), allowed_unchecked()
         bad = [r for r in found if r.status == "failed" or (r.status != "ok" and r.tool not in allowed)]
         rec = loop.records[-1] if loop.records and loop.records[-1].iteration == self.rec.iteration else self.rec
@@ -89,7 +88,7 @@ class Pending:
             rewrite_iteration(loop.run_dir, new)
             loop.records = [new if r.iteration == new.iteration else r for r in loop.records]
             return None
-        before = RunState.model_validate_json((self.d / BEFORE).read_text())
+        before = state_before(loop.run_dir, rec, loop.records, loop.state)
         new, state = revoke(loop.run_dir, loop.git, rec, loop.state.model_copy(), before, bad + [
             r for r in found if r not in bad])
         for k in BEST_FIELDS:     # the loop's state object is the one Best holds: changed in place
@@ -116,3 +115,16 @@ def settle(loop, wait: bool = True) -> IterationRecord | None:
         pending.close()
         return None
     return pending.settle(loop)
+
+
+def unchecked_best(loop) -> Pending | None:
+    """`agent resume`: the kept best's checks left for after its keep, where none answered (the run was killed while
+    they ran), started again on its library (prepare_resume settles them before the run goes on); else None."""
+    rec = next((r for r in loop.records if r.iteration == loop.state.best_iteration), None)
+    if rec is None or rec.decision != Decision.kept or rec.parity is None:
+        return None
+    todo = tuple(c for c in rec.parity.later if getattr(rec.parity, c, None) is None)
+    d = loop.run_dir / f"iter-{rec.iteration}"
+    if not todo or not (d / loop.best.lib.name).exists():
+        return None
+    return Pending(rec, d, Later(loop.task, d / loop.best.lib.name, todo, loop.evaluator.scratch_root), None, None)

@@ -15,6 +15,7 @@ from agent.optimize import gitops
 from agent.records.envinfo import fingerprint
 from agent.optimize.best import SetupFailed
 from agent.optimize.loop import Loop
+from agent.optimize.revoke import unchecked_best
 from agent.proposers.base import Proposer
 from agent.proposers.retry import RetryFirst, is_retry, undecided
 from agent.evaluation.evaluate import snapshot_lib
@@ -227,6 +228,10 @@ def prepare_resume(loop: Loop) -> None:
     # reset even when HEAD is the best: a SIGKILL between patch and commit leaves the candidate's
     # edit uncommitted in the worktree, and the resumed run would build on top of it
     loop.git.reset_to(loop.state.best_sha)
+    if (pending := unchecked_best(loop)) is not None:    # killed while they ran: run now, and the keep may not stand
+        loop.view.message(f"iteration {pending.rec.iteration}'s {', '.join(pending.later.checks)} after its keep had "
+                          "not answered when the run was stopped: running it again first")
+        pending.settle(loop)
     loop.state.iterations_done = n
     loop.state.status = "running"
     loop.reload_task()

@@ -105,7 +105,9 @@ CASES = [
      ("launch_rejected", "parity_failed"), ("error", "crashed"), ("illegal", "crashed", "CUDA error")),
     # issue 40: whole-file rewrites from tests/fixtures/cuda_cheats/softmax/ (README.md there), each faster than the
     # committed kernel and right on every listed and hidden shape (run on an H100 and an H200 before they went in)
-    *[(name, "cheat", _first_line(name), [(None, _cheat(name))], "parity_failed", statuses, needles)
+    # (the race form with AGENT_RACECHECK_LATER=1: kept, then revoked by racecheck after it, agent/optimize/revoke.py)
+    *[(name, "cheat", _first_line(name), [(None, _cheat(name))],
+       ("parity_failed", "refused_after_keep") if name == "shared_red_reuse" else "parity_failed", statuses, needles)
       for name, statuses, needles in (
           ("head_noclamp", ("mismatch", "out_of_bounds", "unwritten", "nondeterministic", "output_state",
                             "stale_input"), ("range ",)),
@@ -250,8 +252,8 @@ def proposals() -> list[dict]:
 
 
 def _stage(rec, outcome: str):
-    return {"parity_failed": rec.parity, "compile_failed": rec.build, "bench_failed": rec.bench,
-            "launch_rejected": rec.launch}.get(outcome)
+    return {"parity_failed": rec.parity, "refused_after_keep": rec.parity, "compile_failed": rec.build,
+            "bench_failed": rec.bench, "launch_rejected": rec.launch}.get(outcome)
 
 
 def run_all(work: Path, out_dir: Path | None = None) -> tuple[list[dict], bool]:
