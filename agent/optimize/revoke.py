@@ -77,6 +77,9 @@ class Pending:
 
     def settle(self, loop) -> IterationRecord | None:
         """Waits for the checks; the kept record rewritten with their results, or the keep revoked (returned)."""
+        if not self.later.done:     # said: a Ctrl-C here leaves them to `agent resume` (unchecked_best)
+            loop.view.message(f"waiting for iteration {self.rec.iteration}'s {', '.join(self.later.checks)} after its "
+                              "keep (Ctrl-C leaves it for `agent resume`)")
         found, allowed = self.later.results(), allowed_unchecked()
         bad = [r for r in found if r.status == "failed" or (r.status != "ok" and r.tool not in allowed)]
         rec = loop.records[-1] if loop.records and loop.records[-1].iteration == self.rec.iteration else self.rec

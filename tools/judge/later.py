@@ -56,12 +56,15 @@ class Later:
         self._child = prestart_python("tools.judge.judge", ["sanitize", "--task", str(task.root), "--job-stdin"],
                                       scratch_root, env=judge_env())
         job = json.dumps({"lib": str(self.lib.resolve()), "seed": self.seed, "checks": list(self.checks)})
-        self._proc = None
+        self._proc, self._ended = None, ""
         self._thread = threading.Thread(target=self._wait, args=(job,), daemon=True, name="sanitize-later")
         self._thread.start()
 
     def _wait(self, job: str) -> None:
-        self._proc = self._child.run(job, self.timeout)
+        try:
+            self._proc = self._child.run(job, self.timeout)
+        except (OSError, ValueError) as e:   # close() ended the child under its pipes: results() says it did not run
+            self._ended = f"{type(e).__name__}: {e}"
 
     @property
     def done(self) -> bool:
@@ -79,7 +82,8 @@ class Later:
             why = f"it answered {[r.tool for r in got]} for {list(self.checks)}"
         except (KeyError, TypeError, ValueError) as e:
             why = (f"the judge child ended {proc.status.value}: {proc.reason()}" if proc is not None and
-                   proc.status != ProcStatus.ok else f"the judge child answered no result ({type(e).__name__})")
+                   proc.status != ProcStatus.ok else f"the judge child was ended ({self._ended})" if self._ended
+                   else f"the judge child answered no result ({type(e).__name__})")
             if isinstance(data, dict) and data.get("error"):
                 why = f"the judge child could not run them: {data['error']}"
         return [SanitizerResult(tool=c, status="error", seconds=took, message=f"{c} after the keep did not run: {why}")
