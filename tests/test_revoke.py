@@ -126,14 +126,17 @@ def test_the_checks_after_a_keep_settle_it_clean_or_revoke_it_with_the_best_it_f
                            evaluator=SimpleNamespace(scratch_root=tmp_path / "scratch", later=("racecheck",)))
     before = state_before(run_dir, run.find(i), run.records, run.state)
     loop.state = before.model_copy(update={"iterations_done": run.state.iterations_done})
-    was = Pending.before(loop, i, d)                  # as the keep begins: what it finds
+    rec = run.find(i)
+    rec = rec.model_copy(update={"parity": rec.parity.model_copy(update={"later": ["racecheck"]})})
+    was = Pending.before(loop, i, d, SimpleNamespace(parity=rec.parity))       # as the keep begins: what it finds
     assert was == ("launch before", "profile before") and (d / LIB_BEFORE).read_bytes() == b"the best before the keep"
+    # the parity that names the check left for later is on disk before the keep: a kill before the record is written
+    # leaves what rebuilds the record from the commit (agent/records/recover.py) naming it, for `agent resume`
+    assert '"later":["racecheck"]' in (d / "parity.json").read_text().replace(" ", "").replace("\n", "")
     loop.state = run.state.model_copy()               # the keep made (the loop's own state object from here)
     state_obj = loop.state
     shutil.copy2(d / lib_name, best_lib)
     loop.best.launch, loop.best.profile = "launch of the keep", "profile of the keep"
-    rec = run.find(i)
-    rec = rec.model_copy(update={"parity": rec.parity.model_copy(update={"later": ["racecheck"]})})
     loop.records = [rec if r.iteration == i else r for r in loop.records]
 
     monkeypatch.setenv("AGENT_SANITIZER", str(_wrapper(tmp_path)))
@@ -181,3 +184,40 @@ def test_resume_runs_the_checks_a_kill_left_unanswered_and_revokes_the_keep_they
     assert got.decision == Decision.revoked and got.parity.racecheck.status == "failed", got.reason
     assert run.state.best_sha == rec.parent_sha and run.state.status == "done"
     assert git.Repo(run_repo).commit(cfg.branch).hexsha == rec.parent_sha
+
+
+def test_the_run_settles_the_last_keeps_checks_before_it_may_stop_and_ends_them_on_an_error():
+    """agent/optimize/revoke.py stop_reason and settle, the loop's two exits: where the run may stop (its iterations
+    spent, here) the last keep's checks are settled before the stop is decided (a best they revoke must not be the
+    one the run stops on, nor be benched beside them); an error (or a Ctrl-C) while they are waited for ends them."""
+    from types import SimpleNamespace
+
+    from agent.optimize.revoke import settle, stop_reason
+
+    class Checks:      # the Pending's side the loop sees: settle waits, close ends
+        def __init__(self, fail: bool = False):
+            self.fail, self.settled, self.closed = fail, False, False
+
+        def settle(self, loop):
+            if self.fail:
+                raise KeyboardInterrupt
+            self.settled = True
+            return None
+
+        def close(self):
+            self.closed = True
+
+    seen = []
+    loop = SimpleNamespace(cfg=SimpleNamespace(past_target=False, iters=3), state=SimpleNamespace(iterations_done=1),
+                           run_end=float("inf"), _pending=Checks(),
+                           best=SimpleNamespace(target_reached=lambda: False,
+                                                stop_reason=lambda end: seen.append(loop._pending) or None))
+    assert stop_reason(loop) is None and not loop._pending.settled      # the run goes on: they keep running
+    loop.state.iterations_done = 3
+    checks = loop._pending
+    stop_reason(loop)
+    assert checks.settled and seen[-1] is None and loop._pending is None
+    loop._pending = failing = Checks(fail=True)
+    with pytest.raises(KeyboardInterrupt):
+        settle(loop)
+    assert failing.closed and loop._pending is None

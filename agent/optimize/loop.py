@@ -25,7 +25,7 @@ from agent.evaluation.keep import launch_and_confirm
 from agent.optimize.propose import StopRun, context, last_failure, propose_and_apply
 from agent.proposers.base import Proposer, ProposerError
 from agent.optimize.repair import feedback, repairable, set_aside
-from agent.optimize.revoke import Pending, settle
+from agent.optimize.revoke import Pending, settle, stop_reason
 from agent.records.schema import Decision, IterationRecord, Outcome, RunConfig, RunState, now
 from agent.records.store import append_iteration, read_iterations, read_state
 from agent.optimize.signals import DeferSigint
@@ -90,7 +90,7 @@ class Loop:
             prev = None
         try:
             while True:
-                stop = self.best.stop_reason(self.run_end)
+                stop = stop_reason(self)   # the last keep's checks first (revoke.py)
                 if stop:
                     self.finish("done", stop)
                     break
@@ -143,7 +143,7 @@ class Loop:
             # calls kept); a SIGKILL there is repaired by session.prepare_resume
             self.stage(i, "keep")
             with DeferSigint() as sig:
-                was = Pending.before(self, i, d)
+                was = Pending.before(self, i, d, a)
                 kept = self._keep(i, d, a)
                 self._pending = Pending.start(self, kept, d, *was)
             self._interrupt_after_keep = sig.hit

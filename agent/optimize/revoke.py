@@ -16,9 +16,11 @@ them in parity.later with no result for them.
 from __future__ import annotations
 
 import shutil
+import time
 from pathlib import Path
 
 from agent.optimize.gitops import revoked_message
+from agent.optimize.signals import DeferSigint
 from agent.records.revoked import BEST_FIELDS, restored, revoked_record, save_before, state_before
 from agent.records.schema import Decision, IterationRecord, RunState
 from agent.records.store import rewrite_iteration, write_json_atomic
@@ -56,11 +58,14 @@ class Pending:
         self.rec, self.d, self.later, self.launch, self.profile = rec, d, later, launch, profile
 
     @staticmethod
-    def before(loop, i: int, d: Path) -> tuple:
-        """As a keep of iteration `i` begins: the state and the best's library it finds, kept in its folder `d`; the
-        best's launch and profile it finds, returned (for start)."""
+    def before(loop, i: int, d: Path, a) -> tuple:
+        """As a keep of iteration `i` begins: the state and the best's library it finds, and the parity that names
+        the checks left for later (what rebuilds the record from its commit after a kill reads: recover.py), kept in
+        its folder `d`; the best's launch and profile it finds, returned (for start)."""
         if not loop.evaluator.later:      # nothing runs after this keep: nothing to go back to
             return loop.best.launch, loop.best.profile
+        if a.parity is not None:
+            write_json_atomic(d / "parity.json", a.parity)
         save_before(loop.run_dir, i, loop.state)
         if loop.best.lib.exists():
             shutil.copy2(loop.best.lib, d / LIB_BEFORE)
@@ -92,14 +97,15 @@ class Pending:
             loop.records = [new if r.iteration == new.iteration else r for r in loop.records]
             return None
         before = state_before(loop.run_dir, rec, loop.records, loop.state)
-        new, state = revoke(loop.run_dir, loop.git, rec, loop.state.model_copy(), before, bad + [
-            r for r in found if r not in bad])
-        for k in BEST_FIELDS:     # the loop's state object is the one Best holds: changed in place
-            setattr(loop.state, k, getattr(state, k))
-        if (self.d / LIB_BEFORE).exists():
-            shutil.copy2(self.d / LIB_BEFORE, loop.best.lib)
-        loop.best.launch, loop.best.profile = self.launch, self.profile
-        loop.records = [new if r.iteration == new.iteration else r for r in loop.records]
+        with DeferSigint():     # a Ctrl-C here would leave the loop's best the revoked one while state.json is not
+            new, state = revoke(loop.run_dir, loop.git, rec, loop.state.model_copy(), before, bad + [
+                r for r in found if r not in bad])
+            for k in BEST_FIELDS:     # the loop's state object is the one Best holds: changed in place
+                setattr(loop.state, k, getattr(state, k))
+            if (self.d / LIB_BEFORE).exists():
+                shutil.copy2(self.d / LIB_BEFORE, loop.best.lib)
+            loop.best.launch, loop.best.profile = self.launch, self.profile
+            loop.records = [new if r.iteration == new.iteration else r for r in loop.records]
         loop.reload_task()
         loop.view.message(f"iteration {rec.iteration}'s keep revoked: {new.reason}")
         return new
@@ -117,7 +123,22 @@ def settle(loop, wait: bool = True) -> IterationRecord | None:
     if not wait:
         pending.close()
         return None
-    return pending.settle(loop)
+    try:
+        return pending.settle(loop)
+    except BaseException:     # a Ctrl-C while it waits, an error: the child ended; its record still names the check
+        pending.close()       # in parity.later with no result, which `agent resume` runs again (unchecked_best)
+        raise
+
+
+def stop_reason(loop) -> str | None:
+    """Best.stop_reason, the last keep's checks settled first where the run may stop there: its target looks reached
+    (the confirmation bench then times the best alone, and a revoked best is not the one that reached it), or its
+    iterations or its time are spent."""
+    if loop._pending is not None and ((not loop.cfg.past_target and loop.best.target_reached())
+                                      or loop.state.iterations_done >= loop.cfg.iters
+                                      or time.monotonic() > loop.run_end):
+        settle(loop)
+    return loop.best.stop_reason(loop.run_end)
 
 
 def unchecked_best(loop) -> Pending | None:
