@@ -75,10 +75,9 @@ class Pending:
     def start(cls, loop, rec: IterationRecord, d: Path, launch, profile) -> "Pending | None":
         """The checks the kept record's confirmation left for later, started on its library; None where none."""
         checks = tuple(rec.parity.later) if rec.parity is not None else ()
-        if not checks:
-            return None
         lib = d / loop.best.lib.name
-        return cls(rec, d, Later(loop.task, lib, checks, loop.evaluator.scratch_root), launch, profile)
+        return cls(rec, d, Later(loop.task, lib, checks, loop.evaluator.scratch_root), launch, profile) \
+            if checks and lib.exists() else None
 
     def settle(self, loop) -> IterationRecord | None:
         """Waits for the checks; the kept record rewritten with their results, or the keep revoked (returned)."""
@@ -87,7 +86,7 @@ class Pending:
                               "keep (Ctrl-C leaves it for `agent resume`)")
         found, allowed = self.later.results(), allowed_unchecked()
         bad = [r for r in found if r.status == "failed" or (r.status != "ok" and r.tool not in allowed)]
-        rec = loop.records[-1] if loop.records and loop.records[-1].iteration == self.rec.iteration else self.rec
+        rec = next((r for r in loop.records if r.iteration == self.rec.iteration), self.rec)   # as the log has it
         if not bad:
             par = rec.parity.model_copy(update={**{r.tool: r for r in found},
                                                 "message": f"{rec.parity.message}: "
@@ -98,8 +97,7 @@ class Pending:
             return None
         before = state_before(loop.run_dir, rec, loop.records, loop.state)
         with DeferSigint():     # a Ctrl-C here would leave the loop's best the revoked one while state.json is not
-            new, state = revoke(loop.run_dir, loop.git, rec, loop.state.model_copy(), before, bad + [
-                r for r in found if r not in bad])
+            new, state = revoke(loop.run_dir, loop.git, rec, loop.state.model_copy(), before, found)
             for k in BEST_FIELDS:     # the loop's state object is the one Best holds: changed in place
                 setattr(loop.state, k, getattr(state, k))
             if (self.d / LIB_BEFORE).exists():
@@ -147,8 +145,6 @@ def unchecked_best(loop) -> Pending | None:
     rec = next((r for r in loop.records if r.iteration == loop.state.best_iteration), None)
     if rec is None or rec.decision != Decision.kept or rec.parity is None:
         return None
-    todo = tuple(c for c in rec.parity.later if getattr(rec.parity, c, None) is None)
-    d = loop.run_dir / f"iter-{rec.iteration}"
-    if not todo or not (d / loop.best.lib.name).exists():
-        return None
-    return Pending(rec, d, Later(loop.task, d / loop.best.lib.name, todo, loop.evaluator.scratch_root), None, None)
+    todo = [c for c in rec.parity.later if getattr(rec.parity, c, None) is None]
+    unanswered = rec.model_copy(update={"parity": rec.parity.model_copy(update={"later": todo})})
+    return Pending.start(loop, unanswered, loop.run_dir / f"iter-{rec.iteration}", None, None)
