@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tools.measure.domains import draw, draws, value_shapes
+from tools.measure.domains import draw, draws, judged, value_shapes
 from tools.measure.parity import run_parity
 from tools.results import ParityStatus
 from tools.task import load_task
@@ -23,10 +23,10 @@ HERE = Path(__file__).resolve().parent / "fixtures" / "values"
 MASKING = '[[inputs]]\nname = "x"\nspecials = ["-inf"]   # masking\n'
 
 
-def _task(tmp: Path, kernel: str, inputs: str = MASKING):
+def _task(tmp: Path, kernel: str, inputs: str = MASKING, module: str = "task.py"):
     root = tmp / f"task_{kernel}"
     root.mkdir(parents=True)
-    shutil.copy(HERE / "task.py", root / "task.py")
+    shutil.copy(HERE / module, root / "task.py")
     (root / "task.toml").write_text((HERE / "task.toml").read_text().replace("{inputs}", inputs))
     shutil.copy(HERE / f"{kernel}.cpp", root / "softmax.cpp")
     lib = tmp / f"lib{kernel}.so"
@@ -99,6 +99,64 @@ def test_honest_kernels_pass_every_draw(tmp_path, kernel):
     got = {(c.label.split(" ")[0], c.dist) for c in res.checks}
     assert {("values", d) for d in ("values:large", "values:tiny", "values:specials")} <= got, got
     assert "value and view shapes" in res.message
+
+
+def _rounded(tmp: Path, kernel: str, twins: int = 64):
+    """The fixture task whose reference rounds on its own far past the sample (tests/fixtures/values/task_rounded.py),
+    one row in `twins` holding near-tied twins, on shapes of 16384 elements and more (16 may be excused)."""
+    task, lib = _task(tmp, kernel, inputs="", module="task_rounded.py")
+    (task.root / "task.py").write_text((task.root / "task.py").read_text().replace("TWINS = 64", f"TWINS = {twins}"))
+    toml = task.root / "task.toml"
+    toml.write_text(toml.read_text().replace("shapes = [ { M = 16, N = 24 }, { M = 33, N = 17 } ]",
+                                             "shapes = [ { M = 256, N = 64 } ]"))
+    return load_task(task.root), lib
+
+
+def test_far_past_the_sample_a_few_elements_an_fp32_rounding_decides_are_let_past_and_counted(tmp_path):
+    """Issue 66: at attention's logits near 1e9 (values:large) an fp32 rounding decides which of two near-tied keys wins
+    a row; an honest kernel on an H200 lost a row to it about one draw in a hundred. Here the reference's own rounding
+    splits a row's weight between twins one ulp apart where the honest kernel gives it all to the larger: with one row
+    in 64 so, the few elements are let past, counted and said; with every row so, far more than one in 1024, the draw
+    fails. What the draws are for is never let past: the kernels that overflow still fail."""
+    task, lib = _rounded(tmp_path, "honest")
+    res = run_parity(task, lib, seed=3)
+    assert res.status == ParityStatus.ok, res.message
+    excused = [c for c in res.checks if c.excused]
+    assert excused and all(c.dist == "values:large" and c.mismatches == 0 for c in excused), res.message
+    assert f"{sum(c.excused for c in excused)} elements of values:large past tolerance, let past" in res.message
+    task, lib = _rounded(tmp_path / "all", "honest", twins=1)
+    res = run_parity(task, lib, seed=3)
+    assert res.status == ParityStatus.mismatch and _failed(res) == "values:large", res.message
+    for kernel in ("nomax", "sentinel"):
+        task, lib = _rounded(tmp_path / kernel, kernel)
+        res = run_parity(task, lib, seed=3)
+        assert res.status == ParityStatus.nan_inf and _failed(res) == "values:large", res.message
+
+
+def test_an_element_let_past_is_finite_bounded_and_one_of_few():
+    """domains.excuse lets past a mismatch on at most one element in 1024, each finite where the reference is finite
+    and within twice its largest magnitude; anything else keeps compare's account."""
+    g = torch.Generator().manual_seed(4)
+    exp = torch.randn(4096, generator=g)
+    out = exp.clone()
+    out[[7, 900]] = torch.tensor([1.5, -2.0])
+    ok = judged("values:large", out, exp, 1e-4, 1e-3)
+    assert ok["status"] == "ok" and ok["excused"] == 2 and "worst_index" not in ok
+    assert judged("values:tiny", out, exp, 1e-4, 1e-3)["status"] == "mismatch"      # the large draw only
+    for i, v in ((3, 1e6), (5, float("nan"))):
+        bad = out.clone()
+        bad[i] = v                                   # garbage past twice the reference's largest; a NaN
+        assert judged("values:large", bad, exp, 1e-4, 1e-3)["status"] in ("mismatch", "nan_inf")
+    five = exp.clone()
+    five[:5] += 1.0                                  # five of 4096: more than one in 1024
+    assert judged("values:large", five, exp, 1e-4, 1e-3)["status"] == "mismatch"
+    special = exp.clone()
+    special[9] = float("inf")
+    assert judged("values:large", out, special, 1e-4, 1e-3)["status"] == "mismatch"   # an inf reference, not met
+
+
+def _failed(res) -> str:
+    return next(c.dist for c in res.checks if not c.ok)
 
 
 LOOP_CASES = [("nomax", "values:large"), ("sentinel", "values:large"), ("online_nan", "values:specials"),

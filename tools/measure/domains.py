@@ -18,9 +18,10 @@ one check per draw on the smallest listed shape and on the first hidden one, lab
 
 Each is compared as every check is (tools/measure/compare.py): NaN and inf where the reference has them, finite
 where it is finite, so a reference that answers NaN for a fully masked row asks the kernel for NaN there (a task
-whose convention is zeros says so in its reference). The error budget and the changed repeat are not run on these
-draws: they are about precision and caches on the sample, these about the domain. An input declared with
-`values = false` (an index or a mask held as floats) is left as make_inputs drew it.
+whose convention is zeros says so in its reference); on values:large a few finite elements (one in 1024) may be past
+tolerance, counted and said (excuse: an fp32 rounding decides them there). The error budget and the changed repeat
+are not run on these draws: they are about precision and caches on the sample, these about the domain. An input
+declared with `values = false` (an index or a mask held as floats) is left as make_inputs drew it.
 """
 
 from __future__ import annotations
@@ -31,12 +32,14 @@ from tools.taskspec import InputSpec
 
 PREFIX = "values:"
 HEADROOM_LOG2 = 4            # 1/16 of the edge: an honest kernel's partial sums have room the reference's result has
+LARGE = PREFIX + "large"
+STRAY = 1024                 # the large draw lets one element in STRAY past tolerance: excuse()
 _NONE = InputSpec()
 
 
 def draws(spec) -> list[str]:
     """The value draws a task gets: large and tiny always (its float inputs), specials where it declares some."""
-    return [PREFIX + "large", PREFIX + "tiny"] + ([PREFIX + "specials"] if any(i.specials for i in spec.inputs) else [])
+    return [LARGE, PREFIX + "tiny"] + ([PREFIX + "specials"] if any(i.specials for i in spec.inputs) else [])
 
 
 def is_values(dist: str) -> bool:
@@ -86,6 +89,36 @@ def scaled_atol(exp, atol: float, rtol: float) -> float:
         return atol
     fin = e[torch.isfinite(e)]
     return max(atol, rtol * float(fin.pow(2).mean().sqrt())) if fin.numel() else atol
+
+
+def judged(dist: str, out, exp, atol: float, rtol: float) -> dict:
+    """compare's account of an output on draw `dist`, the large draw's excused (excuse)."""
+    from tools.measure.compare import compare
+    c = compare(out, exp, atol, rtol)
+    return excuse(c, out, exp, atol, rtol) if dist == LARGE else c
+
+
+def excuse(c: dict, out, exp, atol: float, rtol: float) -> dict:
+    """The large draw's account of a kernel's output, given compare's (c): a mismatch on at most one element in
+    STRAY, each finite where the reference is and within twice the reference's largest magnitude, is excused, the
+    account then ok with the number in `excused`. Far past the sample fp32 cannot resolve every element: attention's
+    logits reach 1e9 there (q and k at fp16's edge), a rounding of 64 decides which of two near-tied keys wins a row,
+    and the honest kernel, the fp32 reference and fp16 SDPA each differ from the other two on one row in about one
+    draw in a hundred (41-53 elements of a 262144-element output; scripts/device/values_slack.py, on an H200, issue
+    66). The domain's failures these draws are for (an overflow, a sentinel, a NaN) are never excused, nor an element
+    of a reference that is not finite, nor more than a few: those of the adversaries reach whole rows."""
+    import torch
+    if c["status"] != "mismatch" or c["mismatches"] > out.numel() // STRAY:
+        return c
+    g, e = out.detach().double().reshape(-1), exp.detach().double().reshape(-1)
+    efin = torch.isfinite(e)
+    top = float(e[efin].abs().max()) if bool(efin.any()) else 0.0
+    met = (efin & ((g - e).abs() <= atol + rtol * e.abs())) | (torch.isnan(e) & torch.isnan(g)) | (g == e)
+    if not bool((met | (efin & torch.isfinite(g) & (g.abs() <= 2 * top + atol))).all()):
+        return c
+    left = ("worst_index", "expected", "got", "message")
+    return {**{k: v for k, v in c.items() if k not in left}, "status": "ok", "mismatches": 0,
+            "excused": int((~met).sum())}
 
 
 def _scaled(base: tuple, floats: list[int], k: int, edges: dict[int, float] | None = None) -> tuple:

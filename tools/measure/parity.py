@@ -5,7 +5,8 @@ Adversarial by construction; a fast wrong kernel must not pass:
   extremes of the task's [dims] ranges (tools/measure/ranges.py: tails, index products past 2^16, each
   dimension at its largest), each with the first distribution and one seed;
 - every input distribution, several fresh seeds per call (each shape and distribution its own draw of each);
-- before a keep, values past the sample: large, tiny, declared specials (tools/measure/domains.py, issue 62);
+- before a keep, values past the sample: large, tiny, declared specials (tools/measure/domains.py, issue 62; on
+  the large draw a few finite elements an fp32 rounding decides are let past, counted: domains.excuse);
 - outputs poisoned with a NaN carrying a payload (integers: a sentinel) before each call, so an
   element left unwritten is told apart from one the kernel computed as NaN; 64 KiB of poisoned
   guard on each side of the output catches writes past its ends;
@@ -34,8 +35,8 @@ from pathlib import Path
 from typing import Any
 
 from tools.measure.buffers import STATES, Buffers, changed_repeat, check_seed  # noqa: F401  (STATES: for the tests)
-from tools.measure.compare import all_bits_equal, compare, describe, disagree, error_budget, tolerance_for
-from tools.measure.domains import draw, draws, is_values, scaled_atol, value_shapes
+from tools.measure.compare import all_bits_equal, describe, disagree, error_budget, tolerance_for
+from tools.measure.domains import draw, draws, is_values, scaled_atol, judged, value_shapes, STRAY
 from tools.measure.ranges import reduction_extreme, range_shapes
 from tools.measure.views import Offsets, draws as offset_draws, is_offset
 from tools.results import ParityResult, ParityStatus, ShapeCheck
@@ -51,11 +52,8 @@ def run_parity(task: Task, lib_path: Path, *, timeout_s: float | None = None, hi
     """Check the library at lib_path against the task's reference, in a child process (`extent`: check())."""
     seed = secrets.randbits(31) if seed is None else seed
     timeout = timeout_s if timeout_s is not None else task.spec.parity.timeout_s
-    args = ["parity", "--task", str(task.root), "--lib", str(Path(lib_path).resolve()), "--seed", str(seed)]
-    if not hidden:
-        args.append("--no-hidden")
-    if extent != "full":
-        args += ["--extent", extent]
+    args = ["parity", "--task", str(task.root), "--lib", str(Path(lib_path).resolve()), "--seed", str(seed)] + \
+        (["--no-hidden"] if not hidden else []) + (["--extent", extent] if extent != "full" else [])
     t0 = time.monotonic()
     proc, data = run_python_json("tools.judge.judge", args, timeout, scratch_root, env=judge_env())
     dt = time.monotonic() - t0
@@ -179,7 +177,9 @@ def check(task: Task, mod, lib, *, seed: int, hidden: bool = True, run=None, run
     sample = [c for c in checks if not is_values(c.dist)] or checks   # the errors on the sample: the value draws' scale
     worst = max(sample, key=lambda c: c.max_rel_err or 0.0)
     ratios = [c.err_ratio for c in checks if c.err_ratio is not None]
-    budget = f"; RMS error at most {max(ratios):.2g}x the error budget's yardstick" if ratios else ""
+    budget = (f"; RMS error at most {max(ratios):.2g}x the error budget's yardstick" if ratios else "") + (
+        f"; {n} elements of values:large past tolerance, let past (1 in {STRAY} at most: domains.excuse)"
+        if (n := sum(c.excused for c in checks)) else "")
     n_seeds = {"quick": 1, "rest": len(seeds) - 1}.get(extent, len(seeds))
     each = f"{len(spec.distributions)} distributions x {n_seeds} seed{'s' * (n_seeds != 1)}" + (
         f" (the other {len(seeds) - 1} before a keep)" if extent == "quick" and len(seeds) > 1 else "")
@@ -247,10 +247,11 @@ def one_check(task, mod, lib, shape, label, dist, seed, device, bufs: Buffers, s
                 "message": f"{label} dist={dist}: the kernel changed its inputs on its second call"}
     if (oob := bufs.out_of_bounds((0, 1), label, dist, out1.numel())) is not None:
         return {**base, **oob}
-    c1 = compare(out1, exp, atol, rtol)
+    c1 = judged(dist, out1, exp, atol, rtol)   # compare's account; on values:large a few elements let past
+    base["excused"] = c1.pop("excused", 0)
     if c1["status"] != "ok":
         return {**base, **c1}
-    c2 = compare(out2, exp, atol, rtol)
+    c2 = judged(dist, out2, exp, atol, rtol)
     if c2["status"] != "ok":
         line = describe(label, dist, c2, atol, rtol)
         return {**base, **c2, "status": "nondeterministic",
@@ -276,7 +277,7 @@ def one_check(task, mod, lib, shape, label, dist, seed, device, bufs: Buffers, s
         sync()
         if (oob := bufs.out_of_bounds((s2,), label, dist, out3.numel())) is not None:
             return {**base, **oob}
-        c3 = compare(out3, exp, atol, rtol)
+        c3 = judged(dist, out3, exp, atol, rtol)
         if c3["status"] != "ok":
             line = describe(label, dist, c3, atol, rtol)
             return {**base, **c3, "status": "output_state", "message": f"into an output that held {held} before "
@@ -331,10 +332,10 @@ def _print(res: ParityResult) -> None:
     from tools.console import make_console
     con = make_console()
     if res.checks:
-        t = Table("shape", "dist", "seed", "status", "max abs err", "max rel err", "RMS err / ref's")
+        t = Table("shape", "dist", "seed", "status", "max abs err", "max rel err", "RMS err / ref's", "excused")
         for c in res.checks:
             t.add_row(Text(c.label), c.dist, str(c.seed), c.status.value, _f(c.max_abs_err), _f(c.max_rel_err),
-                      _f(c.err_ratio))
+                      _f(c.err_ratio), str(c.excused or "-"))
         con.print(t)
     color = "green" if res.status == ParityStatus.ok else "red"
     con.print(f"[{color}]{res.status.value}[/{color}] {escape(res.message)} ({res.seconds:.1f}s)", highlight=False)
