@@ -470,7 +470,7 @@ def test_the_prompt_tells_the_machine_the_toolchain_the_tolerance_and_the_harnes
     gpu_task = load_task(REPO / "kernels" / "softmax")
     facts = machine_facts(gpu_task)
     assert "SMs" in facts and "KiB of shared memory" in facts and "launch on the stream you are given" in facts
-    assert "compute-sanitizer memcheck and racecheck" in facts and "past 2^31 elements" in facts
+    assert "compute-sanitizer memcheck, and racecheck" in facts and "past 2^31 elements" in facts
     # the task's own bounds and launch rules (issue 63: the model read them from tools/ to learn a rewrite was allowed)
     assert "(task.toml [dims]): M 1.." in facts and "at least 0.25 x the current best's CTA count" in facts, facts
     if shutil.which("nvidia-smi") is None:

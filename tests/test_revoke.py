@@ -100,12 +100,14 @@ def test_a_revoked_keep_reads_as_rejected_everywhere_and_a_kill_mid_revocation_i
 
 def test_the_checks_after_a_keep_settle_it_clean_or_revoke_it_with_the_best_it_found(run_repo, tmp_path, monkeypatch):
     """The loop's side (agent/optimize/revoke.py Pending), on the review's real run: the kept best's confirmation left
-    racecheck for later (as a GPU confirmation answers with AGENT_RACECHECK_LATER=1); the real judge child runs it
-    under a stand-in sanitizer. Clean: the kept record is rewritten with its result, nothing else moves. A race: the
-    keep is revoked and the loop's own state object, the best's library, launch and profile are what the keep found."""
+    racecheck for later (as a GPU confirmation answers unless AGENT_RACECHECK_LATER=0); the real judge child runs it
+    under a stand-in sanitizer. Clean: the kept record is rewritten with its result, nothing else moves. A race,
+    settled as the next proposal is about to be applied (settled_parent): the keep is revoked, the loop's own state
+    object, the best's library, launch and profile are what the keep found, and the proposal's parent is that best."""
     from types import SimpleNamespace
 
-    from agent.optimize.revoke import LIB_BEFORE, Pending, settle
+    from agent.optimize.revoke import LIB_BEFORE, Pending, settle, settled_parent
+    from agent.records.schema import StageTimes
     from tests.test_later import _wrapper
     from tools.judge.sanitize import ERROR_EXIT
     from tools.task import load_task
@@ -148,13 +150,18 @@ def test_the_checks_after_a_keep_settle_it_clean_or_revoke_it_with_the_best_it_f
 
     monkeypatch.setenv("AGENT_SANITIZER", str(_wrapper(tmp_path, exit_code=ERROR_EXIT)))
     loop._pending = Pending.start(loop, clean, d, *was)
-    gone = settle(loop)
-    assert gone is not None and gone.decision == Decision.revoked and gone.iteration == i
+    a = SimpleNamespace(parent_sha=rec.commit_sha, times=StageTimes())     # the next proposal, made on the keep
+    settled_parent(loop, a)
+    gone = load_run(run_dir).find(i)
+    assert gone.decision == Decision.revoked and loop._pending is None and a.parent_sha == rec.parent_sha
+    assert a.times.later > 0 and "the proposal goes onto" in messages[-1]
+    settled_parent(loop, a)            # nothing pending: nothing waited for
+    assert a.parent_sha == rec.parent_sha
     assert loop.state is state_obj and loop.state.best_sha == rec.parent_sha == rgit.head()
     assert best_lib.read_bytes() == b"the best before the keep"
     assert (loop.best.launch, loop.best.profile) == ("launch before", "profile before")
     assert [r.decision for r in loop.records if r.iteration == i] == [Decision.revoked]
-    assert read_state(run_dir).best_sha == rec.parent_sha and messages and "revoked" in messages[-1]
+    assert read_state(run_dir).best_sha == rec.parent_sha and "revoked" in messages[-2]
 
 
 def test_resume_runs_the_checks_a_kill_left_unanswered_and_revokes_the_keep_they_refuse(run_repo, cli, tmp_path,
@@ -184,6 +191,30 @@ def test_resume_runs_the_checks_a_kill_left_unanswered_and_revokes_the_keep_they
     assert got.decision == Decision.revoked and got.parity.racecheck.status == "failed", got.reason
     assert run.state.best_sha == rec.parent_sha and run.state.status == "done"
     assert git.Repo(run_repo).commit(cfg.branch).hexsha == rec.parent_sha
+
+
+def test_resume_says_so_where_the_library_a_keep_was_kept_with_is_gone(run_repo, tmp_path):
+    """unchecked_best with nothing to run the unanswered check on (the iteration's library deleted): it is said, and
+    the keep stands without it; with the library there, the check is started."""
+    from types import SimpleNamespace
+
+    from agent.optimize.revoke import unchecked_best
+    from tools.task import load_task
+    run_dir = run_repo / "runs" / RUN_ID
+    run = load_run(run_dir)
+    rec = run.find(run.state.best_iteration)
+    rec = rec.model_copy(update={"parity": rec.parity.model_copy(update={"later": ["racecheck"]})})
+    lib = next((run_dir / f"iter-{rec.iteration}").glob("lib*.so"))
+    messages = []
+    loop = SimpleNamespace(run_dir=run_dir, records=[rec], state=run.state,
+                           best=SimpleNamespace(lib=tmp_path / lib.name), view=SimpleNamespace(message=messages.append),
+                           task=load_task(run_repo / run.cfg.task_dir),
+                           evaluator=SimpleNamespace(scratch_root=tmp_path / "scratch"))
+    pending = unchecked_best(loop)
+    assert pending is not None and pending.later.checks == ("racecheck",) and not messages
+    pending.close()
+    lib.unlink()
+    assert unchecked_best(loop) is None and "is gone: the keep stands without them" in messages[-1], messages
 
 
 def test_the_run_settles_the_last_keeps_checks_before_it_may_stop_and_ends_them_on_an_error():

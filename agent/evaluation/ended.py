@@ -32,11 +32,6 @@ class IterationEnded(Exception):
         return True
 
 
-class ParentRevoked(IterationEnded):
-    """The keep this candidate was proposed on was revoked while it was proposed (agent/optimize/revoke.py)."""
-    outcome = Outcome.parent_revoked
-
-
 class PatchDidNotApply(IterationEnded):
     outcome = Outcome.patch_did_not_apply
 

@@ -239,7 +239,7 @@ class Evaluator:
         """The candidate's evaluate child, started before its build (its torch and CUDA context start up while nvcc
         runs), and what a keep would need where not held (agent/evaluation/spares.py): a WarmChild the caller closes in
         any case; None when AGENT_NO_PRESTART=1. `confirmation` (confirm()'s, agent/evaluation/keep.py): the one held,
-        else one started now, on a GPU with its compute-sanitizer hosts."""
+        else one started now, on a GPU with its compute-sanitizer hosts (but those it leaves for later)."""
         if os.environ.get("AGENT_NO_PRESTART") == "1":
             return None
         if confirmation and (held := self.spare.take_confirmation(self.task)) is not None:
@@ -247,7 +247,7 @@ class Evaluator:
         if not confirmation:
             self.spare.ensure(self)
         from tools.judge.candidate import prestart_candidate
-        return prestart_candidate(self.task, self.scratch_root, sanitize_early=confirmation and self.task.backend.gpu)
+        return prestart_candidate(self.task, self.scratch_root, confirmation and self.task.backend.gpu, self.later)
 
     def evaluate_candidate(self, lib: Path, baseline: Path | None, times: StageTimes, *,
                            launch_context: dict | None = None, into: Attempt | None = None, warm=None,

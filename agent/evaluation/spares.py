@@ -71,7 +71,7 @@ class Spares:
             self.confirming.close()
             self.confirming = None
         if self.confirming is None and self._wanted(ev):
-            self.confirming = prestart_candidate(ev.task, ev.scratch_root, sanitize_early=True)
+            self.confirming = prestart_candidate(ev.task, ev.scratch_root, sanitize_early=True, later=ev.later)
 
     def idle(self, now: bool) -> None:
         """The loop's word on the card: idle from now (its model proposes, nvcc builds) or busy (a candidate's checks

@@ -242,7 +242,8 @@ def machine_facts(task: Task) -> str:
                              own_streams=", streams of its own" if gpu else "",
                              streams=", each on a CUDA stream of its own (launch on the stream you are given)"
                              if gpu else "",
-                             sanitizer="; before a keep it runs under compute-sanitizer memcheck and racecheck"
+                             sanitizer="; before a keep it runs under compute-sanitizer memcheck, and racecheck "
+                             "before the keep or just after it (a race found then revokes the keep)"
                              if gpu else "")]
     return "\n".join(f"- {ln}" for ln in lines)
 

@@ -47,8 +47,9 @@ class Best:
         evaluator.budgets = state.stage_budgets      # a resumed run keeps the budgets its setup measured
         evaluator.keep_gain = cfg.min_gain           # below it a candidate's bench skips the probes only a keep needs
         evaluator.spare.tier = cfg.profile_tier      # a keep's ncu pass is started before its candidate is known
-        # racecheck after a keep, while the model proposes (agent/optimize/revoke.py): one candidate at a time, opt-in
-        evaluator.later = ("racecheck",) if cfg.candidates == 1 and os.environ.get(LATER_ENV) == "1" else ()
+        # racecheck after a keep, while the model proposes (agent/optimize/revoke.py): one candidate at a time, unless
+        # AGENT_RACECHECK_LATER=0 (beside parity, as with --candidates K)
+        evaluator.later = ("racecheck",) if cfg.candidates == 1 and os.environ.get(LATER_ENV, "1") != "0" else ()
 
     def save(self) -> None:
         write_json_atomic(self.run_dir / "state.json", self.state)

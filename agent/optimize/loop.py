@@ -19,13 +19,13 @@ from agent.optimize import gitops
 from agent.evaluation.attempt import Attempt, KeepRule, decide
 from agent.optimize.best import Best, dump, dump_results
 from agent.optimize.candidates import Candidates
-from agent.evaluation.ended import Implausible, Inconclusive, IterationEnded, NoChange, NotFaster, ParentRevoked
+from agent.evaluation.ended import Implausible, Inconclusive, IterationEnded, NoChange, NotFaster
 from agent.evaluation.evaluate import Evaluator, snapshot_lib
 from agent.evaluation.keep import launch_and_confirm
 from agent.optimize.propose import StopRun, context, last_failure, propose_and_apply
 from agent.proposers.base import Proposer, ProposerError
 from agent.optimize.repair import feedback, repairable, set_aside
-from agent.optimize.revoke import Pending, settle, stop_reason
+from agent.optimize.revoke import Pending, settle, settled_parent, stop_reason
 from agent.records.schema import Decision, IterationRecord, Outcome, RunConfig, RunState, now
 from agent.records.store import append_iteration, read_iterations, read_state
 from agent.optimize.signals import DeferSigint
@@ -75,10 +75,8 @@ class Loop:
     def stage(self, i: int, stage: str, hypothesis: str | None = None) -> None:
         if self._sigint:
             raise KeyboardInterrupt
-        # the card idle while the model writes, nvcc runs: a keep's child warms, its checks run (spares.py, revoke.py)
-        self.evaluator.spare.idle(idle := stage.startswith(("propose", "commit", "build")))
-        if not idle and self._pending is not None and (gone := settle(self)) is not None:
-            raise ParentRevoked(f"proposed on iteration {gone.iteration}'s keep, then revoked: {gone.reason}")
+        # the card idle while the model writes, nvcc runs: a keep's child warms (spares.py)
+        self.evaluator.spare.idle(stage.startswith(("propose", "commit", "build")))
         self.view.stage(i, stage, hypothesis)
 
     def run(self) -> RunState:
@@ -177,7 +175,7 @@ class Loop:
                     self.proposer, lambda text, kind: context(self.task, i, d, self.records, self.state,
                                                               self.best.profile, text, kind, self.run_end),
                     self.task_dir(), self.task.spec.editable, lambda: self.git.reset_to(self.state.best_sha),
-                    lambda: self.stage(i, "propose"), fb, a, d)
+                    lambda: self.stage(i, "propose"), fb, a, d, ready=lambda: settled_parent(self, a))
                 self.stage(i, "commit", proposal.summary())
                 self.commit(d, a)
                 return self._evaluate(i, d, a)

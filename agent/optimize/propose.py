@@ -181,10 +181,12 @@ def task_error(task_dir: Path) -> str | None:
 
 def propose_and_apply(proposer: Proposer, make_context: Callable[[str | None, str | None], Context],
                       task_dir: Path, editable: list[str], revert: Callable[[], None], stage: Callable[[], None],
-                      feedback: tuple[str | None, str | None], a: Attempt, d: Path) -> tuple[Proposal, str]:
+                      feedback: tuple[str | None, str | None], a: Attempt, d: Path,
+                      ready: Callable[[], None] | None = None) -> tuple[Proposal, str]:
     """Ask for a proposal and apply its edits to the worktree; a patch that does not apply (or breaks
     the task) goes back to a proposer that can repair it. Returns the proposal and the patch's message;
-    raises an IterationEnded for a patch that cannot be used, StopRun where the proposer ends the run."""
+    raises an IterationEnded for a patch that cannot be used, StopRun where the proposer ends the run.
+    `ready()` before each apply: the worktree made what the edits go onto (the last keep's checks settled)."""
     text, kind = feedback
     for n in range(PATCH_REPAIRS + 1):
         stage()
@@ -205,6 +207,8 @@ def propose_and_apply(proposer: Proposer, make_context: Callable[[str | None, st
         # resumed replay counts it as consumed)
         a.proposal = proposal
         (d / (f"proposal-{n}.json" if n else "proposal.json")).write_text(proposal.model_dump_json(indent=2))
+        if ready is not None:
+            ready()
         t0 = time.monotonic()
         res = apply_edits(proposal.edits, task_dir, editable)
         a.times.patch += time.monotonic() - t0

@@ -3,13 +3,14 @@
 before the keep) is there too.
 
 The loop's side (Pending): where its Evaluator's confirmation left sanitizers for after the keep (`later`, on a GPU:
-racecheck, whose hold on the card slowed the confirmation's parity by 2-3 s), they start as the keep ends, on the
-kept library, in a judge child of their own, and run while the model proposes the next candidate and nvcc builds
-it. They are waited for before the loop's next work on the card (the first stage that is not the model's or
-nvcc's: Loop.stage) and before the run ends. Clean, the kept record is rewritten with their results. Refused (or
-not run, where AGENT_ALLOW_UNCHECKED does not name the check), the keep is revoked: the record, the state, the
-branch, the best's library, launch and profile go back to what the keep found, and the candidate proposed on it
-meanwhile ends as `parent_revoked` (ParentRevoked). A run killed while they run leaves its kept record naming
+racecheck, whose hold on the card slowed the confirmation's parity by 2-3 s; the default: AGENT_RACECHECK_LATER=0
+keeps it beside parity), they start as the keep ends, on the kept library, in a judge child of their own, and run
+while the model proposes the next candidate. They are waited for before its edits are applied (settled_parent) and
+before the run ends. Clean, the kept record is rewritten with their results. Refused (or not run, where
+AGENT_ALLOW_UNCHECKED does not name the check), the keep is revoked: the record, the state, the branch, the best's
+library, launch and profile go back to what the keep found, and the proposal is applied to that best instead (a
+replayed or scripted proposal applies as it would have; a model's, written against the revoked code, may not,
+and goes back to it as a patch that did not apply). A run killed while they run leaves its kept record naming
 them in parity.later with no result for them.
 """
 
@@ -28,7 +29,7 @@ from tools.judge.later import Later
 from tools.judge.sanitize import allowed_unchecked
 from tools.results import SanitizerResult
 
-LATER_ENV = "AGENT_RACECHECK_LATER"   # "1": the loop's confirmations leave racecheck for after the keep
+LATER_ENV = "AGENT_RACECHECK_LATER"   # not "0": the loop's confirmations leave racecheck for after the keep
 LIB_BEFORE = "best-before"     # the best's library as the keep found it, in the kept iteration's folder
 
 
@@ -128,6 +129,21 @@ def settle(loop, wait: bool = True) -> IterationRecord | None:
         raise
 
 
+def settled_parent(loop, a) -> None:
+    """Before attempt `a`'s edits are applied: the last keep's checks settled; where they revoked it, the attempt's
+    parent is the best they went back to, and the wait is in its times (`later`)."""
+    if loop._pending is None:
+        return
+    t0 = time.monotonic()
+    try:
+        if settle(loop) is not None:
+            a.parent_sha = loop.state.best_sha or ""
+            loop.view.message(f"the proposal goes onto iteration {loop.state.best_iteration or 0}'s best (the initial "
+                              "kernel where 0) instead")
+    finally:
+        a.times.later += time.monotonic() - t0
+
+
 def stop_reason(loop) -> str | None:
     """Best.stop_reason, the last keep's checks settled first where the run may stop there: its target looks reached
     (the confirmation bench then times the best alone, and a revoked best is not the one that reached it), or its
@@ -146,5 +162,11 @@ def unchecked_best(loop) -> Pending | None:
     if rec is None or rec.decision != Decision.kept or rec.parity is None:
         return None
     todo = [c for c in rec.parity.later if getattr(rec.parity, c, None) is None]
+    d = loop.run_dir / f"iter-{rec.iteration}"
+    if todo and not (d / loop.best.lib.name).exists():    # said, not passed over: nothing left to run them on
+        loop.view.message(f"iteration {rec.iteration}'s {', '.join(todo)} after its keep never answered, and the "
+                          f"library it was kept with ({d.name}/{loop.best.lib.name}) is gone: the keep stands "
+                          "without them")
+        return None
     unanswered = rec.model_copy(update={"parity": rec.parity.model_copy(update={"later": todo})})
-    return Pending.start(loop, unanswered, loop.run_dir / f"iter-{rec.iteration}", None, None)
+    return Pending.start(loop, unanswered, d, None, None)

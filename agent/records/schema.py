@@ -105,6 +105,7 @@ class StageTimes(BaseModel):
     bench: float = 0.0
     profile: float = 0.0
     git: float = 0.0
+    later: float = 0.0     # waiting, before its edits, for the last keep's checks (agent/optimize/revoke.py)
 
     def agent_overhead(self) -> float:
         """Everything but proposing, building and measuring: what the harness itself costs."""

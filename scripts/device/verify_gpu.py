@@ -105,7 +105,8 @@ CASES = [
      ("launch_rejected", "parity_failed"), ("error", "crashed"), ("illegal", "crashed", "CUDA error")),
     # issue 40: whole-file rewrites from tests/fixtures/cuda_cheats/softmax/ (README.md there), each faster than the
     # committed kernel and right on every listed and hidden shape (run on an H100 and an H200 before they went in)
-    # (the race form with AGENT_RACECHECK_LATER=1: kept, then revoked by racecheck after it, agent/optimize/revoke.py)
+    # (the race form: kept, then revoked by racecheck after it, agent/optimize/revoke.py; refused before the keep with
+    # AGENT_RACECHECK_LATER=0)
     *[(name, "cheat", _first_line(name), [(None, _cheat(name))],
        ("parity_failed", "refused_after_keep") if name == "shared_red_reuse" else "parity_failed", statuses, needles)
       for name, statuses, needles in (

@@ -11,7 +11,7 @@ from typing import NamedTuple
 from tools.measure.bench import failed_bench
 from tools.measure.parity import child_failure, child_status
 from tools.judge.budgets import StageClock
-from tools.judge.sanitize import allowed_unchecked
+from tools.judge.sanitize import SANITIZERS, allowed_unchecked
 from tools.results import BenchResult, LaunchResult, LaunchStatus, ParityResult, ParityStatus, StageBudget
 from tools.backends.jitcache import judge_env
 from tools.isolation.sandbox import STAGE_MARK, Prestarted, ProcStatus, child_json, prestart_python
@@ -27,12 +27,15 @@ class CandidateChecks(NamedTuple):
     dropped_bytes: int = 0     # the child's output (the candidate's prints among it) past the capture's cap
 
 
-def prestart_candidate(task: Task, scratch_root: Path | None = None, sanitize_early: bool = False) -> WarmChild:
+def prestart_candidate(task: Task, scratch_root: Path | None = None, sanitize_early: bool = False,
+                       later: tuple[str, ...] = ()) -> WarmChild:
     """The evaluate child of run_candidate, started now (in a scratch directory of its own under
     scratch_root): its torch import and CUDA context overlap the candidate's build. Pass it to
     run_candidate, and close() it if the candidate never gets there. `sanitize_early` (a confirmation on a GPU):
-    it starts compute-sanitizer's hosts at once too (tools/judge/sanitize.py start_hosts)."""
-    args = ["evaluate", "--task", str(task.root), "--job-stdin"] + (["--sanitize-early"] if sanitize_early else [])
+    it starts compute-sanitizer's hosts at once too (tools/judge/sanitize.py start_hosts), but for the checks its job
+    leaves for after the keep (`later`: racecheck's host, unused, would sit on the card beside the one that runs it)."""
+    early = ",".join(c for c in SANITIZERS if c not in later) if sanitize_early else ""
+    args = ["evaluate", "--task", str(task.root), "--job-stdin"] + ([f"--sanitize-early={early}"] if early else [])
     return WarmChild(task, prestart_python("tools.judge.judge", args, scratch_root, env=judge_env()))
 
 

@@ -275,8 +275,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--extent", choices=["full", "quick", "rest", "range"], default="full",
                     help="parity's shapes and seeds (tools.measure.parity.check): all; the listed and hidden shapes on "
                          "the first seed; what that left out; or the [dims] extremes alone")
-    ap.add_argument("--sanitize-early", action="store_true", help="start compute-sanitizer's hosts (memcheck, "
-                    "racecheck) now, before the job: a confirmation's checks then find them started (GPU tasks)")
+    ap.add_argument("--sanitize-early", nargs="?", const="memcheck,racecheck", help="start compute-sanitizer's hosts "
+                    "(these, default memcheck,racecheck) now, before the job: a confirmation's checks then find them "
+                    "started (GPU tasks)")
     ap.add_argument("--baseline-lib")
     ap.add_argument("--shapes", help="JSON list of shape dicts (default: the main shape)")
     ap.add_argument("--no-reference", action="store_true")
@@ -291,7 +292,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if a.sanitize_early:     # first: their start-up overlaps this child's own and whatever the agent does meanwhile
             from tools.judge.sanitize import start_hosts
-            early = start_hosts(Path(a.task), Path(os.environ.get("AGENT_SCRATCH") or os.getcwd()))
+            early = start_hosts(Path(a.task), Path(os.environ.get("AGENT_SCRATCH") or os.getcwd()),
+                                tuple(a.sanitize_early.split(",")))
         import torch  # noqa: F401  (here first: the host is forked from this process with it, HostClient)
         host = HostClient(Path(a.task), Path(os.environ.get("AGENT_SCRATCH") or os.getcwd())) \
             if a.mode != "sanitize" else None
@@ -302,7 +304,7 @@ def main(argv: list[str] | None = None) -> int:
         from tools.measure.warmup import LOST, wanted, warm_checks, while_idle
         own = secrets.randbits(31)   # the root seed of a job that names none (run_candidate's)
         warmed = ""
-        if a.job_stdin and a.mode in ("evaluate", "parity") and wanted(task, a.sanitize_early):   # its first kernels
+        if a.job_stdin and a.mode in ("evaluate", "parity") and wanted(task, bool(a.sanitize_early)):   # its first kernels
             print(f"[judge] {(warmed := warm_checks(task, mod))}", file=sys.stderr)
         if LOST in warmed:
             return 0      # ended before its job: the agent starts a cold child (WarmChild.serves)

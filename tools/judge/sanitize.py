@@ -171,7 +171,10 @@ def names_torch_kernels(lib: str | Path) -> bool:
     return any(k.encode() in data for k in TORCH_KERNELS)
 
 
-def start_hosts(task_root: Path, root: Path, checks: tuple[str, ...] = ("memcheck", "racecheck")) -> dict:
+SANITIZERS = ("memcheck", "racecheck")     # the tools a keep runs, in start_hosts' order
+
+
+def start_hosts(task_root: Path, root: Path, checks: tuple[str, ...] = SANITIZERS) -> dict:
     """{check: Started} for each of `checks`, started now; {} where the machine has no compute-sanitizer (memcheck()
     then says the check was skipped)."""
     tool = find_sanitizer()
