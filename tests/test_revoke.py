@@ -14,7 +14,7 @@ import pytest
 
 from agent.optimize.gitops import RunGit
 from agent.records.recover import is_kept_commit, recover
-from agent.optimize.revoke import revoke
+from agent.optimize.revoke import REFUSED, Refusal, revoke
 from agent.records.revoked import BEFORE, save_before, state_before
 from agent.records.schema import Decision, Outcome
 from agent.records.store import read_state, write_json_atomic
@@ -155,6 +155,8 @@ def test_the_checks_after_a_keep_settle_it_clean_or_revoke_it_with_the_best_it_f
     gone = load_run(run_dir).find(i)
     assert gone.decision == Decision.revoked and loop._pending is None and a.parent_sha == rec.parent_sha
     assert a.times.later > 0 and "the proposal goes onto" in messages[-1]
+    kept = Refusal.model_validate_json((d / REFUSED).read_text()).sanitizers      # the refusal, kept before it
+    assert [(s.tool, s.status) for s in kept] == [("racecheck", "failed")]
     settled_parent(loop, a)            # nothing pending: nothing waited for
     assert a.parent_sha == rec.parent_sha
     assert loop.state is state_obj and loop.state.best_sha == rec.parent_sha == rgit.head()
@@ -164,12 +166,15 @@ def test_the_checks_after_a_keep_settle_it_clean_or_revoke_it_with_the_best_it_f
     assert read_state(run_dir).best_sha == rec.parent_sha and "revoked" in messages[-2]
 
 
+@pytest.mark.parametrize("saved", [False, True])
 def test_resume_runs_the_checks_a_kill_left_unanswered_and_revokes_the_keep_they_refuse(run_repo, cli, tmp_path,
-                                                                                        monkeypatch):
+                                                                                        monkeypatch, saved):
     """A run killed while the checks after its last keep ran: its kept record names them in parity.later with no
     result. `agent resume` runs them before it goes on (agent/optimize/revoke.py unchecked_best); refused, the keep is
     revoked and the run goes on from the best before it. Through the real entry point, under a stand-in sanitizer
-    that reports a race."""
+    that reports a race. `saved`: they had answered, refusing it, and the run stopped before the revocation ended (a
+    git lock, a kill): the refusal kept in its folder (REFUSED) revokes it, not a second run of the check (the
+    stand-in sanitizer here would pass it)."""
     from agent.records.store import read_config, read_iterations, rewrite_iteration
     from tests.test_later import _wrapper
     from tools.judge.sanitize import ERROR_EXIT
@@ -182,13 +187,17 @@ def test_resume_runs_the_checks_a_kill_left_unanswered_and_revokes_the_keep_they
     rec = next(r for r in read_iterations(run_dir) if r.iteration == state.best_iteration)
     later = rec.parity.model_copy(update={"later": ["racecheck"]})     # as the kill left it: no racecheck result
     rewrite_iteration(run_dir, rec.model_copy(update={"parity": later}))
-    monkeypatch.setenv("AGENT_SANITIZER", str(_wrapper(tmp_path, exit_code=ERROR_EXIT)))
+    monkeypatch.setenv("AGENT_SANITIZER", str(_wrapper(tmp_path, exit_code=0 if saved else ERROR_EXIT)))
+    if saved:
+        write_json_atomic(run_dir / f"iter-{rec.iteration}" / REFUSED, Refusal(sanitizers=[RACE]))
     rc, out, err = cli("resume", RUN_ID, cwd=run_repo)
     assert rc == 0, out + err
-    assert "had not answered when the run was stopped" in out + err and "keep revoked" in out + err, out + err
+    said = "revoking it now" if saved else "had not answered when the run was stopped"
+    assert said in out + err and "keep revoked" in out + err, out + err
     run = load_run(run_dir)
     got = run.find(rec.iteration)
     assert got.decision == Decision.revoked and got.parity.racecheck.status == "failed", got.reason
+    assert (got.parity.racecheck == RACE) == saved
     assert run.state.best_sha == rec.parent_sha and run.state.status == "done"
     assert git.Repo(run_repo).commit(cfg.branch).hexsha == rec.parent_sha
 

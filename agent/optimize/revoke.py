@@ -11,7 +11,8 @@ AGENT_ALLOW_UNCHECKED does not name the check), the keep is revoked: the record,
 library, launch and profile go back to what the keep found, and the proposal is applied to that best instead (a
 replayed or scripted proposal applies as it would have; a model's, written against the revoked code, may not,
 and goes back to it as a patch that did not apply). A run killed while they run leaves its kept record naming
-them in parity.later with no result for them.
+them in parity.later with no result for them; `agent resume` runs them (unchecked_best). Their refusal is kept in the
+iteration's folder (REFUSED) before the revocation: one that an error or a kill cut short, resume finishes from it.
 """
 
 from __future__ import annotations
@@ -25,12 +26,14 @@ from agent.optimize.signals import DeferSigint
 from agent.records.revoked import BEST_FIELDS, restored, revoked_record, save_before, state_before
 from agent.records.schema import Decision, IterationRecord, RunState
 from agent.records.store import rewrite_iteration, write_json_atomic
+from pydantic import BaseModel
 from tools.judge.later import Later
 from tools.judge.sanitize import allowed_unchecked
 from tools.results import SanitizerResult
 
 LATER_ENV = "AGENT_RACECHECK_LATER"   # not "0": the loop's confirmations leave racecheck for after the keep
 LIB_BEFORE = "best-before"     # the best's library as the keep found it, in the kept iteration's folder
+REFUSED = "later-refused.json"  # the checks' results that refused the keep, kept before it is revoked
 
 
 def revoke(run_dir: Path, rgit, rec: IterationRecord, now: RunState, before: RunState,
@@ -50,6 +53,25 @@ def revoke(run_dir: Path, rgit, rec: IterationRecord, now: RunState, before: Run
     write_json_atomic(run_dir / "state.json", state)
     rgit.reset_to(state.best_sha)
     return new_rec, state
+
+
+class Refusal(BaseModel):
+    """The checks' results that refused a keep (REFUSED), kept before its revocation."""
+    sanitizers: list[SanitizerResult]
+
+
+class Answered:
+    """Checks that have answered (a Refusal read back by unchecked_best): what Pending reads of a Later."""
+    done = True
+
+    def __init__(self, found: list[SanitizerResult]):
+        self.found, self.checks = list(found), tuple(r.tool for r in found)
+
+    def results(self) -> list[SanitizerResult]:
+        return list(self.found)
+
+    def close(self) -> None:
+        pass
 
 
 class Pending:
@@ -96,6 +118,8 @@ class Pending:
             rewrite_iteration(loop.run_dir, new)
             loop.records = [new if r.iteration == new.iteration else r for r in loop.records]
             return None
+        # kept first: a revocation that fails (a git lock) or is killed leaves the refusal for `agent resume`
+        write_json_atomic(self.d / REFUSED, Refusal(sanitizers=found))
         before = state_before(loop.run_dir, rec, loop.records, loop.state)
         with DeferSigint():     # a Ctrl-C here would leave the loop's best the revoked one while state.json is not
             new, state = revoke(loop.run_dir, loop.git, rec, loop.state.model_copy(), before, found)
@@ -163,6 +187,13 @@ def unchecked_best(loop) -> Pending | None:
         return None
     todo = [c for c in rec.parity.later if getattr(rec.parity, c, None) is None]
     d = loop.run_dir / f"iter-{rec.iteration}"
+    if todo and (d / REFUSED).exists():    # they answered and refused it; the revocation did not end: done now
+        try:
+            found = Answered(Refusal.model_validate_json((d / REFUSED).read_text()).sanitizers)
+            if set(todo) <= set(found.checks):
+                return Pending(rec, d, found, None, None)
+        except ValueError:
+            pass                            # torn or damaged: run them again
     if todo and not (d / loop.best.lib.name).exists():    # said, not passed over: nothing left to run them on
         loop.view.message(f"iteration {rec.iteration}'s {', '.join(todo)} after its keep never answered, and the "
                           f"library it was kept with ({d.name}/{loop.best.lib.name}) is gone: the keep stands "

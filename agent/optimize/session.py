@@ -15,7 +15,7 @@ from agent.optimize import gitops
 from agent.records.envinfo import fingerprint
 from agent.optimize.best import SetupFailed
 from agent.optimize.loop import Loop
-from agent.optimize.revoke import unchecked_best
+from agent.optimize.revoke import Answered, unchecked_best
 from agent.proposers.base import Proposer
 from agent.proposers.retry import RetryFirst, is_retry, undecided
 from agent.evaluation.evaluate import snapshot_lib
@@ -229,8 +229,10 @@ def prepare_resume(loop: Loop) -> None:
     # edit uncommitted in the worktree, and the resumed run would build on top of it
     loop.git.reset_to(loop.state.best_sha)
     if (pending := unchecked_best(loop)) is not None:    # killed while they ran: run now, and the keep may not stand
-        loop.view.message(f"iteration {pending.rec.iteration}'s {', '.join(pending.later.checks)} after its keep had "
-                          "not answered when the run was stopped: running it again first")
+        what = ", ".join(pending.later.checks)
+        loop.view.message(f"iteration {pending.rec.iteration}'s {what} after its keep " + (
+            "refused it, and the run stopped before the keep was revoked: revoking it now" if isinstance(
+                pending.later, Answered) else "had not answered when the run was stopped: running it again first"))
         pending.settle(loop)
     loop.state.iterations_done = n
     loop.state.status = "running"
