@@ -41,7 +41,7 @@ class Outcome(str, Enum):
     interrupted = "interrupted"
     budget_exhausted = "budget_exhausted"
     refused_after_keep = "refused_after_keep"   # a sanitizer run after the keep refused it (tools/judge/later.py)
-    parent_revoked = "parent_revoked"   # proposed on a keep a check after it revoked (agent/optimize/revoke.py)
+    parent_revoked = "parent_revoked"   # older runs' candidate on a keep revoked meanwhile; now re-parented (revoke.py)
 
 
 class EnvFingerprint(BaseModel):

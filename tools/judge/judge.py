@@ -39,6 +39,7 @@ from pathlib import Path
 from tools.judge.hostclient import HostClient, HostFailed, Remote
 from tools.judge.hostruns import HostRuns
 from tools.judge.runner import private_stdout
+from tools.judge.sanitize import SANITIZERS
 from tools.isolation.sandbox import STAGE_MARK
 
 def mark(stage: str) -> None:
@@ -275,7 +276,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--extent", choices=["full", "quick", "rest", "range"], default="full",
                     help="parity's shapes and seeds (tools.measure.parity.check): all; the listed and hidden shapes on "
                          "the first seed; what that left out; or the [dims] extremes alone")
-    ap.add_argument("--sanitize-early", nargs="?", const="memcheck,racecheck", help="start compute-sanitizer's hosts "
+    ap.add_argument("--sanitize-early", nargs="?", const=",".join(SANITIZERS), help="start compute-sanitizer's hosts "
                     "(these, default memcheck,racecheck) now, before the job: a confirmation's checks then find them "
                     "started (GPU tasks)")
     ap.add_argument("--baseline-lib")

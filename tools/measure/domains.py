@@ -104,7 +104,7 @@ def excuse(c: dict, out, exp, atol: float, rtol: float) -> dict:
     account then ok with the number in `excused`. Far past the sample fp32 cannot resolve every element: attention's
     logits reach 1e9 there (q and k at fp16's edge), a rounding of 64 decides which of two near-tied keys wins a row,
     and the honest kernel, the fp32 reference and fp16 SDPA each differ from the other two on one row in about one
-    draw in a hundred (41-53 elements of a 262144-element output; scripts/device/values_slack.py, on an H200, issue
+    draw in a hundred (41-53 elements of a 262144-element output; scripts/device/values_large.py, on an H200, issue
     66). The domain's failures these draws are for (an overflow, a sentinel, a NaN) are never excused, nor an element
     of a reference that is not finite, nor more than a few: those of the adversaries reach whole rows."""
     import torch
