@@ -79,6 +79,49 @@ def test_the_checks_after_a_keep_answer_clean_failed_skipped_and_stopped(tmp_pat
     assert not _gone(tmp_path), "a sanitizer's host outlived the child that was ended"
 
 
+def test_a_later_given_the_child_held_for_it_runs_in_the_host_started_before_the_keep(tmp_path, monkeypatch):
+    """prestart_later starts the judge child and its sanitizer's host at once (the stand-in logs the host's pid as it
+    starts), before any library is known; the Later given it runs the check in that host and starts none. A held child
+    that no longer serves the task (its task.toml changed since it started) is ended, and a child started then runs
+    the check. Nothing outlives either."""
+    from tests.fixtures.cpu_faults.faults import make_task
+    from tools.judge.later import prestart_later
+    task, lib = make_task(tmp_path, "correct")
+    scratch = tmp_path / "scratch"
+    monkeypatch.setenv("AGENT_SANITIZER", str(_wrapper(tmp_path)))
+    pids = tmp_path / "wrapper.pids"
+
+    def started() -> list[int]:
+        return [int(p) for p in pids.read_text().split()] if pids.exists() else []
+    held = prestart_later(task, ("racecheck",), scratch)
+    for _ in range(300):
+        if started():
+            break
+        time.sleep(0.1)
+    assert len(started()) == 1, "the held child started no host before its job"
+    later = Later(task, lib, ("racecheck",), scratch, held=held)
+    (r,) = later.results()
+    assert later.warm and r.tool == "racecheck" and r.status == "ok" and r.shapes >= 1, r
+    assert len(started()) == 1, "a host was started after the job: the held one was not used"
+    # a held child whose task changed since it started: ended, and the check run in a child started now
+    stale = prestart_later(task, ("racecheck",), scratch)
+    for _ in range(300):
+        if len(started()) == 2:
+            break
+        time.sleep(0.1)
+    toml = Path(task.root) / "task.toml"
+    toml.write_text(toml.read_text() + "\n")
+    again = Later(task, lib, ("racecheck",), scratch, held=stale)
+    (r,) = again.results()
+    assert not again.warm and not stale.proc.alive and r.status == "ok", r
+    assert len(started()) == 3
+    for _ in range(100):
+        if not _gone(tmp_path):
+            break
+        time.sleep(0.1)
+    assert not _gone(tmp_path), "a sanitizer's host outlived its child"
+
+
 def test_a_library_that_does_not_load_is_an_error_for_each_check_not_a_pass(tmp_path, monkeypatch):
     from tests.fixtures.cpu_faults.faults import make_task
     task, _ = make_task(tmp_path, "correct")

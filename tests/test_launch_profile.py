@@ -303,8 +303,10 @@ def test_a_keeps_pass_is_started_before_its_candidate_is_known_and_serves_it_as_
 def test_a_keeps_confirmation_child_is_held_from_the_first_candidate_and_serves_only_the_task_it_loaded(tmp_path):
     """The confirmation's child (on a GPU with its compute-sanitizer hosts) is started with the run's first candidate
     and held: the keep takes it instead of starting one (agent/evaluation/keep.py), and the next is started as that
-    keep ends. A child that loaded the task before its files changed (a kept commit edited its Python) does not serve:
-    it is ended and the keep starts its own. Real children (the judge's, waiting on stdin); the run's end ends them."""
+    keep ends. So is the child of the checks a keep leaves for after it (racecheck's host started under the tool),
+    taken by the keep's Later (agent/optimize/revoke.py). A child that loaded the task before its files changed (a
+    kept commit edited its Python) does not serve: it is ended and the keep starts its own. Real children (the
+    judge's, waiting on stdin); the run's end ends them."""
     root = tmp_path / "attention_fwd"
     shutil.copytree(ROOT / "kernels" / "attention_fwd", root, ignore=shutil.ignore_patterns("__pycache__"))
     ev = Evaluator(load_task(root), tmp_path / "build", h200(), scratch_root=tmp_path / "scratch")
@@ -325,6 +327,11 @@ def test_a_keeps_confirmation_child_is_held_from_the_first_candidate_and_serves_
     second = ev.prestart()
     assert second is not None and ev.spare.confirming is held                 # one held, not one a candidate
     second.close()
+    lat = ev.spare.later                    # the checks after a keep: their judge child held too, its host started
+    assert lat is not None and lat.proc.alive and "sanitize" in lat.proc.argv, lat
+    assert "--sanitize-early=racecheck" in lat.proc.argv
+    assert ev.spare.take_later() is lat and ev.spare.later is None            # the keep's Later takes it
+    lat.close()
     assert ev.prestart(confirmation=True) is held and ev.spare.confirming is None
     held.close()
     ev.spare.ensure_confirmation(ev)                                          # as a keep ends
@@ -338,8 +345,12 @@ def test_a_keeps_confirmation_child_is_held_from_the_first_candidate_and_serves_
     ev.spare.ensure_confirmation(ev)
     last = ev.spare.confirming
     assert last is not None and last.proc.alive
+    ev.spare.ensure_later(ev)
+    lat = ev.spare.later
+    assert lat is not None and lat.proc.alive
     ev.spare.close()
     assert not last.proc.alive and ev.spare.confirming is None
+    assert not lat.proc.alive and ev.spare.later is None
 
 
 def test_a_pass_started_early_whose_target_never_gets_its_library_is_run_cold(on_path, tmp_path):

@@ -106,6 +106,7 @@ def test_the_checks_after_a_keep_settle_it_clean_or_revoke_it_with_the_best_it_f
     object, the best's library, launch and profile are what the keep found, and the proposal's parent is that best."""
     from types import SimpleNamespace
 
+    from agent.evaluation.spares import Spares
     from agent.optimize.revoke import LIB_BEFORE, Pending, settle, settled_parent
     from agent.records.schema import StageTimes
     from tests.test_later import _wrapper
@@ -125,7 +126,8 @@ def test_the_checks_after_a_keep_settle_it_clean_or_revoke_it_with_the_best_it_f
                            best=SimpleNamespace(lib=best_lib, launch="launch before", profile="profile before"),
                            view=SimpleNamespace(message=messages.append), reload_task=lambda: None,
                            task=load_task(run_repo / run.cfg.task_dir),
-                           evaluator=SimpleNamespace(scratch_root=tmp_path / "scratch", later=("racecheck",)))
+                           evaluator=SimpleNamespace(scratch_root=tmp_path / "scratch", later=("racecheck",),
+                                                     spare=Spares()))     # a CPU task's: nothing held
     before = state_before(run_dir, run.find(i), run.records, run.state)
     loop.state = before.model_copy(update={"iterations_done": run.state.iterations_done})
     rec = run.find(i)
@@ -207,6 +209,7 @@ def test_resume_says_so_where_the_library_a_keep_was_kept_with_is_gone(run_repo,
     the keep stands without it; with the library there, the check is started."""
     from types import SimpleNamespace
 
+    from agent.evaluation.spares import Spares
     from agent.optimize.revoke import unchecked_best
     from tools.task import load_task
     run_dir = run_repo / "runs" / RUN_ID
@@ -218,7 +221,7 @@ def test_resume_says_so_where_the_library_a_keep_was_kept_with_is_gone(run_repo,
     loop = SimpleNamespace(run_dir=run_dir, records=[rec], state=run.state,
                            best=SimpleNamespace(lib=tmp_path / lib.name), view=SimpleNamespace(message=messages.append),
                            task=load_task(run_repo / run.cfg.task_dir),
-                           evaluator=SimpleNamespace(scratch_root=tmp_path / "scratch"))
+                           evaluator=SimpleNamespace(scratch_root=tmp_path / "scratch", spare=Spares()))
     pending = unchecked_best(loop)
     assert pending is not None and pending.later.checks == ("racecheck",) and not messages
     pending.close()

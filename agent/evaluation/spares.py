@@ -17,7 +17,10 @@ the model proposes, nvcc builds): the confirmation's child then makes its values
 while_idle), and stops at its next draw once told the card is busy. Made as the child started, such steps landed beside
 a bench, a confirmation's re-bench or a profile pass of the loop's (issue 66 slices 8 and 12 measured such company
 doubling a bench's time). A child serves only a task whose files are unchanged since it started (WarmChild.serves; else
-the keep starts one as before). `tier` is the loop's profile tier: None (every other caller of Evaluator: sweep, gate,
+the keep starts one as before). Where the confirmation leaves checks for after the keep (Evaluator.later: racecheck by
+default), their judge child is held too, its hosts started under the tool (tools/judge/later.py prestart_later), and
+the keep's Later takes it (agent/optimize/revoke.py Pending.start): racecheck after a keep then no longer waits 4-6 s
+for its host to start. `tier` is the loop's profile tier: None (every other caller of Evaluator: sweep, gate,
 candidates) starts nothing. AGENT_NO_PRESTART=1 starts nothing early.
 """
 
@@ -36,14 +39,16 @@ class Spares:
         self.tier: int | None = None
         self.pass_: WarmPass | None = None
         self.confirming: WarmChild | None = None
+        self.later: WarmChild | None = None      # the checks after a keep: their judge child, hosts started
 
     def _wanted(self, ev) -> bool:
         return self.tier is not None and ev.task.backend.gpu and os.environ.get("AGENT_NO_PRESTART") != "1"
 
     def ensure(self, ev) -> None:
-        """Both held from now on (started where not held)."""
+        """Each held from now on (started where not held)."""
         self.ensure_pass(ev)
         self.ensure_confirmation(ev)
+        self.ensure_later(ev)
 
     def ensure_pass(self, ev) -> None:
         """A pass held from now on, where the machine's ncu can take one (a dead one replaced)."""
@@ -72,6 +77,21 @@ class Spares:
             self.confirming = None
         if self.confirming is None and self._wanted(ev):
             self.confirming = prestart_candidate(ev.task, ev.scratch_root, sanitize_early=True, later=ev.later)
+
+    def ensure_later(self, ev) -> None:
+        """The judge child of the checks a keep leaves for after it (ev.later), held from now on, with their hosts."""
+        if self.later is not None and not self.later.serves(ev.task):
+            self.later.close()
+            self.later = None
+        if self.later is None and ev.later and self._wanted(ev):
+            from tools.judge.later import prestart_later
+            self.later = prestart_later(ev.task, ev.later, ev.scratch_root)
+
+    def take_later(self):
+        """The held child of the checks after a keep (tools/judge/later.py Later takes it, or starts one where it no
+        longer serves), or None."""
+        held, self.later = self.later, None
+        return held
 
     def idle(self, now: bool) -> None:
         """The loop's word on the card: idle from now (its model proposes, nvcc builds) or busy (a candidate's checks
@@ -104,7 +124,7 @@ class Spares:
 
     def close(self) -> None:
         """The run's end: what is held is ended."""
-        for held in (self.pass_, self.confirming):
+        for held in (self.pass_, self.confirming, self.later):
             if held is not None:
                 held.close()
-        self.pass_ = self.confirming = None
+        self.pass_ = self.confirming = self.later = None

@@ -99,8 +99,10 @@ class Pending:
         """The checks the kept record's confirmation left for later, started on its library; None where none."""
         checks = tuple(rec.parity.later) if rec.parity is not None else ()
         lib = d / loop.best.lib.name
-        return cls(rec, d, Later(loop.task, lib, checks, loop.evaluator.scratch_root), launch, profile) \
-            if checks and lib.exists() else None
+        if not checks or not lib.exists():
+            return None
+        held = loop.evaluator.spare.take_later()    # its hosts started before the keep (agent/evaluation/spares.py)
+        return cls(rec, d, Later(loop.task, lib, checks, loop.evaluator.scratch_root, held=held), launch, profile)
 
     def settle(self, loop) -> IterationRecord | None:
         """Waits for the checks; the kept record rewritten with their results, or the keep revoked (returned)."""

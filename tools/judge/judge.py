@@ -215,9 +215,9 @@ def run(mode: str, task, mod, host: HostClient | None, job: dict, shapes: list[d
         early: dict | None = None) -> dict:
     if not job.get("lib"):
         raise ValueError("no library given")
-    if mode == "sanitize":     # no host here: each check starts its own under the tool
+    if mode == "sanitize":     # no host here: each check has its own under the tool (`early`'s, or started now)
         from tools.judge.later import sanitize_job
-        return sanitize_job(task, mod, job)
+        return sanitize_job(task, mod, job, early)
     host.ask({"op": "load", "id": "candidate", "path": job["lib"]})
     if job.get("baseline_lib"):
         host.ask({"op": "load", "id": "baseline", "path": job["baseline_lib"]})
@@ -277,8 +277,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="parity's shapes and seeds (tools.measure.parity.check): all; the listed and hidden shapes on "
                          "the first seed; what that left out; or the [dims] extremes alone")
     ap.add_argument("--sanitize-early", nargs="?", const=",".join(SANITIZERS), help="start compute-sanitizer's hosts "
-                    "(these, default memcheck,racecheck) now, before the job: a confirmation's checks then find them "
-                    "started (GPU tasks)")
+                    "(these, default memcheck,racecheck) now, before the job: a confirmation's checks, or those "
+                    "after a keep (sanitize), then find them started (GPU tasks)")
     ap.add_argument("--baseline-lib")
     ap.add_argument("--shapes", help="JSON list of shape dicts (default: the main shape)")
     ap.add_argument("--no-reference", action="store_true")

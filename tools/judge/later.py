@@ -8,7 +8,10 @@ the model proposes and nvcc builds, its seconds are off the keep's path; a confi
 
 The agent's side: `Later(task, lib, checks, scratch_root)` starts `python -m tools.judge.judge sanitize` at once, in
 a scratch directory of its own, with the confirmation child's guarantees (tools/isolation/sandbox.py Prestarted: its
-own session, its group killed at its budget or with the agent); a thread waits for it. `done` says whether it has
+own session, its group killed at its budget or with the agent); a thread waits for it. `held`: the child
+prestart_later() started before the keep (agent/evaluation/spares.py holds it), its hosts already up under the tool:
+racecheck's start there was 4.3-5.8 s of its 5.5-10.8 s after a keep on an H200 (BENCHMARKS.md, session 34), paid by
+the iteration after the keep where its proposal came sooner (the heuristic's at once). `done` says whether it has
 answered; `results()` waits for it and returns one SanitizerResult a check: a child that failed, timed out or
 answered garbage is an `error` for each check (a check that did not run is not a pass: tools/judge/sanitize.py
 unchecked). `close()` ends it where it is.
@@ -27,34 +30,48 @@ from pathlib import Path
 
 from tools.backends.jitcache import judge_env
 from tools.isolation.sandbox import ProcStatus, child_json, prestart_python
+from tools.judge.candidate import WarmChild
 from tools.judge.sanitize import TIMEOUT_S, Sanitizing
 from tools.results import SanitizerResult
 
 START_S = 120.0      # the child's own start-up (torch, a CUDA context) on top of the checks' budgets
 
 
-def sanitize_job(task, mod, job: dict) -> dict:
-    """{"sanitizers": [SanitizerResult fields, one a check of job["checks"], in that order]}, all started now."""
+def sanitize_job(task, mod, job: dict, early: dict | None = None) -> dict:
+    """{"sanitizers": [SanitizerResult fields, one a check of job["checks"], in that order]}, all started now, each
+    in the host `early` (start_hosts: `--sanitize-early`) holds for it, else in one started now."""
     checks = tuple(job.get("checks") or ())
     if not checks:
         raise ValueError("no check named (memcheck, racecheck)")
-    beside = Sanitizing(task, mod, job, checks)
+    beside = Sanitizing(task, mod, job, checks, early)
     try:
         return {"sanitizers": [f.result() for f in beside.futures]}
     finally:
         beside.stop()
 
 
+def prestart_later(task, checks: tuple[str, ...], scratch_root: Path | None = None) -> WarmChild:
+    """The judge child of a Later, started now with compute-sanitizer's hosts for `checks` (--sanitize-early), waiting
+    for its library on stdin: pass it to Later as `held`, or close() it."""
+    args = ["sanitize", "--task", str(task.root), "--job-stdin", f"--sanitize-early={','.join(checks)}"]
+    return WarmChild(task, prestart_python("tools.judge.judge", args, scratch_root, env=judge_env()))
+
+
 class Later:
-    """The checks `checks` of library `lib`, started now in a judge child (module docstring)."""
+    """The checks `checks` of library `lib`, started now in a judge child (module docstring): `held`'s, where it still
+    serves the task (WarmChild.serves: alive, unused, the task's files unchanged), else one started now."""
 
     def __init__(self, task, lib: Path, checks: tuple[str, ...] = ("racecheck",), scratch_root: Path | None = None,
-                 seed: int | None = None):
+                 seed: int | None = None, held: WarmChild | None = None):
         self.checks, self.lib, self.t0 = tuple(checks), Path(lib), time.monotonic()
         self.seed = secrets.randbits(31) if seed is None else seed
         self.timeout = START_S + TIMEOUT_S * len(self.checks)
-        self._child = prestart_python("tools.judge.judge", ["sanitize", "--task", str(task.root), "--job-stdin"],
-                                      scratch_root, env=judge_env())
+        self.warm = held is not None and held.serves(task)
+        if held is not None and not self.warm:
+            held.close()
+        self._child = held.proc if self.warm else \
+            prestart_python("tools.judge.judge", ["sanitize", "--task", str(task.root), "--job-stdin"], scratch_root,
+                            env=judge_env())
         job = json.dumps({"lib": str(self.lib.resolve()), "seed": self.seed, "checks": list(self.checks)})
         self._proc, self._ended = None, ""
         self._thread = threading.Thread(target=self._wait, args=(job,), daemon=True, name="sanitize-later")
