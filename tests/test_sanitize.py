@@ -454,3 +454,41 @@ def test_hosts_started_before_the_job_serve_the_checks_and_the_unused_ones_end(t
         warm.close()
     assert got.parity is not None and got.parity.status == ParityStatus.ok, got.parity
     assert not [p for p in pids if os.path.exists(f"/proc/{p}")], "a started host outlived the child"
+
+
+@pytest.mark.skipif(shutil.which("g++") is None or not sys.platform.startswith("linux"), reason="needs g++ and Linux")
+def test_a_host_started_early_that_ended_while_it_waited_is_replaced_not_charged_to_the_candidate(tmp_path,
+                                                                                                 monkeypatch):
+    """Issue 66: a host held for a keep's check (start_hosts; tools/judge/later.py holds one while the next candidate
+    is proposed) can end while it waits (killed, out of memory). The check then starts a host of its own and answers
+    on the candidate; before, it answered "could not start" and revoked a good keep. Both directions: the host that
+    lives is used (one start), the dead one replaced (a second)."""
+    import signal
+    import time
+
+    from tests.fixtures.cpu_faults.faults import make_task
+    task, lib = make_task(tmp_path, "correct")
+    monkeypatch.setenv("AGENT_SCRATCH", str(tmp_path))
+    monkeypatch.setenv("AGENT_SANITIZER", str(_slow_wrapper(tmp_path, 0)))
+    pids_file = tmp_path / "wrapper.pids"
+
+    def started_pids(n: int) -> list[int]:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and len(pids_file.read_text().split() if pids_file.exists() else []) < n:
+            time.sleep(0.05)
+        return [int(p) for p in pids_file.read_text().split()]
+
+    early = sanitize.start_hosts(task.root, tmp_path, ("racecheck",))
+    started_pids(1)
+    job = {"lib": str(lib)}
+    res = sanitize.memcheck(task, task.module(), job, tmp_path, 1, "racecheck", started=early["racecheck"])
+    assert res["status"] == "ok" and len(started_pids(1)) == 1, (res["message"], "a live host was not used")
+    early = sanitize.start_hosts(task.root, tmp_path, ("racecheck",))
+    dead = started_pids(2)[1]
+    os.kill(dead, signal.SIGKILL)
+    early["racecheck"].host.proc.wait(timeout=30)
+    res = sanitize.memcheck(task, task.module(), job, tmp_path, 1, "racecheck", started=early["racecheck"])
+    assert res["status"] == "ok", res["message"]
+    pids = started_pids(3)
+    assert len(pids) == 3 and pids[1] == dead, pids
+    assert not [p for p in pids if os.path.exists(f"/proc/{p}")]

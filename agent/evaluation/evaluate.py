@@ -42,7 +42,7 @@ class Evaluator:
         # this machine's ncu cannot take it (not tried again); `later`: the sanitizers a confirmation leaves for after
         # its keep (the loop's, agent/optimize/revoke.py)
         self.taken, self.no_ncu, self.later = None, None, ()
-        self.spare = Spares()     # a keep's ncu pass and confirmation child, started early (agent/evaluation/spares.py)
+        self.spare = Spares()     # a keep's ncu pass and judge children, started early (agent/evaluation/spares.py)
         if checkout is not None:
             from tools.isolation.checkout import CheckoutWatch
             self.watch = CheckoutWatch(checkout)

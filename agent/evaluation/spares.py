@@ -1,16 +1,17 @@
 """What a keep needs, started before its candidate is known (issue 66), held by the loop's Evaluator.
 
-A candidate about to be kept waits for two start-ups that do not depend on it: its confirmation's child with
-compute-sanitizer's memcheck and racecheck hosts (5-6 s each under the tool), and its Nsight Compute pass's program
-(Python, torch, a CUDA context under ncu: three quarters of a 5-7 s pass on an H200). Started as the keep began, the
-hosts' start-up ran beside the confirmation's parity checks and slowed them (BENCHMARKS.md, issue 66 slice 6). Here
-each is started early and held until a keep takes it: the confirmation's child (tools/judge/candidate.py
-prestart_candidate, sanitize_early) and the pass (tools/profile/warm.py), each with the run's first candidate and
-again as each keep ends (agent/evaluation/keep.py), so that their start-up runs while the next candidate is proposed
-(a model's seconds), never beside a confirmation's bench. The pass waits with torch imported and no CUDA context until
-a keep begins (prepare_pass: the context is made beside the confirmation, and the pass runs after it): a program
-waiting under ncu with its context made slowed the two-thread calls of every bench beside it threefold (issue 66
-slice 9).
+A candidate about to be kept waits for three start-ups that do not depend on it: its confirmation's child with
+compute-sanitizer's memcheck host (5-6 s under the tool), its Nsight Compute pass's program (Python, torch, a CUDA
+context under ncu: three quarters of a 5-7 s pass on an H200), and, after the keep, the child of the checks it leaves
+for later with racecheck's host. Started as the keep began, the hosts' start-up ran beside the confirmation's parity
+checks and slowed them (BENCHMARKS.md, issue 66 slice 6). Here each is started early and held until a keep takes it:
+the confirmation's child (tools/judge/candidate.py prestart_candidate, sanitize_early) and the pass
+(tools/profile/warm.py), each with the run's first candidate and again as each keep's confirmation ends
+(agent/evaluation/keep.py; the later checks' child as the keep's Later takes the one held: agent/optimize/revoke.py
+Pending.start), so that their start-up runs while the next candidate is proposed (a model's seconds), never beside a
+confirmation's bench. The pass waits with torch imported and no CUDA context until a keep begins (prepare_pass: the
+context is made beside the confirmation, and the pass runs after it): a program waiting under ncu with its context
+made slowed the two-thread calls of every bench beside it threefold (issue 66 slice 9).
 
 What is held runs no kernel until its job comes, but for the step it takes while the loop says the card is idle (idle():
 the model proposes, nvcc builds): the confirmation's child then makes its values draws' search (tools/measure/warmup.py
@@ -83,7 +84,7 @@ class Spares:
         if self.later is not None and not self.later.serves(ev.task):
             self.later.close()
             self.later = None
-        if self.later is None and ev.later and self._wanted(ev):
+        if self.later is None and self._wanted(ev) and ev.later:
             from tools.judge.later import prestart_later
             self.later = prestart_later(ev.task, ev.later, ev.scratch_root)
 

@@ -101,8 +101,10 @@ class Pending:
         lib = d / loop.best.lib.name
         if not checks or not lib.exists():
             return None
-        held = loop.evaluator.spare.take_later()    # its hosts started before the keep (agent/evaluation/spares.py)
-        return cls(rec, d, Later(loop.task, lib, checks, loop.evaluator.scratch_root, held=held), launch, profile)
+        ev = loop.evaluator
+        later = Later(loop.task, lib, checks, ev.scratch_root, held=ev.spare.take_later())   # hosts started earlier
+        ev.spare.ensure_later(ev)     # the next keep's, its start-up while the next candidate is proposed (spares.py)
+        return cls(rec, d, later, launch, profile)
 
     def settle(self, loop) -> IterationRecord | None:
         """Waits for the checks; the kept record rewritten with their results, or the keep revoked (returned)."""

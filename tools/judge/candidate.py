@@ -40,7 +40,8 @@ def prestart_candidate(task: Task, scratch_root: Path | None = None, sanitize_ea
 
 
 class WarmChild:
-    """A pre-started evaluate child and what it loaded: it serves a task whose files are unchanged."""
+    """A pre-started judge child (an evaluate child, or the checks after a keep: tools/judge/later.py) and what it
+    loaded: it serves a task whose files are unchanged."""
 
     def __init__(self, task: Task, proc: Prestarted):
         self.root, self.stamp, self.proc = Path(task.root), _task_stamp(task), proc

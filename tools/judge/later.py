@@ -16,8 +16,9 @@ answered; `results()` waits for it and returns one SanitizerResult a check: a ch
 answered garbage is an `error` for each check (a check that did not run is not a pass: tools/judge/sanitize.py
 unchecked). `close()` ends it where it is.
 
-The judge's side: `sanitize_job`, the checks of tools/judge/sanitize.py (each in a host of its own under the tool,
-started together: Sanitizing) on the job's library and seed.
+The judge's side: `sanitize_job`, the checks of tools/judge/sanitize.py (each in a host of its own under the tool:
+the one the held child started before its job came, `--sanitize-early`, else one started with the job; Sanitizing) on
+the job's library and seed.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ START_S = 120.0      # the child's own start-up (torch, a CUDA context) on top o
 
 
 def sanitize_job(task, mod, job: dict, early: dict | None = None) -> dict:
-    """{"sanitizers": [SanitizerResult fields, one a check of job["checks"], in that order]}, all started now, each
+    """{"sanitizers": [SanitizerResult fields, one a check of job["checks"], in that order]}, all begun now, each
     in the host `early` (start_hosts: `--sanitize-early`) holds for it, else in one started now."""
     checks = tuple(job.get("checks") or ())
     if not checks:

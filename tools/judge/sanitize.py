@@ -193,7 +193,9 @@ def memcheck(task, mod, job: dict, root: Path, seed: int, check: str = "memcheck
     from tools.task_messages import make_inputs
     t0 = time.monotonic()     # from when the check was asked: a host started earlier has its start-up hidden
     in_torch = check == "racecheck" and names_torch_kernels(job["lib"])
-    if started is not None and started.excludes and in_torch:   # it would leave the candidate's own kernel out
+    # one that would leave the candidate's own kernel out, or that ended while it waited (killed, out of memory): a
+    # host of its own, as where none was started early (a dead one would fail a keep its candidate did not fail)
+    if started is not None and ((started.excludes and in_torch) or started.host.proc.poll() is not None):
         started.close()
         started = None
     if started is None:
