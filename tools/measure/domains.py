@@ -66,7 +66,10 @@ def draw(spec, mod, shape: dict, seed: int, device: str, dist: str) -> tuple:
     decl = [spec.inputs[i] if i < len(spec.inputs) else _NONE for i in range(len(base))]
     floats = [i for i, x in enumerate(base) if isinstance(x, torch.Tensor) and x.is_floating_point() and x.numel()
               and decl[i].values]
-    gen = torch.Generator().manual_seed(seed)
+    # drawn where the inputs are: on an H200 a draw's CPU ops on torch's 16 threads took 0.25 s beside a busy process
+    # (the memcheck host beside parity), 0.03 s alone; on the card 1-2 ms (scripts/device/draw_cost.py, issue 66)
+    on = base[floats[0]].device if floats else torch.device("cpu")
+    gen = torch.Generator(device=on).manual_seed(seed)
     kind = dist[len(PREFIX):]
     if kind == "large":
         return _large(mod, shape, base, floats, decl, (id(mod), tuple(sorted(shape.items())), seed))
@@ -227,10 +230,10 @@ def _rows(x):
 def _tiny(x, gen):
     import torch
     fi = torch.finfo(x.dtype)
-    n = x.numel()
-    pick = torch.rand(n, generator=gen) < 0.25
-    kind = torch.randint(0, 4, (n,), generator=gen)
-    sub = torch.rand(n, generator=gen, dtype=torch.float64) * fi.tiny
+    n, on = x.numel(), gen.device
+    pick = torch.rand(n, generator=gen, device=on) < 0.25
+    kind = torch.randint(0, 4, (n,), generator=gen, device=on)
+    sub = torch.rand(n, generator=gen, dtype=torch.float64, device=on) * fi.tiny
     vals = torch.where(kind == 0, 0.0, torch.where(kind == 1, -0.0, torch.where(kind == 2, sub, -sub)))
     y = torch.where(pick.view(x.shape).to(x.device), vals.view(x.shape).to(x.dtype).to(x.device), x)
     rows = _rows(y)
@@ -244,17 +247,19 @@ def _specials(x, specials: list[str], gen):
     """Specials on rows of their own: whole rows (r % 5 == 1), a leading quarter (2), a trailing quarter (3), and
     scattered 1 in 16 (0 and 4); a one-row input takes the leading quarter."""
     import torch
-    vals = torch.tensor([float(v) for v in specials], dtype=torch.float64)
+    on = gen.device
+    vals = torch.tensor([float(v) for v in specials], dtype=torch.float64, device=on)
     rows = _rows(x)
     n_rows, width = rows.shape
     q = max(1, width // 4)
-    r = torch.arange(n_rows)
-    pattern = torch.full((n_rows,), 2) if n_rows == 1 else r % 5
-    col = torch.arange(width)
+    r = torch.arange(n_rows, device=on)
+    pattern = torch.full((n_rows,), 2, device=on) if n_rows == 1 else r % 5
+    col = torch.arange(width, device=on)
     mask = ((pattern == 1)[:, None] | ((pattern == 2)[:, None] & (col < q)[None, :])
             | ((pattern == 3)[:, None] & (col >= width - q)[None, :])
-            | (((pattern == 0) | (pattern == 4))[:, None] & (torch.rand(n_rows, width, generator=gen) < 1 / 16)))
-    which = torch.randint(0, len(vals), (n_rows, width), generator=gen)
+            | (((pattern == 0) | (pattern == 4))[:, None]
+               & (torch.rand(n_rows, width, generator=gen, device=on) < 1 / 16)))
+    which = torch.randint(0, len(vals), (n_rows, width), generator=gen, device=on)
     which = torch.where(((pattern == 0) | (pattern == 4))[:, None], which, ((r // 5) % len(vals))[:, None])
     y = torch.where(mask.to(x.device), vals[which].to(x.dtype).to(x.device), rows)
     return y.view(x.shape)
