@@ -266,6 +266,8 @@ def test_a_keeps_pass_is_started_before_its_candidate_is_known_and_serves_it_as_
     first = ev.spare.pass_
     assert first is not None and first.child.alive
     assert first.prepare() and first.prepare()       # a keep's, twice: the program waits on for its library
+    reader = first.reader                            # its report's reader, started with it (its imports done)
+    assert reader is not None and reader.alive
     times = StageTimes()
     res = ev.verify_launch(lib, plan(), times, profile=(lib.parent, 1))
     assert res.status == LaunchStatus.ok and "Nsight Compute pass" in res.message, res.message
@@ -273,6 +275,7 @@ def test_a_keeps_pass_is_started_before_its_candidate_is_known_and_serves_it_as_
     jobs = [ln for ln in log if ln.startswith("job ")]
     assert jobs == ['job {"prepare": true}'] * 2 + [f'job {{"lib": "{lib.resolve()}"}}'], log   # then its library
     assert ev.spare.pass_ is None                                        # taken
+    assert reader.used and not reader.alive and first.reader is None     # it read the report
     ev.spare.ensure_pass(ev)                                             # as the keep ends (agent/evaluation/keep.py)
     nxt = ev.spare.pass_
     assert nxt is not None and nxt is not first and nxt.child.alive
@@ -295,9 +298,10 @@ def test_a_keeps_pass_is_started_before_its_candidate_is_known_and_serves_it_as_
     cold = [ln for ln in log if "--version" not in ln and not ln.startswith("job ")][2]
     assert "--lib" in cold.split() and "ComputeWorkloadAnalysis" in cold
     last = ev.spare.pass_
-    assert last is not None and last.child.alive
+    assert last is not None and last.child.alive and last.reader.alive
+    unused = last.reader
     ev.spare.close()                                                     # the run's end (agent/optimize/loop.py)
-    assert not last.child.alive and ev.spare.pass_ is None
+    assert not last.child.alive and ev.spare.pass_ is None and not unused.alive
 
 
 def test_a_keeps_confirmation_child_is_held_from_the_first_candidate_and_serves_only_the_task_it_loaded(tmp_path):

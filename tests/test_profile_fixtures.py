@@ -168,3 +168,26 @@ def test_the_cli_converts_a_real_report_on_the_default_install():
     data = json.loads(p.stdout)
     assert data["status"] == "ok" and data["kernels"] and data["kernels"][0]["name"]
     assert data["kernels"][0]["sol_memory_pct"] is not None
+
+
+def test_a_reader_started_before_its_report_reads_it_as_a_fresh_one_does():
+    """Issue 66: a keep's ncu stage spent 0.5-0.65 s starting the report's reader (a child: ncu_report is native
+    code) after its pass. The reader started with the held pass (prestart_reader: its imports done, the path on
+    stdin) gives the report a fresh reader gives; one that ended while it waited is passed over for a fresh one, and
+    one never given a report is ended by close()."""
+    from tools.profile.reader import prestart_reader, read_report_isolated
+    rep = need("attn_t1.ncu-rep")
+    cold = read_report_isolated(rep, source="ncu")
+    held = prestart_reader()
+    warm = read_report_isolated(rep, source="ncu", held=held)
+    assert cold.status == ProfileStatus.ok and not held.alive and held.used
+    assert warm.model_dump() == cold.model_dump()
+    dead = prestart_reader()
+    dead.close()
+    assert read_report_isolated(rep, source="ncu", held=dead).model_dump() == cold.model_dump()
+    idle = prestart_reader()
+    assert idle.alive
+    idle.close()
+    assert not idle.alive
+    bad = read_report_isolated(FIX / "missing.ncu-rep", source="ncu", held=prestart_reader())
+    assert bad.status == ProfileStatus.report_unreadable and "no such file" in bad.message

@@ -22,6 +22,7 @@ a kept attention iteration on an H200).
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import shutil
@@ -57,7 +58,9 @@ CALL_LAUNCHES_MAX = 64          # launches of one call profiled at most (each is
 LACKING: set[str] = set()       # EXTRA_METRICS this machine's ncu or GPU said it lacks (a pass failed on it)
 
 
+@functools.lru_cache(maxsize=None)
 def ncu_version(ncu: str) -> str | None:
+    """The version `ncu --version` prints, once a process a path (a subprocess each pass before: issue 66)."""
     try:
         out = subprocess.run([ncu, "--version"], capture_output=True, text=True, timeout=30).stdout
     except (OSError, subprocess.SubprocessError):
@@ -68,8 +71,12 @@ def ncu_version(ncu: str) -> str | None:
 
 def driver_version() -> str | None:
     smi = shutil.which("nvidia-smi")
-    if not smi:
-        return None
+    return _driver(smi) if smi else None
+
+
+@functools.lru_cache(maxsize=None)
+def _driver(smi: str) -> str | None:
+    """The driver's version, once a process (nvidia-smi was a subprocess each pass; no driver changes under a run)."""
     try:
         out = subprocess.run([smi, "--query-gpu=driver_version", "--format=csv,noheader"], capture_output=True,
                              text=True, timeout=30).stdout.strip().splitlines()
@@ -119,8 +126,9 @@ def profile_task(task: Task, lib_path: str | Path, *, tier: int = 1, shape: int 
                  launches_per_call: int = 1, fallback: bool = True, measure_bare: bool = False,
                  whole_call: bool = False, warm=None) -> ProfileReport:
     """Profile the task's kernel(s) on one shape (default: the main shape); `whole_call`: every launch of one warm call
-    (module docstring); `warm`: a pass started earlier (tools/profile/warm.py WarmPass), used where it is this pass (the caller
-    closes it in any case). Never raises for a failure of ncu or of the program: every failure is a status with a hint."""
+    (module docstring); `warm`: a pass started earlier (tools/profile/warm.py WarmPass), used where it is this pass,
+    its held report reader in any case (the caller closes it in any case). Never raises for a failure of ncu or of
+    the program: every failure is a status with a hint."""
     spec = task.spec
     idx = spec.main_shape if shape is None else shape_index(task, shape)
     shp = dict(spec.shapes[idx])
@@ -140,6 +148,7 @@ def profile_task(task: Task, lib_path: str | Path, *, tier: int = 1, shape: int 
     rep = stem.with_name(stem.name + ".ncu-rep")
     metrics = [m for m in EXTRA_METRICS if m not in LACKING]
     dropped: list[str] = []
+    held = warm     # its report reader, started with it (its imports done), reads this pass's report
     t_end = time.monotonic() + timeout_s
     while True:
         rep.unlink(missing_ok=True)
@@ -172,7 +181,7 @@ def profile_task(task: Task, lib_path: str | Path, *, tier: int = 1, shape: int 
         if own:   # no report to keep, and the log's tail is in the message
             shutil.rmtree(out, ignore_errors=True)
         return _maybe_fallback(_failure(status, message, task, shp, env), fallback, task, lib_path, idx, timeout_s)
-    report = read_report(rep, source="ncu")
+    report = read_report(rep, source="ncu", held=held.take_reader() if held is not None else None)
     m = _PASSES.findall(proc.stdout + proc.stderr)
     env.replay_passes = int(m[-1]) if m else None
     env.gpu, env.sm_count = report.env.gpu, report.env.sm_count

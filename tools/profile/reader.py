@@ -237,12 +237,20 @@ def read_report(path: str | Path, source: str = "report") -> ProfileReport:
                          env=ProfileEnv(gpu=str(gpu) if gpu is not None else None, sm_count=sm_count))
 
 
-def read_report_isolated(path: str | Path, source: str = "report", timeout_s: float = 120.0) -> ProfileReport:
+def read_report_isolated(path: str | Path, source: str = "report", timeout_s: float = 120.0,
+                         held=None) -> ProfileReport:
     """read_report in a child process: ncu_report is native code, and a crash in it (it can crash in a
     process that has torch and two ncu_report builds loaded) must not take the agent down. The child
-    prints the report as one JSON line."""
-    from tools.isolation.sandbox import ProcStatus, run_python_json
-    res, data = run_python_json("tools.profile.reader", [str(path), "--source", source], timeout_s)
+    prints the report as one JSON line. `held` (prestart_reader: a reader started earlier, its imports done) takes
+    the job where it still can, else one is started now; either way it is spent."""
+    from tools.isolation.sandbox import ProcStatus, child_json, run_python_json
+    if held is not None and held.alive and not held.used:
+        res = held.run(str(path), timeout_s)
+        data = child_json(res.stdout)
+    else:
+        if held is not None:
+            held.close()
+        res, data = run_python_json("tools.profile.reader", [str(path), "--source", source], timeout_s)
     if data is not None:
         return ProfileReport.model_validate(data)
     status = ProfileStatus.timeout if res.status == ProcStatus.timeout else ProfileStatus.report_unreadable
@@ -250,10 +258,28 @@ def read_report_isolated(path: str | Path, source: str = "report", timeout_s: fl
                          hint=HINTS[status])
 
 
+def prestart_reader(source: str = "ncu"):
+    """read_report_isolated's child started now, waiting for its report's path on stdin with this module, its models
+    and ncu_report imported: 0.5-0.65 s of a keep's ncu stage on an H200 was a reader's start (BENCHMARKS.md, issue 66
+    slice 21). A tools.isolation.sandbox.Prestarted; the caller closes it where it gives it no job."""
+    from tools.isolation.sandbox import prestart_python
+    return prestart_python("tools.profile.reader", ["--job-stdin", "--source", source])
+
+
 if __name__ == "__main__":
     import argparse
     ap = argparse.ArgumentParser(description="read a .ncu-rep into the profile JSON (one line)")
-    ap.add_argument("path")
+    ap.add_argument("path", nargs="?", help="the report (else, with --job-stdin, the first line on stdin)")
     ap.add_argument("--source", default="report")
+    ap.add_argument("--job-stdin", action="store_true",
+                    help="import ncu_report, then wait for the report's path on stdin (prestart_reader)")
     a = ap.parse_args()
+    if a.job_stdin:
+        try:
+            load_module()
+        except ImportError:   # read_report says so, on the job
+            pass
+        a.path = sys.stdin.readline().strip()
+    if not a.path:
+        ap.error("no report named")
     print(read_report(a.path, source=a.source).model_dump_json())

@@ -8,6 +8,10 @@ only the library's load, its calls, the replay and the report. The pass is the s
 same sections, metrics, NVTX range, warm-up and shape), its report moved to where the cold pass would have written it;
 profile_task uses it only where its command line is the one it would have run, and otherwise runs cold.
 
+Started with it, the report's reader (tools/profile/reader.py prestart_reader: a child, as ncu_report is native code),
+its imports done, waiting for the report's path: a fresh one cost 0.5-0.65 s of the keep's ncu stage on an H200 (issue
+66 slice 21); and ncu's and the driver's versions, which the pass records, asked beside (cached for the process).
+
 The waiting target holds torch and nothing else until a keep begins (prepare(): then its CUDA context), and runs no
 kernel until its job comes. It is an isolated child (tools/isolation/sandbox.py Prestarted: its own session, death
 with the agent, its group ended by close()), in a scratch directory its target fences itself to.
@@ -18,6 +22,7 @@ from __future__ import annotations
 import json
 import shutil
 import tempfile
+import threading
 from pathlib import Path
 
 from tools.isolation.sandbox import Prestarted, ProcResult
@@ -32,6 +37,11 @@ class WarmPass:
         from tools.profile.target import target_env
         s = Scratch(stem.parent, "profile")   # the target fences itself to it (tools/profile/target.py); closed with the child
         self.child = Prestarted(argv, cwd=s.dir, env=target_env(s, ncu=True), scratch=s)
+        from tools.profile.ncu import driver_version, ncu_version
+        from tools.profile.reader import prestart_reader
+        self.reader: Prestarted | None = prestart_reader()    # the report's reader, its imports done by the keep
+        # ncu's and the driver's versions, which the pass records, asked now beside (profile_task's ask: cached)
+        threading.Thread(target=lambda: (ncu_version(argv[0]), driver_version()), daemon=True).start()
 
     def serves(self, argv: list[str], stem: Path) -> bool:
         """Whether this pass runs `argv` (a cold pass writing to `stem`), its report stem aside."""
@@ -52,11 +62,22 @@ class WarmPass:
                 shutil.move(str(mine), str(rep))
             return proc
         finally:
-            self.close()
+            self._end_pass()
 
-    def close(self) -> None:
+    def take_reader(self) -> Prestarted | None:
+        """The report reader started with the pass (the taker spends or closes it), or None."""
+        reader, self.reader = self.reader, None
+        return reader
+
+    def _end_pass(self) -> None:
         self.child.close()
         shutil.rmtree(self.stem.parent, ignore_errors=True)
+
+    def close(self) -> None:
+        self._end_pass()
+        if self.reader is not None:
+            self.reader.close()
+            self.reader = None
 
 
 def start_pass(task, tier: int) -> WarmPass | None:
