@@ -254,6 +254,10 @@ class BenchResult(BaseModel):
     threads: int | None = None                 # torch's CPU threads in the process that timed (TaskSpec.threads)
     seconds: float = 0.0
     probe_seconds: dict[str, float] = {}       # what each probe that ran cost (tools/measure/probes.py)
+    # where the rest of `seconds` went (tools/measure/bench.py _bench_shape): inputs (the sets, outputs and arms),
+    # warm (each arm's warm-up and rep estimate), rounds (the timed rounds, their refills and spot checks),
+    # again (a second timing where the clocks or the reference's rounds disagreed)
+    phase_seconds: dict[str, float] = {}
 
     def timing(self, label: str) -> TimingStats | None:
         return next((t for t in self.timings if t.label == label), None)

@@ -54,6 +54,7 @@ for line in (run / "iterations.jsonl").read_text().splitlines():
             ci = b.get("speedup_vs_baseline") or {}
             print(f"    {k}: {b.get('seconds') or 0:.2f} s, {ci.get('rounds')} rounds, probes",
                   {n: round(v, 2) for n, v in (b.get("probe_seconds") or {}).items()},
+                  "phases", b.get("phase_seconds"),
                   f"undecided {len(r.get(k + '_undecided') or [])}:", (b.get("message") or "")[-150:])
         checks = sorted(p.get("checks") or [], key=lambda c: -(c.get("seconds") or 0))
         every = sum(c.get("seconds") or 0 for c in checks)

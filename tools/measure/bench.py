@@ -40,7 +40,6 @@ from tools.task import Task, load_task, shape_label
 from tools.task_messages import make_inputs
 
 
-
 # --- parent side ----------------------------------------------------------------------------
 def run_bench(task: Task, lib_path: Path, *, baseline_lib: Path | None = None, shapes: list[dict] | None = None,
               with_reference: bool = True, timeout_s: float | None = None,
@@ -232,7 +231,7 @@ def _bench_shape(task, mod, runs, shape, with_reference, device_name="", keep_ga
     spec = task.spec
     b = spec.bench
     device = task.backend.torch_device
-    sysrng = random.SystemRandom()
+    t0, sysrng = time.monotonic(), random.SystemRandom()
     dist = spec.distributions[0]
     # two at least: a round's first call is also its cold one, so its second (the next set's first) is what
     # the round's repeats are held to (tools/measure/rounds.py)
@@ -242,8 +241,9 @@ def _bench_shape(task, mod, runs, shape, with_reference, device_name="", keep_ga
     flops, nbytes = spec.flops(shape), spec.bytes(shape)
     spot = SpotCheck(task, mod, runs, shape, sets, outs, b.rounds, sysrng)
     early = EarlyStop(keep_gain, b.rounds) if keep_gain is not None else None
-    got, cis = interleaved(runs.clock, arms, b, spot, early)
-    clock_why, retimed = runs.clock_check(claimed_arms(cis)), ""
+    phases = {"inputs": time.monotonic() - t0}   # then warm, rounds (interleaved) and again
+    got, cis = interleaved(runs.clock, arms, b, spot, early, phases)
+    t1, clock_why, retimed = time.monotonic(), runs.clock_check(claimed_arms(cis)), ""
     if clock_why is not None and spot.why is None:
         # The judge's clock and the host's disagreed: an honest host's can on a loaded machine (another
         # process takes the CPU between the host's reps and the judge's reads; .ci/run refused an honest
@@ -258,6 +258,7 @@ def _bench_shape(task, mod, runs, shape, with_reference, device_name="", keep_ga
     got, cis, more, unstable = settle(runs, arms, b, spot, lambda: _again(runs, arms, b, spot, early), got, cis,
                                       clock_why, task.backend.gpu)
     retimed += more
+    phases["again"] = time.monotonic() - t1     # the clock check, and a second timing where it or settle asked one
     timings = [stats(label, got[label], flops, nbytes) for label, _ in arms]
     ci, ref_ci = cis.get("baseline"), (None if unstable else cis.get("reference"))
     cand_med = timings[0].median_ms
@@ -288,7 +289,8 @@ def _bench_shape(task, mod, runs, shape, with_reference, device_name="", keep_ga
             status, msg = BenchStatus.suspicious, why
             break
     return BenchResult(status=status, message=msg, shape=shape, timings=timings, speedup_vs_baseline=ci,
-                       speedup_vs_reference=vs_ref, speedup_vs_reference_ci=ref_ci, threads=threads, probe_seconds=cost)
+                       speedup_vs_reference=vs_ref, speedup_vs_reference_ci=ref_ci, threads=threads, probe_seconds=cost,
+                       phase_seconds={k: round(v, 3) for k, v in phases.items()})
 
 
 def _again(runs, arms, b, spot, early: EarlyStop | None = None) -> tuple[dict[str, list[float]], dict[str, SpeedupCI],

@@ -23,6 +23,7 @@ has never seen, and the rounds' outputs checked at random.
 from __future__ import annotations
 
 import statistics
+import time
 
 from tools.measure.probes import wrong
 from tools.measure.stats import speedup_ci
@@ -179,8 +180,8 @@ def look_round(rounds: int) -> int | None:
     return look if look < rounds else None
 
 
-def interleaved(clock, arms, b, spot: SpotCheck | None = None, stop=None) -> tuple[dict[str, list[float]],
-                                                                                   dict[str, SpeedupCI]]:
+def interleaved(clock, arms, b, spot: SpotCheck | None = None, stop=None, phases: dict | None = None
+                ) -> tuple[dict[str, list[float]], dict[str, SpeedupCI]]:
     """Time each arm (label, fn) in `b.rounds` rounds, each timing every arm with the same rep count in an
     order rotated round by round, so that load which comes and goes falls on all of them alike (one arm
     alone: its reps spread over the rounds). Returns every arm's times and, per arm after the first, the
@@ -189,8 +190,11 @@ def interleaved(clock, arms, b, spot: SpotCheck | None = None, stop=None) -> tup
     is new (spot.round), each arm's rep too (spot.refresh), and its bursts are checked (spot.before,
     spot.after). `stop(cis)`, where given, is asked once, after look_round()'s round, with the intervals
     so far: True ends the timing there (a candidate the keep rule can no longer keep: tools/measure/bench.py
-    EarlyStop); the spot check has drawn its one check by then."""
+    EarlyStop); the spot check has drawn its one check by then. `phases`: the warm-up's and the rounds' seconds
+    added to it ("warm", "rounds")."""
+    t0 = time.monotonic()
     ests = [estimate_and_warm(clock, fn, b.warmup_ms) for _, fn in arms]
+    t1 = time.monotonic()
     n = reps(max(ests), b.rep_ms)
     if len(arms) == 1:
         n = max(1, n // b.rounds)
@@ -218,4 +222,7 @@ def interleaved(clock, arms, b, spot: SpotCheck | None = None, stop=None) -> tup
             ratios[label].append(meds[label] / max(first, 1e-9))
         if r + 1 == look and stop({label: speedup_ci(rs, b.confidence) for label, rs in ratios.items()}):
             break
+    if phases is not None:
+        phases["warm"] = phases.get("warm", 0.0) + t1 - t0
+        phases["rounds"] = phases.get("rounds", 0.0) + time.monotonic() - t1
     return got, {label: speedup_ci(rs, b.confidence) for label, rs in ratios.items()}
