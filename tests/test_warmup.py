@@ -182,3 +182,75 @@ def test_while_idle_searches_once_and_not_once_a_line_is_waiting():
     assert first.startswith("values searched ahead: 2 of 2 shapes") and done == {"search"}, first
     assert while_idle(task, mod, 7, done, waiting=lambda: False) == "idle: nothing left to do"
     assert while_idle(task, mod, 7, set(), waiting=lambda: True) == "search: stopped before it began: a line came"
+
+
+def test_while_idle_then_calls_the_benchs_reference_once_in_the_kernel_host(tmp_path):
+    """Issue 66: a keep's confirmation is the first bench that times the reference, in the host its held child forked
+    as it started; on an H200 its warm-up took 0.51 s against the first bench's 0.08 s (fp16 SDPA's first call in that
+    process). While the card is idle, after the search, the child has its host call the reference once (a real host
+    here, on the CPU task); once only; not begun where a line is waiting; a host that died says LOST (the child ends
+    before its job and the agent gives the job to a cold one)."""
+    from tools.judge.hostclient import HostClient
+    from tools.measure.warmup import LOST, while_idle
+    task = load_task(Path(__file__).resolve().parents[1] / "kernels" / "matmul_cpu")
+    mod, done = task.module(), set()
+    root = tmp_path / "scratch"
+    root.mkdir()
+    host = HostClient(task.root, root)
+    try:
+        first = while_idle(task, mod, 7, done, waiting=lambda: False, host=host)
+        assert first.startswith("values searched ahead: 2 of 2 shapes"), first
+        assert "; the reference's first call in the host: " in first and done == {"search", "reference"}, first
+        assert while_idle(task, mod, 7, done, waiting=lambda: False, host=host) == "idle: nothing left to do"
+        busy = while_idle(task, mod, 7, {"search"}, waiting=lambda: True, host=host)
+        assert busy == "the reference's first call: not begun: a line came", busy
+        host.kill()
+        gone = while_idle(task, mod, 7, {"search"}, waiting=lambda: False, host=host)
+        assert LOST in gone and "host" in gone, gone
+    finally:
+        host.close()
+
+
+class Seeding:
+    """A task module whose make_inputs seeds the global generators (KernelBench's task.py does)."""
+
+    def __init__(self, mod):
+        self.mod, self.called = mod, []
+
+    def __getattr__(self, name):
+        return getattr(self.mod, name)
+
+    def make_inputs(self, shape, seed, device, dist):
+        import random
+
+        import torch
+        torch.manual_seed(seed)
+        random.seed(seed)
+        return self.mod.make_inputs(shape, seed, device, dist)
+
+    def timing_reference(self, shape, *inputs):
+        self.called.append(dict(shape))
+        return self.mod.reference(shape, *inputs)
+
+
+def test_the_reference_called_once_leaves_the_random_generators_as_they_were():
+    """reference_once (the host's warm_reference) calls what the bench times against, timing_reference where the task
+    has one, on the shape it is given, and puts back the generators a task's make_inputs may have seeded: the job's
+    draws after it are the ones they would have been."""
+    import random
+
+    import torch
+
+    from tools.measure.warmup import reference_once
+    task = load_task(Path(__file__).resolve().parents[1] / "kernels" / "matmul_cpu")
+    mod = Seeding(task.module())
+    main = dict(task.spec.main)
+    random.seed(5)
+    torch.manual_seed(5)
+    before = (random.random(), torch.rand(3))
+    random.seed(5)
+    torch.manual_seed(5)
+    assert reference_once(task, mod, main, task.spec.distributions[0]) >= 0
+    after = (random.random(), torch.rand(3))
+    assert mod.called == [main]
+    assert before[0] == after[0] and torch.equal(before[1], after[1])

@@ -291,6 +291,10 @@ class Host:
         self.sync()
         return {"ok": True}
 
+    def warm_reference(self, r: dict) -> dict:    # the held confirmation child's, while the card is idle
+        from tools.measure.warmup import reference_once
+        return {"ok": True, "seconds": reference_once(self.task, self.mod, r["shape"], r["dist"])}
+
     def cost(self, r: dict) -> dict:
         return {"ok": True, "ms": self.timed["clock"].rep_cost(self.timed["arms"][r["arm"]])}
 
@@ -308,7 +312,8 @@ class Host:
             return {"ok": True, "ms": self.timed["clock"].run(fn, int(r["n"]), offset=int(r["offset"]), before=before)}
 
 
-OPS = ("init", "load", "plan", "share", "call", "arms", "refill", "poison", "cost", "time", "drop", "idle")
+OPS = ("init", "load", "plan", "share", "call", "arms", "refill", "poison", "cost", "time", "drop", "idle",
+       "warm_reference")
 
 
 def main() -> int:

@@ -313,7 +313,7 @@ def main(argv: list[str] | None = None) -> int:
             line, done = sys.stdin.readline(), set()
             while line.strip() and set(step := json.loads(line)) <= {"idle"}:   # the agent's word on its card
                 if step["idle"]:    # agent/evaluation/spares.py: a keep's values draws' search
-                    print(f"[judge] {(warmed := while_idle(task, mod, own, done))}", file=sys.stderr)
+                    print(f"[judge] {(warmed := while_idle(task, mod, own, done, host=host))}", file=sys.stderr)
                     if LOST in warmed:
                         return 0
                 line = sys.stdin.readline()

@@ -14,9 +14,9 @@ for that check.
 
 Only the child started during its candidate's build warms (wanted): the evaluator's held confirmation child
 (agent/evaluation/spares.py) waits beside whatever the loop does next, the next candidate's bench among it, and runs no
-kernel but its values draws' search while the agent says the card is idle (while_idle, below). Warmed as it started,
-it made the first bench after the initial measurement 2.47 s instead of 1.37 on an H200: the bench's rounds shared the
-card with the warm-up (BENCHMARKS.md, issue 66 slice 8).
+kernel but its values draws' search, and one call of the bench's reference in its kernel host, while the agent says the
+card is idle (while_idle, below). Warmed as it started, it made the first bench after the initial measurement 2.47 s
+instead of 1.37 on an H200: the bench's rounds shared the card with the warm-up (BENCHMARKS.md, issue 66 slice 8).
 """
 
 from __future__ import annotations
@@ -151,19 +151,67 @@ def search_ahead(task, mod, seed: int, waiting=job_waiting) -> str:
             + (f"; stopped: {why}" if why else ""))
 
 
-def while_idle(task, mod, seed: int, done: set, waiting=job_waiting) -> str:
+def while_idle(task, mod, seed: int, done: set, waiting=job_waiting, host=None) -> str:
     """What the judge child held for a keep's confirmation does while the agent says the card is idle (its model
     proposes, nvcc builds: agent/evaluation/spares.py): the search of its job's values draws on root `seed`
     (search_ahead), once (`done` holds it once it has ended), stopped at its next draw as soon as a line is waiting on
-    stdin (the agent's word that the card is busy again, or the job). Parity's first kernels are not warmed here:
-    warm_checks in this child, told idle, took a kept attention iteration from 18.10 to 17.59 s on an H200, inside
-    the runs' spread; in one process a cold `rest` parity cost 0.2 s more than a warm one (BENCHMARKS.md, issue 66
-    slice 17, amended)."""
-    if "search" in done:
-        return "idle: nothing left to do"
-    if waiting():
-        return "search: stopped before it began: a line came"
-    said = search_ahead(task, mod, seed, waiting)
-    if "stopped" not in said:
+    stdin (the agent's word that the card is busy again, or the job); then, once, the bench's reference arm called in
+    the child's kernel host (`host`, tools/judge/hostclient.py HostClient: host_reference). Parity's first kernels are
+    not warmed here: warm_checks in this child, told idle, took a kept attention iteration from 18.10 to 17.59 s on an
+    H200, inside the runs' spread; in one process a cold `rest` parity cost 0.2 s more than a warm one (BENCHMARKS.md,
+    issue 66 slice 17, amended)."""
+    said = []
+    if "search" not in done:
+        if waiting():
+            return "search: stopped before it began: a line came"
+        said.append(search_ahead(task, mod, seed, waiting))
+        if "stopped" in said[-1]:
+            return said[-1]
         done.add("search")
-    return said
+    if host is not None and "reference" not in done:
+        if waiting():
+            return "; ".join(said + ["the reference's first call: not begun: a line came"])
+        said.append(host_reference(task, host))
+        done.add("reference")
+    return "; ".join(said) or "idle: nothing left to do"
+
+
+def host_reference(task, host) -> str:
+    """The bench's reference arm (the task's timing_reference, else its reference) called once on the main shape in
+    the judge child's kernel host, on inputs of its own, thrown away (Host.warm_reference: reference_once). The
+    confirmation is the first bench of a keep that times the reference, in the host that held child forked when it
+    started: its warm-up took 0.51 s against the first bench's 0.08 s on an H200, its reference's (fp16 SDPA's) first
+    call in that process (its kernels' lazy loading; BENCHMARKS.md, issue 66). A host that died here ends the child
+    before its job (LOST: the agent gives the job to a cold one, and the candidate is not charged)."""
+    try:
+        ans = host.ask({"op": "warm_reference", "shape": dict(task.spec.main), "dist": task.spec.distributions[0]})
+    except RuntimeError as e:   # the task's own reference raised: the job's bench says so
+        return f"the reference's first call in the host raised: {' '.join(str(e).split())[:200]}"
+    except Exception as e:      # HostFailed (its `status`; not imported: the judge's room is above this one)
+        return f"the reference's first call in the host: {e}; {LOST}"
+    return f"the reference's first call in the host: {float(ans.get('seconds') or 0):.2f} s"
+
+
+def reference_once(task, mod, shape: dict, dist: str) -> float:
+    """The reference arm called once on `shape` (what the bench times against: timing_reference, else reference), on
+    inputs drawn here and thrown away, the random generators put back as they were (a task.py may seed torch's global
+    one); its seconds. In the kernel's host (tools/judge/host.py warm_reference), not the judge: each process pays its
+    own first calls."""
+    import torch
+
+    from tools.task_messages import make_inputs
+    t0, backend = time.monotonic(), task.backend
+    gpu = backend.gpu and torch.cuda.is_available()
+    states = (random.getstate(), torch.random.get_rng_state(), torch.cuda.get_rng_state_all() if gpu else None)
+    try:
+        inputs = make_inputs(mod, shape, 1, backend.torch_device, dist)
+        getattr(mod, "timing_reference", mod.reference)(shape, *inputs)
+        backend.sync()
+        del inputs
+    finally:
+        random.setstate(states[0])
+        torch.random.set_rng_state(states[1])
+        if gpu:
+            torch.cuda.set_rng_state_all(states[2])
+            torch.cuda.empty_cache()     # the inputs' memory back to the card before the job's checks
+    return time.monotonic() - t0
