@@ -147,6 +147,21 @@ def test_the_judge_warms_parity_before_its_job_on_a_gpu_and_not_on_the_cpu(tmp_p
         assert "warm-up" not in err and "no library given" in out, (out, err)
 
 
+def _asserting_softmax(tmp: Path, name: str) -> Path:
+    """kernels/softmax copied, its `name` (reference or timing_reference) replaced by one that indexes past its input on
+    the GPU: a device-side assert, sticky (every later CUDA call of that process fails). Skips without a GPU."""
+    import torch
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    task = tmp / "softmax"
+    shutil.copytree(Path(__file__).resolve().parents[1] / "kernels" / "softmax", task,
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    with open(task / "task.py", "a") as f:
+        f.write(f"\n\ndef {name}(shape, x):   # the test's: a device-side assert, sticky\n"
+                "    import torch\n    return x[torch.tensor([x.shape[0] + 7], device=x.device)]\n")
+    return task
+
+
 @pytest.mark.gpu
 def test_a_warm_up_that_loses_the_cuda_context_ends_the_child_before_its_job(tmp_path):
     """A sticky CUDA error in the task's own code during the warm-up (here its reference indexes past its input on the
@@ -154,16 +169,8 @@ def test_a_warm_up_that_loses_the_cuda_context_ends_the_child_before_its_job(tmp
     generators included: the child says so and ends without reading its job, so the agent gives the job to a cold
     child (WarmChild.serves) and the candidate is not charged with the task's error. GPU only (the device); on the CPU
     the judge does not warm."""
-    import torch
-    if not torch.cuda.is_available():
-        pytest.skip("needs a CUDA GPU")
     from tools.measure.warmup import LOST
-    task = tmp_path / "softmax"
-    shutil.copytree(Path(__file__).resolve().parents[1] / "kernels" / "softmax", task,
-                    ignore=shutil.ignore_patterns("__pycache__"))
-    with open(task / "task.py", "a") as f:
-        f.write("\n\ndef reference(shape, x):   # the test's: a device-side assert, sticky\n"
-                "    import torch\n    return x[torch.tensor([x.shape[0] + 7], device=x.device)]\n")
+    task = _asserting_softmax(tmp_path, "reference")
     work = tmp_path / "work"
     work.mkdir()
     out, err = _judge(str(task), work, "warm-up:")
@@ -254,3 +261,43 @@ def test_the_reference_called_once_leaves_the_random_generators_as_they_were():
     after = (random.random(), torch.rand(3))
     assert mod.called == [main]
     assert before[0] == after[0] and torch.equal(before[1], after[1])
+
+
+def test_a_reference_that_raises_in_the_host_is_said_and_the_child_keeps_its_job(tmp_path):
+    """The task's own reference raising in the host's call (not a lost context) is said, and the child still takes its
+    job (no LOST in the line): the job's bench says what is wrong with the task."""
+    from tools.judge.hostclient import HostClient
+    from tools.measure.warmup import LOST, host_reference
+    task = tmp_path / "matmul_cpu"
+    shutil.copytree(Path(__file__).resolve().parents[1] / "kernels" / "matmul_cpu", task,
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    with open(task / "task.py", "a") as f:
+        f.write("\n\ndef timing_reference(shape, *inputs):\n    raise ValueError('the reference is broken')\n")
+    t = load_task(task)
+    root = tmp_path / "scratch"
+    root.mkdir()
+    host = HostClient(t.root, root)
+    try:
+        said = host_reference(t, host)
+        assert "raised" in said and "the reference is broken" in said and LOST not in said, said
+        assert host.ask({"op": "idle"})["ok"] is True        # the host still answers
+    finally:
+        host.close()
+
+
+@pytest.mark.gpu
+def test_a_reference_that_loses_the_cuda_context_in_the_host_ends_the_held_child(tmp_path):
+    """GPU only (the device): a device-side assert in the task's timing_reference, called by the host while the card
+    is idle, leaves the host's context lost: the line says LOST, so the held child ends before its job (judge main) and
+    the agent gives the job to a cold child, not charging the candidate."""
+    from tools.judge.hostclient import HostClient
+    from tools.measure.warmup import LOST, host_reference
+    t = load_task(_asserting_softmax(tmp_path, "timing_reference"))
+    root = tmp_path / "scratch"
+    root.mkdir()
+    host = HostClient(t.root, root)
+    try:
+        said = host_reference(t, host)
+        assert LOST in said, said
+    finally:
+        host.close()

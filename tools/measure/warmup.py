@@ -185,7 +185,7 @@ def host_reference(task, host) -> str:
     before its job (LOST: the agent gives the job to a cold one, and the candidate is not charged)."""
     try:
         ans = host.ask({"op": "warm_reference", "shape": dict(task.spec.main), "dist": task.spec.distributions[0]})
-    except RuntimeError as e:   # the task's own reference raised: the job's bench says so
+    except RuntimeError as e:   # the task's own reference raised: the job's bench says so (LOST in it: reference_once)
         return f"the reference's first call in the host raised: {' '.join(str(e).split())[:200]}"
     except Exception as e:      # HostFailed (its `status`; not imported: the judge's room is above this one)
         return f"the reference's first call in the host: {e}; {LOST}"
@@ -200,7 +200,7 @@ def reference_once(task, mod, shape: dict, dist: str) -> float:
     import torch
 
     from tools.task_messages import make_inputs
-    t0, backend = time.monotonic(), task.backend
+    t0, backend, lost = time.monotonic(), task.backend, False
     gpu = backend.gpu and torch.cuda.is_available()
     states = (random.getstate(), torch.random.get_rng_state(), torch.cuda.get_rng_state_all() if gpu else None)
     try:
@@ -208,10 +208,19 @@ def reference_once(task, mod, shape: dict, dist: str) -> float:
         getattr(mod, "timing_reference", mod.reference)(shape, *inputs)
         backend.sync()
         del inputs
+    except Exception as e:   # the task's own code; a sticky CUDA error leaves every later call failing: LOST
+        if gpu:
+            try:
+                torch.cuda.synchronize()
+            except Exception:
+                lost = True
+        if lost:
+            raise RuntimeError(f"{LOST}: {type(e).__name__}: {' '.join(str(e).split())[:200]}") from None
+        raise
     finally:
         random.setstate(states[0])
         torch.random.set_rng_state(states[1])
-        if gpu:
+        if gpu and not lost:
             torch.cuda.set_rng_state_all(states[2])
             torch.cuda.empty_cache()     # the inputs' memory back to the card before the job's checks
     return time.monotonic() - t0
