@@ -7,6 +7,7 @@ else from the PyPI `ncu-report` wheel, which reads reports on machines without a
 from __future__ import annotations
 
 import importlib
+import json
 import re
 import sys
 from pathlib import Path
@@ -242,10 +243,11 @@ def read_report_isolated(path: str | Path, source: str = "report", timeout_s: fl
     """read_report in a child process: ncu_report is native code, and a crash in it (it can crash in a
     process that has torch and two ncu_report builds loaded) must not take the agent down. The child
     prints the report as one JSON line. `held` (prestart_reader: a reader started earlier, its imports done) takes
-    the job where it still can, else one is started now; either way it is spent."""
+    the job (the path and `source`, one JSON line) where it still can, else one is started now; either way it is
+    spent."""
     from tools.isolation.sandbox import ProcStatus, child_json, run_python_json
     if held is not None and held.alive and not held.used:
-        res = held.run(str(path), timeout_s)
+        res = held.run(json.dumps([str(path), source]), timeout_s)
         data = child_json(res.stdout)
     else:
         if held is not None:
@@ -258,28 +260,28 @@ def read_report_isolated(path: str | Path, source: str = "report", timeout_s: fl
                          hint=HINTS[status])
 
 
-def prestart_reader(source: str = "ncu"):
-    """read_report_isolated's child started now, waiting for its report's path on stdin with this module, its models
+def prestart_reader():
+    """read_report_isolated's child started now, waiting for its job on stdin with this module, its models
     and ncu_report imported: 0.5-0.65 s of a keep's ncu stage on an H200 was a reader's start (BENCHMARKS.md, issue 66
     slice 21). A tools.isolation.sandbox.Prestarted; the caller closes it where it gives it no job."""
     from tools.isolation.sandbox import prestart_python
-    return prestart_python("tools.profile.reader", ["--job-stdin", "--source", source])
+    return prestart_python("tools.profile.reader", ["--job-stdin"])
 
 
 if __name__ == "__main__":
     import argparse
     ap = argparse.ArgumentParser(description="read a .ncu-rep into the profile JSON (one line)")
-    ap.add_argument("path", nargs="?", help="the report (else, with --job-stdin, the first line on stdin)")
+    ap.add_argument("path", nargs="?", help="the report (else, with --job-stdin, named on stdin)")
     ap.add_argument("--source", default="report")
     ap.add_argument("--job-stdin", action="store_true",
-                    help="import ncu_report, then wait for the report's path on stdin (prestart_reader)")
+                    help="import ncu_report, then wait for [path, source] as one JSON line on stdin (prestart_reader)")
     a = ap.parse_args()
     if a.job_stdin:
         try:
             load_module()
         except ImportError:   # read_report says so, on the job
             pass
-        a.path = sys.stdin.readline().strip()
+        a.path, a.source = json.loads(sys.stdin.readline() or '["", "report"]')
     if not a.path:
         ap.error("no report named")
     print(read_report(a.path, source=a.source).model_dump_json())

@@ -75,9 +75,8 @@ class WarmPass:
 
     def close(self) -> None:
         self._end_pass()
-        if self.reader is not None:
-            self.reader.close()
-            self.reader = None
+        if (reader := self.take_reader()) is not None:
+            reader.close()
 
 
 def start_pass(task, tier: int) -> WarmPass | None:
