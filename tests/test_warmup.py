@@ -287,17 +287,42 @@ def test_a_reference_that_raises_in_the_host_is_said_and_the_child_keeps_its_job
 
 @pytest.mark.gpu
 def test_a_reference_that_loses_the_cuda_context_in_the_host_ends_the_held_child(tmp_path):
-    """GPU only (the device): a device-side assert in the task's timing_reference, called by the host while the card
-    is idle, leaves the host's context lost: the line says LOST, so the held child ends before its job (judge main) and
-    the agent gives the job to a cold child, not charging the candidate."""
-    from tools.judge.hostclient import HostClient
-    from tools.measure.warmup import LOST, host_reference
-    t = load_task(_asserting_softmax(tmp_path, "timing_reference"))
-    root = tmp_path / "scratch"
-    root.mkdir()
-    host = HostClient(t.root, root)
+    """GPU only (the device), through the judge child as the loop holds it (`evaluate --job-stdin`): told that the
+    card is idle, it has its host call the task's timing_reference, here a device-side assert (sticky): the host
+    answers that it raised and that its context is lost, and the child ends before its job (the agent then gives the
+    job to a cold child, not charging the candidate). In the judge's order: its host forked before CUDA is set up (a
+    host forked from this test's process, CUDA set up here, could not load the task: a different failure)."""
+    import queue
+    import subprocess
+    import sys
+    import threading
+    import time
+
+    from tools.measure.warmup import LOST
+    task = _asserting_softmax(tmp_path, "timing_reference")
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")])),
+           "AGENT_SCRATCH": str(tmp_path)}
+    p = subprocess.Popen([sys.executable, "-m", "tools.judge.judge", "evaluate", "--task", str(task), "--job-stdin"],
+                         cwd=tmp_path, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True)
+    lines: queue.Queue = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(ln) for ln in p.stderr], daemon=True).start()
+    err, said = [], None
     try:
-        said = host_reference(t, host)
-        assert LOST in said, said
+        p.stdin.write('{"idle": true}\n')
+        p.stdin.flush()
+        deadline = time.monotonic() + 180
+        while said is None and time.monotonic() < deadline:
+            try:
+                err.append(lines.get(timeout=max(0.1, deadline - time.monotonic())))
+            except queue.Empty:
+                break
+            said = err[-1] if "reference's first call" in err[-1] else None
+        assert said is not None, "".join(err)
+        assert "raised" in said and LOST in said and "assert" in said.lower(), said
+        assert p.wait(timeout=60) == 0          # ended on its own, the job line never sent
+        assert p.stdout.read().strip() == ""    # and never answered one
     finally:
-        host.close()
+        p.kill()
+        p.wait(timeout=30)
