@@ -147,9 +147,11 @@ def test_the_judge_warms_parity_before_its_job_on_a_gpu_and_not_on_the_cpu(tmp_p
         assert "warm-up" not in err and "no library given" in out, (out, err)
 
 
-def _asserting_softmax(tmp: Path, name: str) -> Path:
+def _asserting_softmax(tmp: Path, name: str, only_main: bool = False) -> Path:
     """kernels/softmax copied, its `name` (reference or timing_reference) replaced by one that indexes past its input on
-    the GPU: a device-side assert, sticky (every later CUDA call of that process fails). Skips without a GPU."""
+    the GPU: a device-side assert, sticky (every later CUDA call of that process fails). `only_main`: on the main shape
+    only (what the host's idle call takes; the judge's values search calls timing_reference on small shapes, and would
+    lose the judge's own context first), the task's own elsewhere. Skips without a GPU."""
     import torch
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
@@ -157,8 +159,11 @@ def _asserting_softmax(tmp: Path, name: str) -> Path:
     shutil.copytree(Path(__file__).resolve().parents[1] / "kernels" / "softmax", task,
                     ignore=shutil.ignore_patterns("__pycache__"))
     with open(task / "task.py", "a") as f:
-        f.write(f"\n\ndef {name}(shape, x):   # the test's: a device-side assert, sticky\n"
-                "    import torch\n    return x[torch.tensor([x.shape[0] + 7], device=x.device)]\n")
+        f.write(f"\n\n_task_{name} = {name}\n\n\ndef {name}(shape, x):   # the test's: a device-side assert, sticky\n"
+                "    import torch\n"
+                + (f"    if tuple(x.shape) != (8192, 4096):   # the main shape's\n        return _task_{name}(shape, x)\n"
+                   if only_main else "")
+                + "    return x[torch.tensor([x.shape[0] + 7], device=x.device)]\n")
     return task
 
 
@@ -299,7 +304,7 @@ def test_a_reference_that_loses_the_cuda_context_in_the_host_ends_the_held_child
     import time
 
     from tools.measure.warmup import LOST
-    task = _asserting_softmax(tmp_path, "timing_reference")
+    task = _asserting_softmax(tmp_path, "timing_reference", only_main=True)
     root = Path(__file__).resolve().parents[1]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")])),
            "AGENT_SCRATCH": str(tmp_path)}
@@ -307,7 +312,7 @@ def test_a_reference_that_loses_the_cuda_context_in_the_host_ends_the_held_child
                          cwd=tmp_path, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                          text=True)
     lines: queue.Queue = queue.Queue()
-    threading.Thread(target=lambda: [lines.put(ln) for ln in p.stderr], daemon=True).start()
+    threading.Thread(target=lambda: [lines.put(ln) for ln in [*p.stderr, None]], daemon=True).start()   # None: EOF
     err, said = [], None
     try:
         p.stdin.write('{"idle": true}\n')
@@ -315,10 +320,13 @@ def test_a_reference_that_loses_the_cuda_context_in_the_host_ends_the_held_child
         deadline = time.monotonic() + 180
         while said is None and time.monotonic() < deadline:
             try:
-                err.append(lines.get(timeout=max(0.1, deadline - time.monotonic())))
+                line = lines.get(timeout=max(0.1, deadline - time.monotonic()))
             except queue.Empty:
                 break
-            said = err[-1] if "reference's first call" in err[-1] else None
+            if line is None:
+                break
+            err.append(line)     # while_idle's line: the values search's, then the host's call, joined
+            said = line if "[judge] values searched" in line or "reference's first call" in line else None
         assert said is not None, "".join(err)
         assert "raised" in said and LOST in said and "assert" in said.lower(), said
         assert p.wait(timeout=60) == 0          # ended on its own, the job line never sent
