@@ -210,6 +210,36 @@ def test_two_streams_at_once_catch_state_shared_by_concurrent_calls_on_the_gpu(t
             res.message
 
 
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _gpu(), reason="needs a CUDA GPU")
+def test_work_that_outlives_the_callers_stream_is_named_and_the_output_is_what_that_stream_saw():
+    """two_threads on a GPU (issue 40; its copies made on the card since issue 66 slice 23): a call that writes its
+    output on a stream of its own (non-blocking, after a spin) has not written it when the caller's stream is
+    synchronized: named late, and its output put back to what that stream saw (the poison); a call that writes on the
+    caller's stream is not named, its output kept. Both directions, on each thread."""
+    import torch
+    side = torch.cuda.Stream()      # torch's streams are non-blocking: the legacy default stream does not wait for it
+    outs = tuple([torch.full((1 << 20,), float("nan"), device="cuda") for _ in range(2)] for _ in range(2))
+
+    def late(o):
+        def call():
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                torch.cuda._sleep(50_000_000)       # ~25 ms: the caller's stream is synchronized long before
+                o.fill_(1.0)
+        return call
+
+    def honest(o):
+        return lambda: o.fill_(2.0)
+    work = tuple([late(outs[t][0]), honest(outs[t][1])] for t in (0, 1))
+    got = two_threads(work, outs)
+    assert sorted(got) == [(0, 0), (1, 0)], got
+    torch.cuda.synchronize()
+    for t in (0, 1):
+        assert bool(torch.isnan(outs[t][0]).all()), "a late output was not put back to what its stream saw"
+        assert bool((outs[t][1] == 2.0).all()), "an honest output was changed"
+
 def test_state_shared_only_by_small_calls_is_caught_on_both_threads(tmp_path):
     """A kernel that takes a path of its own on small shapes, through a static scratch (issue 40's small-grid form:
     tests/fixtures/cuda_cheats/attention/small_grid_partials.cu), shares nothing on the main shape: only a round with
