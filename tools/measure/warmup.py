@@ -30,6 +30,41 @@ SECONDS = 8.0    # at most this long, between two checks
 LOST = "the CUDA context is lost"   # a sticky CUDA error in the task's own code: the child must not take a job
 
 
+class Generators:
+    """The random generators (Python's, torch's, each CUDA device's) as they were when made, for work of the task's
+    own that must leave them so; and whether that work left the CUDA context lost (a sticky error: every later call
+    of the process fails, putting the CUDA generators back among them)."""
+
+    def __init__(self, gpu: bool):
+        import torch
+        self.gpu, self.lost = bool(gpu and torch.cuda.is_available()), False
+        self.states = (random.getstate(), torch.random.get_rng_state(),
+                       torch.cuda.get_rng_state_all() if self.gpu else None)
+
+    def check_lost(self) -> bool:
+        """After the task's code raised: whether the context is lost (a synchronize fails)."""
+        import torch
+        if self.gpu:
+            try:
+                torch.cuda.synchronize()
+            except Exception:   # its job would fail every check on the candidate's account: a cold child takes it
+                self.lost = True
+        return self.lost
+
+    def put_back(self) -> bool:
+        """The generators as they were, and the work's memory back to the card; whether the context is lost."""
+        import torch
+        random.setstate(self.states[0])
+        torch.random.set_rng_state(self.states[1])
+        if self.gpu and not self.lost:
+            try:
+                torch.cuda.set_rng_state_all(self.states[2])
+                torch.cuda.empty_cache()
+            except Exception:
+                self.lost = True
+        return self.lost
+
+
 def wanted(task, confirmation: bool) -> bool:
     """Whether a judge child started before its job warms: on a GPU, and not the held confirmation child (above)."""
     return bool(task.backend.gpu) and not confirmation
@@ -71,8 +106,7 @@ def warm_checks(task, mod, seconds: float = SECONDS, waiting=job_waiting) -> str
         return "warm-up: no listed shape"
     shape = dict(min(spec.shapes, key=shape_size))
     run, done, why = stand_in(mod), 0, ""
-    states = (random.getstate(), torch.random.get_rng_state(),
-              torch.cuda.get_rng_state_all() if backend.gpu and torch.cuda.is_available() else None)
+    gens = Generators(backend.gpu)
     try:
         for dist in spec.distributions:
             if waiting():
@@ -86,20 +120,10 @@ def warm_checks(task, mod, seconds: float = SECONDS, waiting=job_waiting) -> str
             done += 1
     except Exception as e:   # the task's own code on its own shape: the job's checks will say what is wrong
         why = f"; stopped: {type(e).__name__}: {' '.join(str(e).split())[:200]}"
-        if backend.gpu and torch.cuda.is_available():
-            try:
-                torch.cuda.synchronize()
-            except Exception:   # its job would fail every check on the candidate's account: a cold child takes it
-                why += f"; {LOST}"
+        gens.check_lost()
     finally:
-        random.setstate(states[0])
-        torch.random.set_rng_state(states[1])
-        if states[2] is not None and LOST not in why:   # a lost context fails every CUDA call, these too
-            try:
-                torch.cuda.set_rng_state_all(states[2])
-                torch.cuda.empty_cache()
-            except Exception:
-                why += f"; {LOST}"
+        if gens.put_back():
+            why += f"; {LOST}"
     return f"warm-up: {done} of parity's checks on {shape} in {time.monotonic() - t0:.2f} s{why}"
 
 
@@ -111,14 +135,11 @@ def search_ahead(task, mod, seed: int, waiting=job_waiting) -> str:
     confirmation on an H200, issue 66 slice 17). Its GPU work is that search's calls on two small shapes (0.1 ms each
     once loaded); a job already waiting is not kept waiting. The random generators are put back as they were. Never
     raises: a task whose draws cannot be made here says so in its job."""
-    import torch
-
     from tools.measure.buffers import check_seed
     from tools.measure.domains import PREFIX, draw, value_shapes
     from tools.measure.parity import seeded_shapes
     t0, backend = time.monotonic(), task.backend
-    states = (random.getstate(), torch.random.get_rng_state(),
-              torch.cuda.get_rng_state_all() if backend.gpu and torch.cuda.is_available() else None)
+    gens = Generators(backend.gpu)
     done, todo, why = 0, [], ""
     try:
         seeds, shapes, _, why = seeded_shapes(task.spec, mod, seed, True)
@@ -133,20 +154,10 @@ def search_ahead(task, mod, seed: int, waiting=job_waiting) -> str:
         backend.sync()
     except Exception as e:   # the task's own code: the job's draws search again, and say what is wrong
         why = f"{type(e).__name__}: {' '.join(str(e).split())[:200]}"
-        if backend.gpu and torch.cuda.is_available():
-            try:
-                torch.cuda.synchronize()
-            except Exception:   # its job would fail every check on the candidate's account: a cold child takes it
-                why += f"; {LOST}"
+        gens.check_lost()
     finally:
-        random.setstate(states[0])
-        torch.random.set_rng_state(states[1])
-        if states[2] is not None and LOST not in (why or ""):
-            try:
-                torch.cuda.set_rng_state_all(states[2])
-                torch.cuda.empty_cache()    # the draws' memory back to the card, as warm_checks gives its own
-            except Exception:
-                why = (why or "") + f"; {LOST}"
+        if gens.put_back():
+            why = (why or "") + f"; {LOST}"
     return (f"values searched ahead: {done} of {len(todo)} shapes in {time.monotonic() - t0:.2f} s"
             + (f"; stopped: {why}" if why else ""))
 
@@ -197,30 +208,20 @@ def reference_once(task, mod, shape: dict, dist: str) -> float:
     inputs drawn here and thrown away, the random generators put back as they were (a task.py may seed torch's global
     one); its seconds. In the kernel's host (tools/judge/host.py warm_reference), not the judge: each process pays its
     own first calls."""
-    import torch
-
     from tools.task_messages import make_inputs
-    t0, backend, lost = time.monotonic(), task.backend, False
-    gpu = backend.gpu and torch.cuda.is_available()
-    states = (random.getstate(), torch.random.get_rng_state(), torch.cuda.get_rng_state_all() if gpu else None)
+    t0, backend = time.monotonic(), task.backend
+    gens = Generators(backend.gpu)
     try:
         inputs = make_inputs(mod, shape, 1, backend.torch_device, dist)
         getattr(mod, "timing_reference", mod.reference)(shape, *inputs)
         backend.sync()
         del inputs
     except Exception as e:   # the task's own code; a sticky CUDA error leaves every later call failing: LOST
-        if gpu:
-            try:
-                torch.cuda.synchronize()
-            except Exception:
-                lost = True
-        if lost:
+        if gens.check_lost():
             raise RuntimeError(f"{LOST}: {type(e).__name__}: {' '.join(str(e).split())[:200]}") from None
         raise
     finally:
-        random.setstate(states[0])
-        torch.random.set_rng_state(states[1])
-        if gpu and not lost:
-            torch.cuda.set_rng_state_all(states[2])
-            torch.cuda.empty_cache()     # the inputs' memory back to the card before the job's checks
+        lost = gens.put_back()
+    if lost:    # the generators could not be put back: the call left the context lost after all
+        raise RuntimeError(f"{LOST}: putting the CUDA generators back failed after the reference's call")
     return time.monotonic() - t0
