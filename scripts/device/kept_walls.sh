@@ -35,6 +35,7 @@ run() {   # NAME CODE_DIR
   (cd "$U" && PYTHONPATH=/tmp/site:$2 PYTHONUNBUFFERED=1 timeout 280 python3 -m agent optimize "$TASK" --iters 3 \
       --target 100x --run-id "$1" --quiet > "$OUT/$1.log" 2>&1; echo "rc=$?" >> "$OUT/$1.log")
   echo "== $1: agent optimize $TASK --iters 3 ($(tail -1 "$OUT/$1.log"))" >> "$S"
+  tar -czf "$OUT/$1.runs.tgz" -C "$U/runs" --exclude='*.ncu-rep' --exclude='*.so' "$1" 2>/dev/null   # the records
   python3 - "$U/runs/$1" >> "$S" 2>&1 <<'PY'
 import json, sys
 from pathlib import Path

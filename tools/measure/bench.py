@@ -30,7 +30,7 @@ from pathlib import Path
 
 from tools.measure.probes import BEFORE_KEEP, PROBES, Probe, StreamSpan
 from tools.measure.refcheck import settle
-from tools.measure.rounds import SpotCheck, interleaved
+from tools.measure.rounds import EarlyStop, SpotCheck, interleaved
 from tools.results import BenchResult, BenchStatus, DevicePeak, SpeedupCI
 from tools.measure.roofline import spec_peak
 from tools.backends.jitcache import judge_env
@@ -206,25 +206,6 @@ def never_kept(ci, keep_gain: float | None) -> str | None:
     if keep_gain is not None and not (ci.low > 1.0 and ci.median >= 1.0 + keep_gain):
         return f"short of the {keep_gain:.0%} minimum gain over the baseline"
     return None
-
-
-class EarlyStop:
-    """interleaved()'s `stop` for the loop's candidate (given its minimum gain): after half the rounds, a candidate
-    whose interval over its baseline lies wholly below 1 + gain is timed no further. With 5 rounds the interval is
-    their whole range (tools/measure/stats.py), so every round so far found it short of the gain: a candidate whose
-    true median is at the gain does that 1 time in 32, and the full bench would refuse it by its median 1 time in
-    2. The keep rule's own verdict (never_kept) is unchanged: the stop is taken only where it would say so."""
-
-    def __init__(self, keep_gain: float, rounds: int):
-        self.keep_gain, self.rounds, self.why = keep_gain, rounds, ""
-
-    def __call__(self, cis: dict) -> bool:
-        ci = cis.get("baseline")
-        if ci is None or ci.high >= 1.0 + self.keep_gain:
-            return False
-        self.why = (f"; timed {ci.rounds} of {self.rounds} rounds: every interval so far below the "
-                    f"{self.keep_gain:.0%} minimum gain (never kept)")
-        return True
 
 
 def _bench_shape(task, mod, runs, shape, with_reference, device_name="", keep_gain=None, left=((), "")) -> BenchResult:

@@ -173,6 +173,38 @@ class SpotCheck:
                 return
 
 
+class EarlyStop:
+    """interleaved()'s `stop` for the loop's candidate (given its minimum gain): after half the rounds, a candidate
+    whose interval over its baseline lies wholly below 1 + gain is timed no further. With 5 rounds the interval is
+    their whole range (tools/measure/stats.py), so every round so far found it short of the gain: a candidate whose
+    true median is at the gain does that 1 time in 32, and the full bench would refuse it by its median 1 time in
+    2. The keep rule's own verdict (never_kept) is unchanged: the stop is taken only where it would say so.
+
+    The other way too (issue 66): an interval wholly above 1 + gain (every round so far found the gain) is timed no
+    further. This bench only sends a candidate on; its keep is the confirmation's, a bench of its own in a fresh child
+    (agent/evaluation/keep.py), sized to the noise this one measured (agent/evaluation/attempt.py confirm_rounds: from
+    its 5 rounds, 6 at least). A candidate whose true median is at the gain is sent on so 1 time in 32, where the full
+    bench would have sent it 1 time in 2; a clear gain saves the second half of its rounds (0.8 s of attention_fwd's
+    kept iteration on an H200). The probes that follow the rounds run as they did."""
+
+    def __init__(self, keep_gain: float, rounds: int):
+        self.keep_gain, self.rounds, self.why = keep_gain, rounds, ""
+
+    def __call__(self, cis: dict) -> bool:
+        ci = cis.get("baseline")
+        if ci is None:
+            return False
+        if ci.high < 1.0 + self.keep_gain:
+            self.why = (f"; timed {ci.rounds} of {self.rounds} rounds: every interval so far below the "
+                        f"{self.keep_gain:.0%} minimum gain (never kept)")
+            return True
+        if ci.low > 1.0 + self.keep_gain:
+            self.why = (f"; timed {ci.rounds} of {self.rounds} rounds: every round so far above the "
+                        f"{self.keep_gain:.0%} minimum gain (the confirmation decides)")
+            return True
+        return False
+
+
 def look_round(rounds: int) -> int | None:
     """After which round an early stop (interleaved's `stop`) is asked: half of them, three at least; None where
     there are too few rounds to stop before the last."""
@@ -189,8 +221,8 @@ def interleaved(clock, arms, b, spot: SpotCheck | None = None, stop=None, phases
     the loop re-benches a doubtful candidate). With `spot`, each round's data
     is new (spot.round), each arm's rep too (spot.refresh), and its bursts are checked (spot.before,
     spot.after). `stop(cis)`, where given, is asked once, after look_round()'s round, with the intervals
-    so far: True ends the timing there (a candidate the keep rule can no longer keep: tools/measure/bench.py
-    EarlyStop); the spot check has drawn its one check by then. `phases`: the warm-up's and the rounds' seconds
+    so far: True ends the timing there (a candidate the keep rule can no longer keep, or one every round sent on to
+    its confirmation: EarlyStop); the spot check has drawn its one check by then. `phases`: the warm-up's and the rounds' seconds
     added to it ("warm", "rounds")."""
     t0 = time.monotonic()
     ests = [estimate_and_warm(clock, fn, b.warmup_ms) for _, fn in arms]
