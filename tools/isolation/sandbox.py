@@ -119,6 +119,12 @@ class Prestarted:
     def alive(self) -> bool:
         return not isinstance(self._proc, ProcResult) and self._proc.poll() is None
 
+    @property
+    def exit_code(self) -> int | None:
+        """The child's exit status once it has ended (negative: ended by a signal, as close() ends one never given its
+        job); None while it runs."""
+        return self._proc.returncode
+
     def tell(self, line: str) -> bool:
         """One line on the child's stdin before its job (a step it takes while it waits); False where it has ended."""
         if self.used or not self.alive or self._proc.stdin is None:

@@ -149,6 +149,7 @@ def profile_task(task: Task, lib_path: str | Path, *, tier: int = 1, shape: int 
     metrics = [m for m in EXTRA_METRICS if m not in LACKING]
     dropped: list[str] = []
     t_end = time.monotonic() + timeout_s
+    held = warm     # its report reader serves whichever pass ran (the loop below drops `warm` once it has run)
     while True:
         rep.unlink(missing_ok=True)
         argv = pass_argv(ncu, task, lib_path, idx, tier, stem, whole_call, warmup, launches_per_call, metrics)
@@ -180,7 +181,7 @@ def profile_task(task: Task, lib_path: str | Path, *, tier: int = 1, shape: int 
         if own:   # no report to keep, and the log's tail is in the message
             shutil.rmtree(out, ignore_errors=True)
         return _maybe_fallback(_failure(status, message, task, shp, env), fallback, task, lib_path, idx, timeout_s)
-    report = read_report(rep, source="ncu", held=warm.take_reader() if warm is not None else None)
+    report = read_report(rep, source="ncu", held=held.take_reader() if held is not None else None)
     m = _PASSES.findall(proc.stdout + proc.stderr)
     env.replay_passes = int(m[-1]) if m else None
     env.gpu, env.sm_count = report.env.gpu, report.env.sm_count
