@@ -148,8 +148,8 @@ def profile_task(task: Task, lib_path: str | Path, *, tier: int = 1, shape: int 
     rep = stem.with_name(stem.name + ".ncu-rep")
     metrics = [m for m in EXTRA_METRICS if m not in LACKING]
     dropped: list[str] = []
+    held = warm     # its report reader reads this pass's report: not an alias, the loop below drops `warm` once run
     t_end = time.monotonic() + timeout_s
-    held = warm     # its report reader serves whichever pass ran (the loop below drops `warm` once it has run)
     while True:
         rep.unlink(missing_ok=True)
         argv = pass_argv(ncu, task, lib_path, idx, tier, stem, whole_call, warmup, launches_per_call, metrics)
